@@ -1,0 +1,104 @@
+#pragma once
+// What a caller can choose, with the documented defaults, and the checks that
+// refuse anything out of range before any work starts.
+#include <cmath>
+#include <cstdint>
+
+#include "error.hpp"
+
+namespace flashcache {
+
+// Scope of the DCT along the token axis.
+enum class Transform {
+  global,   // one transform over the whole sequence (the paper's form), O(N log N)
+  blocked,  // independent transforms over blocks of `block_size` tokens
+};
+
+inline const char* to_string(Transform t) { return t == Transform::global ? "global" : "blocked"; }
+
+// How a model-wide budget is split over layers (compress_model only).
+enum class Allocation {
+  dynamic,  // in proportion to each layer's high-frequency energy ratio R_l
+  uniform,  // every layer keeps the same ratio / count
+};
+
+inline const char* to_string(Allocation a) { return a == Allocation::dynamic ? "dynamic" : "uniform"; }
+
+struct Options {
+  // Low-pass ratio: frequencies k < max(1, ceil(gamma * N)) form the Base KV.
+  // The paper's ablation was best at 0.2.
+  double gamma = 0.2;
+  // The paper's transform is global; blocked is ours (one fused pass on the GPU).
+  Transform transform = Transform::global;
+  // Tokens per block for Transform::blocked; the last block may be shorter and
+  // is transformed at its own length.
+  std::int64_t block_size = 64;
+  // Always-kept tokens; they count toward the budget. 0 keeps the pure algorithm.
+  std::int64_t sink = 0;    // the first `sink` tokens
+  std::int64_t window = 0;  // the last `window` tokens
+  // Optional caller mask of `tokens` bytes, nonzero = always kept (e.g. text
+  // tokens, so that only visual tokens are compressed). Shared by all heads.
+  const std::uint8_t* protect = nullptr;
+  // compress_model: how the total budget is split, and a floor on every
+  // layer's share as a fraction of its tokens.
+  Allocation allocation = Allocation::dynamic;
+  double min_layer_ratio = 0.0;
+};
+
+// Number of low frequencies kept: m = max(1, ceil(gamma * n)), at most n.
+// The 1e-9 slack keeps products such as 0.1 * 30 = 3.0000000000000004 at 3.
+inline std::int64_t lowpass_cutoff(std::int64_t n, double gamma) {
+  if (n <= 0) return 0;
+  const auto m = static_cast<std::int64_t>(std::ceil(gamma * static_cast<double>(n) - 1e-9));
+  return m < 1 ? 1 : (m > n ? n : m);
+}
+
+inline Status check_options(const Options& o) {
+  if (!(o.gamma > 0.0 && o.gamma <= 1.0))
+    return make_error(Errc::invalid_option, "gamma ", o.gamma, " is outside (0, 1]");
+  if (o.transform == Transform::blocked && o.block_size < 1)
+    return make_error(Errc::invalid_option, "block_size ", o.block_size, " must be at least 1");
+  if (o.sink < 0) return make_error(Errc::invalid_option, "sink ", o.sink, " is negative");
+  if (o.window < 0) return make_error(Errc::invalid_option, "window ", o.window, " is negative");
+  if (!(o.min_layer_ratio >= 0.0 && o.min_layer_ratio <= 1.0))
+    return make_error(Errc::invalid_option, "min_layer_ratio ", o.min_layer_ratio, " is outside [0, 1]");
+  return Status::success();
+}
+
+// How many tokens to keep: an absolute count or a ratio of what is there.
+// For one layer it is the count per head. For compress_model it is per layer
+// (a ratio of each layer's tokens); Allocation::dynamic then moves budget
+// between layers while keeping the model-wide total.
+class Budget {
+ public:
+  static Budget tokens(std::int64_t n) { return Budget(false, static_cast<double>(n), n); }
+  static Budget ratio(double r) { return Budget(true, r, 0); }
+
+  bool is_ratio() const { return is_ratio_; }
+  double ratio_value() const { return ratio_; }
+  std::int64_t token_count() const { return count_; }
+
+  // Tokens to keep out of `available`: round(ratio * available) (halves away
+  // from zero) or the count, which must not exceed what is there.
+  Status resolve(std::int64_t available, std::int64_t* out) const {
+    if (is_ratio_) {
+      if (!(ratio_ >= 0.0 && ratio_ <= 1.0))
+        return make_error(Errc::invalid_budget, "keep ratio ", ratio_, " is outside [0, 1]");
+      *out = std::llround(ratio_ * static_cast<double>(available));
+      return Status::success();
+    }
+    if (count_ < 0) return make_error(Errc::invalid_budget, "keep budget ", count_, " is negative");
+    if (count_ > available)
+      return make_error(Errc::invalid_budget, "keep budget ", count_, " > ", available, " tokens");
+    *out = count_;
+    return Status::success();
+  }
+
+ private:
+  Budget(bool is_ratio, double r, std::int64_t n) : is_ratio_(is_ratio), ratio_(r), count_(n) {}
+  bool is_ratio_;
+  double ratio_;
+  std::int64_t count_;
+};
+
+}  // namespace flashcache

@@ -1,0 +1,101 @@
+#pragma once
+// Stage 3, select: which tokens each head keeps (CPU).
+//
+// Guarantees, each checked by a test of the same name:
+//   - every head keeps exactly `budget` tokens, listed in ascending order;
+//   - protected tokens are always kept: the first `sink`, the last `window`,
+//     those the caller's mask marks, and non-finite tokens (score +inf);
+//   - the rest are the highest scores, ties to the lower token index;
+//   - a budget below the protected set is an error, never a silent drop.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "options.hpp"
+#include "score.hpp"
+
+namespace flashcache {
+
+// The protected set shared by all heads of a layer of `tokens` tokens:
+// sink, window and the caller's mask (1 = always kept).
+inline std::vector<std::uint8_t> protected_tokens(std::int64_t tokens, const Options& opt) {
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(tokens), 0);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    const bool in_sink = t < opt.sink, in_window = t >= tokens - opt.window;
+    const bool masked = opt.protect != nullptr && opt.protect[t] != 0;
+    keep[static_cast<std::size_t>(t)] = in_sink || in_window || masked;
+  }
+  return keep;
+}
+
+inline bool is_forced_score(float s) { return s == std::numeric_limits<float>::infinity(); }
+
+// The largest protected set over the layer's heads: the least budget it takes.
+inline std::int64_t protected_count(const LayerScores& s, const std::vector<std::uint8_t>& base) {
+  std::int64_t most = 0;
+  for (std::int64_t h = 0; h < s.heads; ++h) {
+    std::int64_t count = 0;
+    for (std::int64_t t = 0; t < s.tokens; ++t) count += base[static_cast<std::size_t>(t)] || is_forced_score(s(h, t));
+    most = std::max(most, count);
+  }
+  return most;
+}
+
+// Writes kept[h * budget + i], i < budget, ascending per head.
+inline Status select_tokens(const LayerScores& s, std::int64_t budget, const Options& opt,
+                            std::vector<std::int32_t>* kept) {
+  FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
+  const std::int64_t n = s.tokens;
+  if (n > std::numeric_limits<std::int32_t>::max())
+    return make_error(Errc::unsupported, n, " tokens do not fit the int32 token indices");
+  if (budget < 0 || budget > n)
+    return make_error(Errc::invalid_budget, "keep budget ", budget, " is outside [0, ", n, "] tokens");
+  const std::vector<std::uint8_t> base = protected_tokens(n, opt);
+  kept->resize(static_cast<std::size_t>(s.heads * budget));
+
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(n));
+  std::vector<std::int32_t> candidates;
+  candidates.reserve(static_cast<std::size_t>(n));
+  for (std::int64_t h = 0; h < s.heads; ++h) {
+    const float* score = s.head(h);
+    candidates.clear();
+    std::int64_t forced = 0;
+    for (std::int64_t t = 0; t < n; ++t) {
+      const bool f = base[static_cast<std::size_t>(t)] || is_forced_score(score[t]);
+      keep[static_cast<std::size_t>(t)] = f;
+      if (f)
+        ++forced;
+      else
+        candidates.push_back(static_cast<std::int32_t>(t));
+    }
+    if (forced > budget) {
+      std::int64_t masked = 0, nonfinite = 0;
+      for (std::int64_t t = 0; t < n; ++t) {
+        masked += opt.protect != nullptr && opt.protect[t] != 0;
+        nonfinite += is_forced_score(score[t]);
+      }
+      return make_error(Errc::invalid_budget, "keep budget ", budget, " < ", forced, " protected tokens in head ", h,
+                        " (sink ", std::min(opt.sink, n), ", window ", std::min(opt.window, n), ", mask ", masked,
+                        ", non-finite ", nonfinite, "; overlaps counted once)");
+    }
+    // Highest score first, ties to the lower index: a strict weak order, so
+    // nth_element picks the same set on every platform.
+    const auto rest = static_cast<std::ptrdiff_t>(budget - forced);
+    auto higher = [score](std::int32_t a, std::int32_t b) {
+      return score[a] > score[b] || (score[a] == score[b] && a < b);
+    };
+    if (rest > 0 && rest < static_cast<std::ptrdiff_t>(candidates.size()))
+      std::nth_element(candidates.begin(), candidates.begin() + rest, candidates.end(), higher);
+    for (std::ptrdiff_t i = 0; i < rest; ++i)
+      keep[static_cast<std::size_t>(candidates[static_cast<std::size_t>(i)])] = 1;
+    // Emitting in token order gives ascending indices without a sort.
+    std::int32_t* out = kept->data() + h * budget;
+    for (std::int64_t t = 0, i = 0; t < n; ++t)
+      if (keep[static_cast<std::size_t>(t)]) out[i++] = static_cast<std::int32_t>(t);
+  }
+  return Status::success();
+}
+
+}  // namespace flashcache

@@ -1,0 +1,85 @@
+#pragma once
+// Independent references for the tests: the textbook O(N^2) orthonormal DCT in
+// double precision and a direct per-token score, written from the definitions
+// in ALGORITHM.md without any of the library's transforms.
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace flashcache::testing {
+
+// X[k] = a_k sum_n x[n] cos(pi (2n+1) k / (2N)).
+inline std::vector<double> naive_dct2(const std::vector<double>& x) {
+  const auto n = static_cast<std::int64_t>(x.size());
+  std::vector<double> out(x.size(), 0.0);
+  for (std::int64_t k = 0; k < n; ++k) {
+    const double a = std::sqrt((k == 0 ? 1.0 : 2.0) / static_cast<double>(n));
+    long double s = 0;
+    for (std::int64_t j = 0; j < n; ++j) s += x[j] * std::cos(M_PI * static_cast<double>((2 * j + 1) * k) / (2.0 * n));
+    out[k] = a * static_cast<double>(s);
+  }
+  return out;
+}
+
+// x[n] = sum_k a_k X[k] cos(pi (2n+1) k / (2N)).
+inline std::vector<double> naive_dct3(const std::vector<double>& c) {
+  const auto n = static_cast<std::int64_t>(c.size());
+  std::vector<double> out(c.size(), 0.0);
+  for (std::int64_t j = 0; j < n; ++j) {
+    long double s = 0;
+    for (std::int64_t k = 0; k < n; ++k)
+      s += std::sqrt((k == 0 ? 1.0 : 2.0) / static_cast<double>(n)) * c[k] *
+           std::cos(M_PI * static_cast<double>((2 * j + 1) * k) / (2.0 * n));
+    out[j] = static_cast<double>(s);
+  }
+  return out;
+}
+
+inline std::vector<double> naive_lowpass(const std::vector<double>& x, std::int64_t m) {
+  std::vector<double> c = naive_dct2(x);
+  for (std::size_t k = static_cast<std::size_t>(m); k < c.size(); ++k) c[k] = 0;
+  return naive_dct3(c);
+}
+
+// Direct score of one head, K and V as [tokens][d] row-major doubles; the
+// blocked variant lowpasses each block of `block` tokens on its own.
+struct NaiveHead {
+  std::vector<double> score;
+  double k_total = 0, k_high = 0, v_total = 0, v_high = 0;
+};
+
+inline NaiveHead naive_score(const std::vector<double>& k, const std::vector<double>& v, std::int64_t n, std::int64_t d,
+                             double gamma, std::int64_t block /* 0 = global */) {
+  NaiveHead out;
+  out.score.assign(static_cast<std::size_t>(n), 0.0);
+  const std::int64_t step = block > 0 ? block : n;
+  for (std::int64_t b0 = 0; b0 < n; b0 += step) {
+    const std::int64_t len = std::min(step, n - b0);
+    const auto m = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(gamma * len - 1e-9)));
+    for (std::int64_t c = 0; c < d; ++c) {
+      for (int which = 0; which < 2; ++which) {
+        const std::vector<double>& src = which == 0 ? k : v;
+        std::vector<double> col(static_cast<std::size_t>(len));
+        for (std::int64_t t = 0; t < len; ++t) col[t] = src[(b0 + t) * d + c];
+        const std::vector<double> base = naive_lowpass(col, std::min(m, len));
+        for (std::int64_t t = 0; t < len; ++t) {
+          const double r = col[t] - base[t];
+          out.score[b0 + t] += r * r / static_cast<double>(d);
+          (which == 0 ? out.k_high : out.v_high) += r * r;
+          (which == 0 ? out.k_total : out.v_total) += col[t] * col[t];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+inline std::vector<double> random_normal(std::size_t n, std::mt19937_64& rng, double scale = 1.0) {
+  std::normal_distribution<double> dist(0.0, scale);
+  std::vector<double> x(n);
+  for (auto& e : x) e = dist(rng);
+  return x;
+}
+
+}  // namespace flashcache::testing

@@ -1,0 +1,55 @@
+// Options and budgets: documented defaults and named refusals.
+#include <gtest/gtest.h>
+#include <flashcache/options.hpp>
+
+#include <cmath>
+
+namespace fc = flashcache;
+
+namespace {
+
+TEST(Options, DefaultsAreThePapers) {
+  const fc::Options o;
+  EXPECT_DOUBLE_EQ(o.gamma, 0.2);
+  EXPECT_EQ(o.transform, fc::Transform::global);
+  EXPECT_EQ(o.sink, 0);
+  EXPECT_EQ(o.window, 0);
+  EXPECT_EQ(o.allocation, fc::Allocation::dynamic);
+  EXPECT_TRUE(fc::check_options(o).ok());
+}
+
+TEST(Options, OutOfRangeValuesAreRefusedByName) {
+  fc::Options o;
+  o.gamma = 0;
+  EXPECT_NE(fc::check_options(o).message().find("gamma 0 is outside (0, 1]"), std::string::npos);
+  o.gamma = std::nan("");
+  EXPECT_EQ(fc::check_options(o).code(), fc::Errc::invalid_option);
+  o = {};
+  o.transform = fc::Transform::blocked;
+  o.block_size = 0;
+  EXPECT_NE(fc::check_options(o).message().find("block_size 0"), std::string::npos);
+  o = {};
+  o.sink = -1;
+  EXPECT_NE(fc::check_options(o).message().find("sink -1"), std::string::npos);
+  o = {};
+  o.min_layer_ratio = 1.5;
+  EXPECT_EQ(fc::check_options(o).code(), fc::Errc::invalid_option);
+}
+
+TEST(Budget, ResolvesCountsAndRatios) {
+  std::int64_t n = -1;
+  ASSERT_TRUE(fc::Budget::ratio(0.2).resolve(257, &n).ok());
+  EXPECT_EQ(n, 51);  // round(51.4)
+  ASSERT_TRUE(fc::Budget::ratio(0.5).resolve(5, &n).ok());
+  EXPECT_EQ(n, 3);  // halves away from zero
+  ASSERT_TRUE(fc::Budget::tokens(12).resolve(12, &n).ok());
+  EXPECT_EQ(n, 12);
+  const auto s = fc::Budget::tokens(300).resolve(257, &n);
+  EXPECT_EQ(s.code(), fc::Errc::invalid_budget);
+  EXPECT_NE(s.message().find("keep budget 300 > 257 tokens"), std::string::npos) << s.message();
+  EXPECT_FALSE(fc::Budget::tokens(-1).resolve(10, &n).ok());
+  EXPECT_FALSE(fc::Budget::ratio(1.01).resolve(10, &n).ok());
+  EXPECT_FALSE(fc::Budget::ratio(std::nan("")).resolve(10, &n).ok());
+}
+
+}  // namespace

@@ -1,0 +1,196 @@
+// Scores and energies against the direct reference (naive DCT, double).
+#include <gtest/gtest.h>
+#include <flashcache/score.hpp>
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+
+#include "reference.hpp"
+
+namespace fc = flashcache;
+using fc::testing::naive_score;
+using fc::testing::random_normal;
+
+namespace {
+
+// A random layer in HND layout plus per-head row-major copies for the reference.
+struct Layer {
+  std::int64_t heads, tokens, dim;
+  std::vector<float> k, v;  // HND
+  std::vector<double> head_rows(const std::vector<float>& src, std::int64_t h) const {
+    return {src.begin() + h * tokens * dim, src.begin() + (h + 1) * tokens * dim};
+  }
+};
+
+Layer random_layer(std::int64_t heads, std::int64_t tokens, std::int64_t dim, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Layer l{heads, tokens, dim, {}, {}};
+  // A smooth trend plus noise, like neighbouring visual tokens.
+  const auto noise_k = random_normal(static_cast<std::size_t>(heads * tokens * dim), rng, 0.3);
+  const auto noise_v = random_normal(static_cast<std::size_t>(heads * tokens * dim), rng, 0.3);
+  for (std::int64_t i = 0; i < heads * tokens * dim; ++i) {
+    const double t = static_cast<double>((i / dim) % std::max<std::int64_t>(tokens, 1)) / 17.0;
+    l.k.push_back(static_cast<float>(std::sin(t + static_cast<double>(i % dim)) + noise_k[i]));
+    l.v.push_back(static_cast<float>(std::cos(0.5 * t) * static_cast<double>(i % 3) + noise_v[i]));
+  }
+  return l;
+}
+
+using Case = std::tuple<std::int64_t /*tokens*/, fc::Transform, std::int64_t /*block*/>;
+class ScoreVsReference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ScoreVsReference, DoubleAndFloatMatchNaive) {
+  const auto [n, transform, block] = GetParam();
+  const std::int64_t heads = 3, dim = 5;
+  const Layer l = random_layer(heads, n, dim, static_cast<std::uint64_t>(n * 31 + block));
+  fc::Options opt;
+  opt.transform = transform;
+  opt.block_size = block;
+  const auto kv = fc::hnd(l.k.data(), heads, n, dim);
+  const auto vv = fc::hnd(l.v.data(), heads, n, dim);
+  const fc::LayerScores sd = fc::score_layer<double>(kv, vv, opt);
+  const fc::LayerScores sf = fc::score_layer<float>(kv, vv, opt);
+  ASSERT_EQ(sd.score.size(), static_cast<std::size_t>(heads * n));
+  for (std::int64_t h = 0; h < heads; ++h) {
+    const auto ref = naive_score(l.head_rows(l.k, h), l.head_rows(l.v, h), n, dim, opt.gamma,
+                                 transform == fc::Transform::blocked ? block : 0);
+    double max_ref = 1e-30;
+    for (double s : ref.score) max_ref = std::max(max_ref, s);
+    for (std::int64_t t = 0; t < n; ++t) {
+      EXPECT_NEAR(sd(h, t), ref.score[t], 1e-6 * max_ref) << "head " << h << " token " << t;
+      EXPECT_NEAR(sf(h, t), ref.score[t], 1e-4 * max_ref) << "head " << h << " token " << t;
+    }
+    const auto& e = sd.energy[h];
+    EXPECT_NEAR(e.k_total, ref.k_total, 1e-9 * ref.k_total);
+    EXPECT_NEAR(e.v_total, ref.v_total, 1e-9 * ref.v_total);
+    EXPECT_NEAR(e.k_high, ref.k_high, 1e-7 * ref.k_total);
+    EXPECT_NEAR(e.v_high, ref.v_high, 1e-7 * ref.v_total);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AwkwardSizes, ScoreVsReference,
+                         ::testing::Values(Case{1, fc::Transform::global, 64}, Case{2, fc::Transform::global, 64},
+                                           Case{7, fc::Transform::global, 64}, Case{100, fc::Transform::global, 64},
+                                           Case{257, fc::Transform::global, 64}, Case{7, fc::Transform::blocked, 64},
+                                           Case{257, fc::Transform::blocked, 64}, Case{257, fc::Transform::blocked, 5},
+                                           Case{130, fc::Transform::blocked, 1},
+                                           Case{1000, fc::Transform::blocked, 128}));
+
+TEST(Score, EnergyRatioIsHighShareOfKPlusV) {
+  const Layer l = random_layer(2, 97, 4, 5);
+  const auto s = fc::score_layer<double>(fc::hnd(l.k.data(), 2, 97, 4), fc::hnd(l.v.data(), 2, 97, 4));
+  const auto e = s.layer_energy();
+  EXPECT_DOUBLE_EQ(s.energy_ratio(), e.k_high / e.k_total + e.v_high / e.v_total);
+  EXPECT_GT(s.energy_ratio(), 0.0);
+  EXPECT_LT(s.energy_ratio(), 2.0);
+}
+
+TEST(Score, LayoutDoesNotChangeTheResult) {
+  const std::int64_t heads = 2, n = 41, dim = 6;
+  const Layer l = random_layer(heads, n, dim, 77);
+  // The same data in NHD order.
+  std::vector<float> k_nhd(l.k.size()), v_nhd(l.v.size());
+  for (std::int64_t h = 0; h < heads; ++h)
+    for (std::int64_t t = 0; t < n; ++t)
+      for (std::int64_t c = 0; c < dim; ++c) {
+        k_nhd[(t * heads + h) * dim + c] = l.k[(h * n + t) * dim + c];
+        v_nhd[(t * heads + h) * dim + c] = l.v[(h * n + t) * dim + c];
+      }
+  const auto a = fc::score_layer(fc::hnd(l.k.data(), heads, n, dim), fc::hnd(l.v.data(), heads, n, dim));
+  const auto b = fc::score_layer(fc::nhd(k_nhd.data(), n, heads, dim), fc::nhd(v_nhd.data(), n, heads, dim));
+  EXPECT_EQ(a.score, b.score);
+}
+
+TEST(Score, HalfInputsScoreTheirRoundedValues) {
+  const std::int64_t heads = 2, n = 33, dim = 8;
+  const Layer l = random_layer(heads, n, dim, 8);
+  std::vector<fc::half_t> kh, vh;
+  std::vector<float> kr, vr;  // the rounded values, as float
+  for (float x : l.k) kh.emplace_back(x), kr.push_back(static_cast<float>(kh.back()));
+  for (float x : l.v) vh.emplace_back(x), vr.push_back(static_cast<float>(vh.back()));
+  const auto a = fc::score_layer<double>(fc::hnd(kh.data(), heads, n, dim), fc::hnd(vh.data(), heads, n, dim));
+  const auto b = fc::score_layer<double>(fc::hnd(kr.data(), heads, n, dim), fc::hnd(vr.data(), heads, n, dim));
+  EXPECT_EQ(a.score, b.score);
+}
+
+TEST(Score, PlantedOutlierScoresHighest) {
+  // A smooth sequence with one token replaced by noise: that token stands out.
+  const std::int64_t n = 200, dim = 16;
+  std::vector<float> k(n * dim), v(n * dim);
+  for (std::int64_t t = 0; t < n; ++t)
+    for (std::int64_t c = 0; c < dim; ++c) {
+      k[t * dim + c] = static_cast<float>(std::sin(0.02 * t + c));
+      v[t * dim + c] = static_cast<float>(std::cos(0.03 * t * (c % 4 + 1)));
+    }
+  for (std::int64_t c = 0; c < dim; ++c) k[123 * dim + c] += (c % 2 ? 2.0f : -2.0f);
+  const auto s = fc::score_layer(fc::hnd(k.data(), 1, n, dim), fc::hnd(v.data(), 1, n, dim));
+  const auto best = std::max_element(s.score.begin(), s.score.end()) - s.score.begin();
+  EXPECT_EQ(best, 123);
+}
+
+TEST(Score, NonFiniteTokensScoreInfinityWithoutSpreading) {
+  const std::int64_t heads = 2, n = 50, dim = 4;
+  Layer l = random_layer(heads, n, dim, 9);
+  const Layer clean = l;
+  l.k[(1 * n + 10) * dim + 2] = std::numeric_limits<float>::quiet_NaN();  // head 1, token 10
+  l.v[(0 * n + 0) * dim + 0] = std::numeric_limits<float>::infinity();    // head 0, token 0
+  for (auto tr : {fc::Transform::global, fc::Transform::blocked}) {
+    fc::Options opt;
+    opt.transform = tr;
+    opt.block_size = 16;
+    const auto s = fc::score_layer(fc::hnd(l.k.data(), heads, n, dim), fc::hnd(l.v.data(), heads, n, dim), opt);
+    EXPECT_EQ(s.nonfinite, 2);
+    EXPECT_TRUE(std::isinf(s(1, 10)));
+    EXPECT_TRUE(std::isinf(s(0, 0)));
+    std::int64_t infinite = 0;
+    for (float x : s.score) {
+      EXPECT_FALSE(std::isnan(x));
+      infinite += std::isinf(x);
+    }
+    EXPECT_EQ(infinite, 2);
+    EXPECT_TRUE(std::isfinite(s.energy_ratio()));
+    // Head 1's other scores equal those of the clean input with token 10 replaced by token 9.
+    Layer patched = clean;
+    for (std::int64_t c = 0; c < dim; ++c) {
+      patched.k[(1 * n + 10) * dim + c] = clean.k[(1 * n + 9) * dim + c];
+      patched.v[(1 * n + 10) * dim + c] = clean.v[(1 * n + 9) * dim + c];
+    }
+    const auto p =
+        fc::score_layer(fc::hnd(patched.k.data(), heads, n, dim), fc::hnd(patched.v.data(), heads, n, dim), opt);
+    for (std::int64_t t = 0; t < n; ++t)
+      if (t != 10) {
+        EXPECT_FLOAT_EQ(s(1, t), p(1, t)) << t;
+      }
+  }
+}
+
+TEST(Score, AllNonFiniteHeadStillScores) {
+  std::vector<float> k(3 * 2, std::numeric_limits<float>::quiet_NaN()), v(3 * 2, 1.0f);
+  const auto s = fc::score_layer(fc::hnd(k.data(), 1, 3, 2), fc::hnd(v.data(), 1, 3, 2));
+  EXPECT_EQ(s.nonfinite, 3);
+  EXPECT_EQ(s.energy_ratio(), 0.0);
+}
+
+TEST(Score, EmptyLayerIsFine) {
+  std::vector<float> none;
+  const auto s = fc::score_layer(fc::hnd(none.data(), 4, 0, 8), fc::hnd(none.data(), 4, 0, 8));
+  EXPECT_TRUE(s.score.empty());
+  EXPECT_EQ(s.energy_ratio(), 0.0);
+}
+
+TEST(Score, BadInputThrowsNamedError) {
+  std::vector<float> k(24), v(24);
+  fc::Options opt;
+  opt.gamma = 2;
+  try {
+    fc::score_layer(fc::hnd(k.data(), 2, 3, 4), fc::hnd(v.data(), 2, 3, 4), opt);
+    FAIL() << "expected flashcache::Error";
+  } catch (const fc::Error& e) {
+    EXPECT_EQ(e.code(), fc::Errc::invalid_option);
+    EXPECT_NE(std::string(e.what()).find("gamma 2"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(fc::score_layer(fc::hnd(k.data(), 2, 3, 4), fc::hnd(v.data(), 3, 2, 4)), fc::Error);
+}
+
+}  // namespace

@@ -1,0 +1,131 @@
+// Selection guarantees, each by name.
+#include <gtest/gtest.h>
+#include <flashcache/select.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <set>
+
+namespace fc = flashcache;
+
+namespace {
+
+fc::LayerScores scores_from(std::int64_t heads, std::int64_t tokens, std::vector<float> s) {
+  fc::LayerScores out;
+  out.heads = heads;
+  out.tokens = tokens;
+  out.score = std::move(s);
+  out.energy.resize(static_cast<std::size_t>(heads));
+  return out;
+}
+
+fc::LayerScores random_scores(std::int64_t heads, std::int64_t tokens, std::uint64_t seed, int distinct = 0) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> s(static_cast<std::size_t>(heads * tokens));
+  for (auto& x : s)
+    x = distinct ? static_cast<float>(rng() % static_cast<std::uint64_t>(distinct))
+                 : std::uniform_real_distribution<float>(0, 1)(rng);
+  return scores_from(heads, tokens, std::move(s));
+}
+
+std::vector<std::int32_t> select(const fc::LayerScores& s, std::int64_t budget, const fc::Options& opt = {}) {
+  std::vector<std::int32_t> kept;
+  const fc::Status st = fc::select_tokens(s, budget, opt, &kept);
+  EXPECT_TRUE(st.ok()) << st.message();
+  return kept;
+}
+
+// The naive rule: sort by (score desc, index asc) after the protected ones.
+std::vector<std::int32_t> naive_select(const fc::LayerScores& s, std::int64_t h, std::int64_t budget,
+                                       const fc::Options& opt) {
+  const auto base = fc::protected_tokens(s.tokens, opt);
+  std::vector<std::int32_t> order(static_cast<std::size_t>(s.tokens));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+    const bool pa = base[a] || std::isinf(s(h, a)), pb = base[b] || std::isinf(s(h, b));
+    if (pa != pb) return pa;
+    return s(h, a) > s(h, b);
+  });
+  order.resize(static_cast<std::size_t>(budget));
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+TEST(Select, KeepsExactlyBudgetAscending) {
+  for (std::int64_t n : {1, 7, 100, 257}) {
+    const auto s = random_scores(3, n, static_cast<std::uint64_t>(n));
+    for (std::int64_t budget : {std::int64_t{0}, std::int64_t{1}, n / 3, n}) {
+      const auto kept = select(s, budget);
+      ASSERT_EQ(kept.size(), static_cast<std::size_t>(3 * budget));
+      for (std::int64_t h = 0; h < 3; ++h)
+        EXPECT_TRUE(std::is_sorted(kept.begin() + h * budget, kept.begin() + (h + 1) * budget) &&
+                    std::adjacent_find(kept.begin() + h * budget, kept.begin() + (h + 1) * budget) ==
+                        kept.begin() + (h + 1) * budget);
+    }
+  }
+}
+
+TEST(Select, MatchesNaiveRuleIncludingTies) {
+  fc::Options opt;
+  opt.sink = 2;
+  opt.window = 3;
+  for (std::int64_t n : {7, 64, 301}) {
+    const auto s = random_scores(2, n, static_cast<std::uint64_t>(n + 1), /*distinct=*/4);  // many ties
+    for (std::int64_t budget : {std::int64_t{5}, std::max<std::int64_t>(5, n / 2), n}) {
+      const auto kept = select(s, budget, opt);
+      for (std::int64_t h = 0; h < 2; ++h) {
+        const std::vector<std::int32_t> head(kept.begin() + h * budget, kept.begin() + (h + 1) * budget);
+        EXPECT_EQ(head, naive_select(s, h, budget, opt)) << "n " << n << " budget " << budget;
+      }
+    }
+  }
+}
+
+TEST(Select, TiesGoToTheLowerIndex) {
+  const auto s = scores_from(1, 6, {1, 5, 5, 1, 5, 1});
+  EXPECT_EQ(select(s, 2), (std::vector<std::int32_t>{1, 2}));
+  EXPECT_EQ(select(s, 4), (std::vector<std::int32_t>{0, 1, 2, 4}));
+}
+
+TEST(Select, ProtectedTokensAreAlwaysKept) {
+  const auto s = scores_from(1, 10, {9, 9, 9, 9, 9, 0, 0, 0, 0, 0});
+  std::vector<std::uint8_t> mask(10, 0);
+  mask[6] = 1;
+  fc::Options opt;
+  opt.sink = 1;
+  opt.window = 2;
+  opt.protect = mask.data();
+  EXPECT_EQ(select(s, 5, opt), (std::vector<std::int32_t>{0, 1, 6, 8, 9}));
+  EXPECT_EQ(select(s, 4, opt), (std::vector<std::int32_t>{0, 6, 8, 9}));
+}
+
+TEST(Select, NonFiniteTokensAreAlwaysKept) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const auto s = scores_from(2, 5, {0, inf, 3, 0, 0, 0, 0, 0, 0, inf});
+  EXPECT_EQ(select(s, 2), (std::vector<std::int32_t>{1, 2, 0, 4}));
+}
+
+TEST(Select, BudgetBelowProtectedSetIsAnError) {
+  const auto s = random_scores(2, 40, 1);
+  fc::Options opt;
+  opt.sink = 4;
+  opt.window = 8;
+  std::vector<std::int32_t> kept;
+  const fc::Status st = fc::select_tokens(s, 11, opt, &kept);
+  EXPECT_EQ(st.code(), fc::Errc::invalid_budget);
+  EXPECT_NE(st.message().find("keep budget 11 < 12 protected tokens"), std::string::npos) << st.message();
+  EXPECT_EQ(fc::select_tokens(s, 41, {}, &kept).code(), fc::Errc::invalid_budget);
+  EXPECT_EQ(fc::select_tokens(s, -1, {}, &kept).code(), fc::Errc::invalid_budget);
+}
+
+TEST(Select, ProtectedCountIsTheLargestHeadsSet) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const auto s = scores_from(2, 6, {0, 0, 0, 0, 0, 0, inf, 0, inf, 0, 0, 0});
+  fc::Options opt;
+  opt.sink = 1;
+  EXPECT_EQ(fc::protected_count(s, fc::protected_tokens(6, opt)), 2);  // head 1: token 0 (sink, inf) and 2
+}
+
+}  // namespace
