@@ -36,10 +36,11 @@ int main(int argc, char** argv) try {
   std::printf("flashcache %s demo: synthetic multimodal cache, %lld layers x %lld KV heads x %lld tokens x %lld dims\n",
               fc::version_string(), static_cast<long long>(shape.layers), static_cast<long long>(h),
               static_cast<long long>(n), static_cast<long long>(d));
-  std::printf("  %lld visual tokens (%lldx%lld patches), %lld text tokens kept as a window, %lld planted outliers/head\n",
-              static_cast<long long>(shape.grid * shape.grid), static_cast<long long>(shape.grid),
-              static_cast<long long>(shape.grid), static_cast<long long>(shape.text_tokens),
-              static_cast<long long>(shape.outliers_per_head));
+  std::printf(
+      "  %lld visual tokens (%lldx%lld patches), %lld text tokens kept as a window, %lld planted outliers/head\n",
+      static_cast<long long>(shape.grid * shape.grid), static_cast<long long>(shape.grid),
+      static_cast<long long>(shape.grid), static_cast<long long>(shape.text_tokens),
+      static_cast<long long>(shape.outliers_per_head));
   std::printf("  keep ratio %.2f, gamma %.2f, %s transform, %s allocation\n\n", keep_ratio, opt.gamma,
               fc::to_string(opt.transform), fc::to_string(opt.allocation));
 

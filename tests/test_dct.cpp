@@ -3,6 +3,7 @@
 #include <flashcache/dct.hpp>
 #include <flashcache/options.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -124,10 +125,64 @@ TEST(DctBasis, RowsAreOrthonormalAndMatchNaive) {
 }
 
 TEST(Fft, BluesteinIsChosenForLargePrimeFactors) {
-  EXPECT_FALSE(fc::Fft<float>(1024).uses_bluestein());
-  EXPECT_FALSE(fc::Fft<float>(1000).uses_bluestein());
-  EXPECT_TRUE(fc::Fft<float>(4099).uses_bluestein());
-  EXPECT_TRUE(fc::Fft<float>(2 * 1009).uses_bluestein());
+  EXPECT_FALSE((fc::PanelFft<float, 1>(1024).uses_bluestein()));
+  EXPECT_FALSE((fc::PanelFft<float, 1>(1000).uses_bluestein()));
+  EXPECT_FALSE((fc::PanelFft<float, 1>(3 * 29 * 31).uses_bluestein()));
+  EXPECT_TRUE((fc::PanelFft<float, 1>(4099).uses_bluestein()));
+  EXPECT_TRUE((fc::PanelFft<float, 1>(2 * 1009).uses_bluestein()));
+}
+
+// Every lane of a panel FFT against the naive DFT, mixed radices and Bluestein.
+class FftSizes : public ::testing::TestWithParam<std::int64_t> {};
+
+TEST_P(FftSizes, PanelMatchesNaiveDftInEveryLane) {
+  constexpr int W = 3;
+  const std::int64_t n = GetParam();
+  std::mt19937_64 rng(n);
+  const auto re = random_normal(static_cast<std::size_t>(n * W), rng), im = random_normal(re.size(), rng);
+  std::vector<double> fr = re, fi = im;
+  fc::PanelFft<double, W> fft(n);
+  fft.forward(fr.data(), fi.data());
+  double err = 0;
+  for (std::int64_t k = 0; k < n; ++k)
+    for (int w = 0; w < W; ++w) {
+      long double sr = 0, si = 0;
+      for (std::int64_t j = 0; j < n; ++j) {
+        const double a = -2.0 * M_PI * static_cast<double>((j * k) % n) / static_cast<double>(n);
+        sr += re[j * W + w] * std::cos(a) - im[j * W + w] * std::sin(a);
+        si += re[j * W + w] * std::sin(a) + im[j * W + w] * std::cos(a);
+      }
+      err = std::max(
+          {err, std::abs(static_cast<double>(sr) - fr[k * W + w]), std::abs(static_cast<double>(si) - fi[k * W + w])});
+    }
+  EXPECT_LE(err, 1e-12 * static_cast<double>(n));
+  // inverse(forward(x)) = n x
+  fft.inverse(fr.data(), fi.data());
+  for (std::size_t i = 0; i < re.size(); ++i) {
+    EXPECT_NEAR(fr[i] / static_cast<double>(n), re[i], 1e-12);
+    EXPECT_NEAR(fi[i] / static_cast<double>(n), im[i], 1e-12);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Radices, FftSizes,
+                         ::testing::Values(1, 2, 3, 4, 5, 8, 12, 30, 49, 64, 210, 243, 31 * 2, 37, 101, 1024 + 1));
+
+TEST(Dct, PanelLanesAreIndependentColumns) {
+  constexpr int W = 5;
+  const std::int64_t n = 77;
+  std::mt19937_64 rng(77);
+  const auto x1 = random_normal(static_cast<std::size_t>(n * W), rng), x2 = random_normal(x1.size(), rng);
+  std::vector<double> b1(x1.size()), b2(x1.size());
+  fc::Dct<double, W>(n).lowpass(x1.data(), x2.data(), 9, b1.data(), b2.data());
+  for (int w = 0; w < W; ++w) {
+    std::vector<double> col1(n), col2(n);
+    for (std::int64_t t = 0; t < n; ++t) col1[t] = x1[t * W + w], col2[t] = x2[t * W + w];
+    const auto ref1 = naive_lowpass(col1, 9), ref2 = naive_lowpass(col2, 9);
+    for (std::int64_t t = 0; t < n; ++t) {
+      EXPECT_NEAR(b1[t * W + w], ref1[t], 1e-12);
+      EXPECT_NEAR(b2[t * W + w], ref2[t], 1e-12);
+    }
+  }
 }
 
 }  // namespace

@@ -8,3 +8,10 @@
 #endif
 
 #define FLASHCACHE_INLINE FLASHCACHE_HOST_DEVICE inline
+
+// No-alias promise for hot loops the compiler should vectorise.
+#if defined(_MSC_VER)
+#define FLASHCACHE_RESTRICT __restrict
+#else
+#define FLASHCACHE_RESTRICT __restrict__
+#endif

@@ -6,14 +6,14 @@
 //
 // Dct transforms whole sequences in O(N log N) with Makhoul's reordering: a
 // DCT-II of length N is one complex FFT of length N of the even/odd-permuted
-// input plus a twiddle. Two real columns share one complex FFT (one in the
-// real part, one in the imaginary part), which is how K and V travel together.
-// dct_basis() gives the explicit basis for short blocks, where a small matrix
-// product beats an FFT.
+// input plus a twiddle. Two real sequences share one complex FFT (one in the
+// real part, one in the imaginary part): that is how K and V travel together.
+// Data come in panels of W columns ([N][W], see fft.hpp), so W head-dim
+// columns are transformed at once. dct_basis() gives the explicit basis for
+// short blocks, where a small matrix product beats an FFT.
 #include <Eigen/Core>
 
 #include <cmath>
-#include <complex>
 #include <cstdint>
 #include <vector>
 
@@ -32,8 +32,8 @@ inline double cos_pi_ratio(std::int64_t num, std::int64_t den) {
 
 // First m rows of the orthonormal DCT-II matrix of length n (m x n).
 template <class Real>
-Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic> dct_basis(std::int64_t n, std::int64_t m) {
-  Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic> c(m, n);
+Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> dct_basis(std::int64_t n, std::int64_t m) {
+  Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> c(m, n);
   for (std::int64_t k = 0; k < m; ++k) {
     const double a = std::sqrt((k == 0 ? 1.0 : 2.0) / static_cast<double>(n));
     for (std::int64_t j = 0; j < n; ++j) c(k, j) = static_cast<Real>(a * detail::cos_pi_ratio((2 * j + 1) * k, 2 * n));
@@ -41,90 +41,116 @@ Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic> dct_basis(std::int64_t n, st
   return c;
 }
 
-template <class Real>
+template <class Real, int W = 1>
 class Dct {
  public:
-  using Complex = std::complex<Real>;
-
   explicit Dct(std::int64_t n)
       : n_(n),
         fft_(n),
-        z_(static_cast<std::size_t>(n)),
-        spectrum_(static_cast<std::size_t>(n)),
-        twiddle_(static_cast<std::size_t>(n)),
-        scale_(static_cast<std::size_t>(n)) {
+        re_(size(n)),
+        im_(size(n)),
+        c1_(size(n)),
+        c2_(size(n)),
+        tw_re_(scalar(n)),
+        tw_im_(scalar(n)),
+        scale_(scalar(n)) {
     for (std::int64_t k = 0; k < n_; ++k) {
-      // exp(-i pi k / (2N))
-      const double angle = -M_PI * static_cast<double>(k) / (2.0 * static_cast<double>(n_));
-      twiddle_[static_cast<std::size_t>(k)] =
-          Complex(static_cast<Real>(std::cos(angle)), static_cast<Real>(std::sin(angle)));
-      scale_[static_cast<std::size_t>(k)] =
-          static_cast<Real>(std::sqrt((k == 0 ? 1.0 : 2.0) / static_cast<double>(n_)));
+      const double angle = -M_PI * static_cast<double>(k) / (2.0 * static_cast<double>(n_));  // exp(-i pi k / 2N)
+      tw_re_[k] = static_cast<Real>(std::cos(angle));
+      tw_im_[k] = static_cast<Real>(std::sin(angle));
+      scale_[k] = static_cast<Real>(std::sqrt((k == 0 ? 1.0 : 2.0) / static_cast<double>(n_)));
     }
   }
 
   std::int64_t size() const { return n_; }
 
-  // Orthonormal DCT-II of x1 (and x2, which may be null) into X1 (X2).
+  // Orthonormal DCT-II of the panels x1 (and x2, which may be null) into X1 (X2).
   void forward(const Real* x1, const Real* x2, Real* X1, Real* X2) {
-    const std::int64_t n = n_;
-    // Makhoul: v[j] = x[2j] for the first ceil(N/2), then the odd samples reversed.
-    for (std::int64_t j = 0; j < n; ++j) {
-      const std::int64_t src = (2 * j < n) ? 2 * j : 2 * (n - 1 - j) + 1;
-      z_[static_cast<std::size_t>(j)] = Complex(x1[src], x2 ? x2[src] : Real(0));
-    }
-    fft_.forward(z_.data(), spectrum_.data());
-    for (std::int64_t k = 0; k < n; ++k) {
-      // Separate the two real sequences' spectra: V1 = (Z[k] + conj Z[-k]) / 2, V2 = (Z[k] - conj Z[-k]) / 2i.
-      const Complex zk = spectrum_[static_cast<std::size_t>(k)];
-      const Complex zr = std::conj(spectrum_[static_cast<std::size_t>(k == 0 ? 0 : n - k)]);
-      const Complex w = twiddle_[static_cast<std::size_t>(k)] * scale_[static_cast<std::size_t>(k)] * Real(0.5);
-      X1[k] = std::real(w * (zk + zr));
-      if (X2) X2[k] = std::real(w * (zk - zr) * Complex(0, -1));
-    }
+    unnormalized_forward(x1, x2);
+    for (std::int64_t k = 0; k < n_; ++k)
+      for (int w = 0; w < W; ++w) {
+        X1[k * W + w] = c1_[k * W + w] * scale_[k];
+        if (X2) X2[k * W + w] = c2_[k * W + w] * scale_[k];
+      }
   }
 
   // Orthonormal DCT-III (the inverse of forward) of X1 (and X2, may be null).
   void inverse(const Real* X1, const Real* X2, Real* x1, Real* x2) {
-    const std::int64_t n = n_;
-    for (std::int64_t k = 0; k < n; ++k) {
-      // Undo the scaling, then V[k] = conj(twiddle) (Xu[k] - i Xu[N-k]), Xu[N] = 0.
-      const auto kk = static_cast<std::size_t>(k);
-      const auto rk = static_cast<std::size_t>(n - k);
-      const Real inv_a = Real(1) / scale_[kk];
-      const Real x1k = X1[k] * inv_a, x1r = k == 0 ? Real(0) : X1[n - k] / scale_[rk];
-      const Complex tw = std::conj(twiddle_[kk]);
-      Complex v = tw * Complex(x1k, -x1r);
-      if (X2) {
-        const Real x2k = X2[k] * inv_a, x2r = k == 0 ? Real(0) : X2[n - k] / scale_[rk];
-        v += Complex(0, 1) * (tw * Complex(x2k, -x2r));
+    for (std::int64_t k = 0; k < n_; ++k)
+      for (int w = 0; w < W; ++w) {
+        c1_[k * W + w] = X1[k * W + w] / scale_[k];
+        c2_[k * W + w] = X2 ? X2[k * W + w] / scale_[k] : Real(0);
       }
-      spectrum_[kk] = v;
-    }
-    fft_.inverse(spectrum_.data(), z_.data());
-    const Real inv_n = Real(1) / static_cast<Real>(n);
-    for (std::int64_t j = 0; j < n; ++j) {
-      const std::int64_t dst = (2 * j < n) ? 2 * j : 2 * (n - 1 - j) + 1;
-      x1[dst] = std::real(z_[static_cast<std::size_t>(j)]) * inv_n;
-      if (x2) x2[dst] = std::imag(z_[static_cast<std::size_t>(j)]) * inv_n;
-    }
+    unnormalized_inverse(n_, x1, x2);
   }
 
-  // Base = C^T diag(k < m) C x for one or two columns. out may alias the coefficients' scratch only.
+  // Base = C^T diag(k < m) C x for the panels x1 and x2 (x2/base2 may be null).
+  // The scaling a_k cancels between the two transforms, so it is never applied.
   void lowpass(const Real* x1, const Real* x2, std::int64_t m, Real* base1, Real* base2) {
-    coeff1_.resize(static_cast<std::size_t>(n_));
-    coeff2_.resize(static_cast<std::size_t>(n_));
-    forward(x1, x2, coeff1_.data(), x2 ? coeff2_.data() : nullptr);
-    for (std::int64_t k = m; k < n_; ++k)
-      coeff1_[static_cast<std::size_t>(k)] = coeff2_[static_cast<std::size_t>(k)] = Real(0);
-    inverse(coeff1_.data(), x2 ? coeff2_.data() : nullptr, base1, base2);
+    unnormalized_forward(x1, x2);
+    unnormalized_inverse(m, base1, base2);
   }
 
  private:
+  static std::size_t size(std::int64_t n) { return static_cast<std::size_t>(n * W); }
+  static std::size_t scalar(std::int64_t n) { return static_cast<std::size_t>(n); }
+  // Makhoul's permutation: v[j] = x[2j] for the first ceil(N/2), then the odd samples reversed.
+  std::int64_t source(std::int64_t j) const { return 2 * j < n_ ? 2 * j : 2 * (n_ - 1 - j) + 1; }
+
+  // c1, c2 = sum_n x cos(pi (2n+1) k / 2N), without a_k.
+  void unnormalized_forward(const Real* x1, const Real* x2) {
+    for (std::int64_t j = 0; j < n_; ++j) {
+      const std::int64_t s = source(j);
+      for (int w = 0; w < W; ++w) {
+        re_[j * W + w] = x1[s * W + w];
+        im_[j * W + w] = x2 ? x2[s * W + w] : Real(0);
+      }
+    }
+    fft_.forward(re_.data(), im_.data());
+    for (std::int64_t k = 0; k < n_; ++k) {
+      const std::int64_t r = k == 0 ? 0 : n_ - k;
+      const Real tr = tw_re_[k] * Real(0.5), ti = tw_im_[k] * Real(0.5);
+      for (int w = 0; w < W; ++w) {
+        // Z[k] = (a, b), Z[N-k] = (c, e): the two real inputs' spectra are
+        // V1 = (Z[k] + conj Z[N-k]) / 2 and V2 = (Z[k] - conj Z[N-k]) / 2i.
+        const Real a = re_[k * W + w], b = im_[k * W + w], c = re_[r * W + w], e = im_[r * W + w];
+        c1_[k * W + w] = tr * (a + c) - ti * (b - e);
+        c2_[k * W + w] = tr * (b + e) - ti * (c - a);
+      }
+    }
+  }
+
+  // x1, x2 from c1, c2 (unnormalized coefficients), using only k < m.
+  void unnormalized_inverse(std::int64_t m, Real* x1, Real* x2) {
+    const Real inv_n = Real(1) / static_cast<Real>(n_);
+    for (std::int64_t k = 0; k < n_; ++k) {
+      const std::int64_t r = n_ - k;  // the partner coefficient X[N-k]; X[N] = 0
+      const bool keep_k = k<m, keep_r = k> 0 && r < m;
+      const Real tr = tw_re_[k], ti = -tw_im_[k];  // conj(twiddle)
+      for (int w = 0; w < W; ++w) {
+        // V = conj(tw) (X[k] - i X[N-k]) for each input; Z = V1 + i V2.
+        const Real p1 = keep_k ? c1_[k * W + w] : Real(0), q1 = keep_r ? c1_[r * W + w] : Real(0);
+        const Real p2 = keep_k ? c2_[k * W + w] : Real(0), q2 = keep_r ? c2_[r * W + w] : Real(0);
+        const Real v1r = tr * p1 + ti * q1, v1i = ti * p1 - tr * q1;
+        const Real v2r = tr * p2 + ti * q2, v2i = ti * p2 - tr * q2;
+        re_[k * W + w] = v1r - v2i;
+        im_[k * W + w] = v1i + v2r;
+      }
+    }
+    fft_.inverse(re_.data(), im_.data());
+    for (std::int64_t j = 0; j < n_; ++j) {
+      const std::int64_t s = source(j);
+      for (int w = 0; w < W; ++w) {
+        x1[s * W + w] = re_[j * W + w] * inv_n;
+        if (x2) x2[s * W + w] = im_[j * W + w] * inv_n;
+      }
+    }
+  }
+
   std::int64_t n_;
-  Fft<Real> fft_;
-  std::vector<Complex> z_, spectrum_, twiddle_;
-  std::vector<Real> scale_, coeff1_, coeff2_;
+  PanelFft<Real, W> fft_;
+  std::vector<Real> re_, im_, c1_, c2_;  // FFT panel and unnormalized coefficients
+  std::vector<Real> tw_re_, tw_im_, scale_;
 };
 
 }  // namespace flashcache

@@ -1,29 +1,27 @@
 #pragma once
-// Complex FFT of any length, O(n log n), for the CPU DCT.
+// Complex FFT of any length over a panel of W independent columns (CPU).
 //
-// Eigen's FFT (kissfft) is fast for lengths made of small primes but falls
-// back to an O(n * p) butterfly for a large prime factor p, so a prime length
-// such as 4099 would cost O(n^2). Those lengths go through Bluestein's chirp-z
-// identity instead: a circular convolution of power-of-two length >= 2n - 1.
-#include <unsupported/Eigen/FFT>
-
+// A panel stores element i of all W columns side by side (lane w of element i
+// at [i * W + w]), real and imaginary parts in separate arrays. Every butterfly
+// then works on W contiguous lanes, which the compiler vectorises, and a panel
+// of a long sequence stays in cache. The DCT uses this to transform W head-dim
+// columns of K and V at once.
+//
+// Lengths made of the radices 2, 3, 4, 5, ..., 31 run as a mixed-radix Stockham
+// FFT (self-sorting, no bit reversal), O(n log n). A larger prime factor goes
+// through Bluestein's chirp-z identity: a circular convolution of power-of-two
+// length >= 2n - 1, so prime lengths such as 4099 stay O(n log n) too.
+#include <algorithm>
 #include <cmath>
-#include <complex>
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
+
+#include "config.hpp"
 
 namespace flashcache {
 namespace detail {
-
-inline std::int64_t largest_prime_factor(std::int64_t n) {
-  std::int64_t largest = 1;
-  for (std::int64_t p = 2; p * p <= n; ++p)
-    while (n % p == 0) {
-      largest = p;
-      n /= p;
-    }
-  return n > 1 ? n : largest;
-}
 
 inline std::int64_t next_pow2(std::int64_t n) {
   std::int64_t p = 1;
@@ -31,83 +29,290 @@ inline std::int64_t next_pow2(std::int64_t n) {
   return p;
 }
 
+// Radices for a Stockham plan, 4s first; an empty result means "needs Bluestein".
+inline std::vector<int> fft_radices(std::int64_t n, int max_prime) {
+  std::vector<int> radices;
+  while (n % 4 == 0) radices.push_back(4), n /= 4;
+  while (n % 2 == 0) radices.push_back(2), n /= 2;
+  for (int p = 3; p <= max_prime && n > 1; p += 2)
+    while (n % p == 0) radices.push_back(p), n /= p;
+  if (n != 1) radices.clear();
+  return radices;
+}
+
+// exp(-2 pi i num / den) with the angle reduced first, in double.
+inline void unit_root(std::int64_t num, std::int64_t den, double* re, double* im) {
+  const double angle = -2.0 * M_PI * static_cast<double>(num % den) / static_cast<double>(den);
+  *re = std::cos(angle);
+  *im = std::sin(angle);
+}
+
 }  // namespace detail
 
-template <class Real>
-class Fft {
+template <class Real, int W>
+class PanelFft {
  public:
-  using Complex = std::complex<Real>;
-  // Beyond this prime factor kissfft's generic butterfly costs more than Bluestein.
-  static constexpr std::int64_t kMaxDirectPrime = 31;
+  // Beyond this prime factor the generic butterfly costs more than Bluestein.
+  static constexpr int kMaxDirectPrime = 31;
 
-  explicit Fft(std::int64_t n) : n_(n) {
-    if (n_ <= 1 || detail::largest_prime_factor(n_) <= kMaxDirectPrime) return;
-    // Bluestein: X[k] = c*[k] sum_j (x[j] c*[j]) c[k - j], with chirp c[j] = exp(i pi j^2 / n).
-    m_ = detail::next_pow2(2 * n_ - 1);
-    chirp_.resize(static_cast<std::size_t>(n_));
-    for (std::int64_t j = 0; j < n_; ++j) {
-      // j^2 mod 2n keeps the angle small and exact for long sequences.
-      const auto r = static_cast<double>((j * j) % (2 * n_));
-      const double angle = M_PI * r / static_cast<double>(n_);
-      chirp_[static_cast<std::size_t>(j)] =
-          Complex(static_cast<Real>(std::cos(angle)), static_cast<Real>(std::sin(angle)));
+  explicit PanelFft(std::int64_t n) : n_(n) {
+    if (n_ <= 1) return;
+    radices_ = detail::fft_radices(n_, kMaxDirectPrime);
+    if (!radices_.empty()) {
+      plan_stages(n_);
+      work_re_.resize(static_cast<std::size_t>(n_ * W));
+      work_im_.resize(static_cast<std::size_t>(n_ * W));
+      return;
     }
-    std::vector<Complex> b(static_cast<std::size_t>(m_), Complex(0));
-    b[0] = chirp_[0];
-    for (std::int64_t j = 1; j < n_; ++j)
-      b[static_cast<std::size_t>(j)] = b[static_cast<std::size_t>(m_ - j)] = chirp_[static_cast<std::size_t>(j)];
-    chirp_spectrum_.resize(static_cast<std::size_t>(m_));
-    fft_.fwd(chirp_spectrum_.data(), b.data(), static_cast<int>(m_));
-    // Fold the inverse transform's 1/m into the filter once.
-    for (auto& c : chirp_spectrum_) c /= static_cast<Real>(m_);
-    work_.resize(static_cast<std::size_t>(m_));
-    work2_.resize(static_cast<std::size_t>(m_));
+    // Bluestein: X[k] = c*[k] sum_j (x[j] c*[j]) c[k - j], chirp c[j] = exp(i pi j^2 / n).
+    m_ = detail::next_pow2(2 * n_ - 1);
+    inner_ = std::make_unique<PanelFft>(m_);
+    chirp_re_.resize(static_cast<std::size_t>(n_));
+    chirp_im_.resize(static_cast<std::size_t>(n_));
+    for (std::int64_t j = 0; j < n_; ++j) {
+      double re, im;  // exp(-i pi j^2 / n) = exp(-2 pi i (j^2 mod 2n) / 2n)
+      detail::unit_root((j * j) % (2 * n_), 2 * n_, &re, &im);
+      chirp_re_[static_cast<std::size_t>(j)] = static_cast<Real>(re);
+      chirp_im_[static_cast<std::size_t>(j)] = static_cast<Real>(-im);  // c[j] = exp(+i pi j^2 / n)
+    }
+    // Spectrum of the filter b[j] = c[j] for |j| < n (wrapped), scaled by the inverse's 1/m.
+    std::vector<Real> b_re(static_cast<std::size_t>(m_ * W), Real(0)), b_im(b_re.size(), Real(0));
+    auto set = [&](std::int64_t i, std::int64_t j) {
+      for (int w = 0; w < W; ++w) {
+        b_re[static_cast<std::size_t>(i * W + w)] = chirp_re_[static_cast<std::size_t>(j)];
+        b_im[static_cast<std::size_t>(i * W + w)] = chirp_im_[static_cast<std::size_t>(j)];
+      }
+    };
+    set(0, 0);
+    for (std::int64_t j = 1; j < n_; ++j) set(j, j), set(m_ - j, j);
+    inner_->forward(b_re.data(), b_im.data());
+    filter_re_.resize(static_cast<std::size_t>(m_));
+    filter_im_.resize(static_cast<std::size_t>(m_));
+    for (std::int64_t i = 0; i < m_; ++i) {
+      filter_re_[static_cast<std::size_t>(i)] = b_re[static_cast<std::size_t>(i * W)] / static_cast<Real>(m_);
+      filter_im_[static_cast<std::size_t>(i)] = b_im[static_cast<std::size_t>(i * W)] / static_cast<Real>(m_);
+    }
+    conv_re_.resize(static_cast<std::size_t>(m_ * W));
+    conv_im_.resize(static_cast<std::size_t>(m_ * W));
   }
 
   std::int64_t size() const { return n_; }
   bool uses_bluestein() const { return m_ > 0; }
 
-  // out[k] = sum_j in[j] exp(-2 pi i j k / n), unscaled. in and out may alias.
-  void forward(const Complex* in, Complex* out) {
-    if (n_ == 1) {
-      out[0] = in[0];
-      return;
-    }
-    if (n_ <= 0) return;
-    if (m_ == 0) {
-      if (in == out) {
-        work_.assign(in, in + n_);
-        in = work_.data();
-      }
-      fft_.fwd(out, in, static_cast<int>(n_));
-      return;
-    }
-    std::fill(work_.begin(), work_.end(), Complex(0));
-    for (std::int64_t j = 0; j < n_; ++j)
-      work_[static_cast<std::size_t>(j)] = in[j] * std::conj(chirp_[static_cast<std::size_t>(j)]);
-    fft_.fwd(work2_.data(), work_.data(), static_cast<int>(m_));
-    for (std::int64_t j = 0; j < m_; ++j)
-      work2_[static_cast<std::size_t>(j)] *= chirp_spectrum_[static_cast<std::size_t>(j)];
-    // Inverse FFT via conjugation: ifft(x) = conj(fft(conj(x))) / m (the 1/m is in the filter).
-    for (auto& c : work2_) c = std::conj(c);
-    fft_.fwd(work_.data(), work2_.data(), static_cast<int>(m_));
-    for (std::int64_t k = 0; k < n_; ++k)
-      out[k] = std::conj(work_[static_cast<std::size_t>(k)]) * std::conj(chirp_[static_cast<std::size_t>(k)]);
+  // In place: X[k] = sum_j x[j] exp(-2 pi i j k / n) per lane, unscaled.
+  void forward(Real* re, Real* im) {
+    if (n_ <= 1) return;
+    if (m_ == 0)
+      stockham(re, im);
+    else
+      bluestein(re, im);
   }
 
-  // out[j] = sum_k in[k] exp(+2 pi i j k / n), unscaled (no 1/n).
-  void inverse(const Complex* in, Complex* out) {
-    conj_.resize(static_cast<std::size_t>(n_));
-    for (std::int64_t k = 0; k < n_; ++k) conj_[static_cast<std::size_t>(k)] = std::conj(in[k]);
-    forward(conj_.data(), out);
-    for (std::int64_t j = 0; j < n_; ++j) out[j] = std::conj(out[j]);
+  // In place: x[j] = sum_k X[k] exp(+2 pi i j k / n) per lane, unscaled (no 1/n).
+  void inverse(Real* re, Real* im) {
+    // ifft(x) = conj(fft(conj(x))); conjugation is a sign flip of the imaginary panel.
+    negate(im, n_);
+    forward(re, im);
+    negate(im, n_);
   }
 
  private:
+  struct Stage {
+    int radix;
+    std::int64_t span;    // L: length of the DFTs already done
+    std::int64_t stride;  // R': residue classes after this stage
+    std::size_t twiddle;  // offset into twiddle tables: (radix - 1) entries per k < L
+    std::size_t roots;    // offset into the radix's own roots of unity (generic radices)
+  };
+
+  static void negate(Real* x, std::int64_t n) {
+    for (std::int64_t i = 0; i < n * W; ++i) x[i] = -x[i];
+  }
+
+  void plan_stages(std::int64_t n) {
+    std::int64_t span = 1, classes = n;
+    for (int p : radices_) {
+      const std::int64_t next = span * p;
+      classes /= p;
+      Stage s{p, span, classes, tw_re_.size(), root_re_.size()};
+      for (std::int64_t k = 0; k < span; ++k)
+        for (int q = 1; q < p; ++q) {
+          double re, im;
+          detail::unit_root(q * k, next, &re, &im);
+          tw_re_.push_back(static_cast<Real>(re));
+          tw_im_.push_back(static_cast<Real>(im));
+        }
+      for (int q = 0; q < p * p; ++q) {
+        double re, im;
+        detail::unit_root((q / p) * (q % p), p, &re, &im);
+        root_re_.push_back(static_cast<Real>(re));
+        root_im_.push_back(static_cast<Real>(im));
+      }
+      stages_.push_back(s);
+      span = next;
+    }
+  }
+
+  // Mixed-radix Stockham. Before a stage, y[k * R + r] holds frequency k < L of
+  // the length-L DFT of residue class r (stride R). A radix-p stage combines
+  // the p classes r' + R' q into class r' of length L p:
+  //   Y'[k + L s] = sum_q w_p^{q s} (w_{Lp}^{q k} y[k R + r' + R' q]),
+  // written to y'[(k + L s) R' + r']; after the last stage y[k] = X[k].
+  void stockham(Real* re, Real* im) {
+    Real *src_re = re, *src_im = im, *dst_re = work_re_.data(), *dst_im = work_im_.data();
+    for (const Stage& st : stages_) {
+      switch (st.radix) {
+        case 4:
+          radix4(st, src_re, src_im, dst_re, dst_im);
+          break;
+        case 2:
+          radix2(st, src_re, src_im, dst_re, dst_im);
+          break;
+        default:
+          generic(st, src_re, src_im, dst_re, dst_im);
+          break;
+      }
+      std::swap(src_re, dst_re);
+      std::swap(src_im, dst_im);
+    }
+    if (src_re != re) {
+      std::copy(src_re, src_re + n_ * W, re);
+      std::copy(src_im, src_im + n_ * W, im);
+    }
+  }
+
+  void radix2(const Stage& st, const Real* FLASHCACHE_RESTRICT xr, const Real* FLASHCACHE_RESTRICT xi,
+              Real* FLASHCACHE_RESTRICT yr, Real* FLASHCACHE_RESTRICT yi) const {
+    const std::int64_t L = st.span, Rn = st.stride, R = Rn * 2;
+    for (std::int64_t k = 0; k < L; ++k) {
+      const Real wr = tw_re_[st.twiddle + static_cast<std::size_t>(k)],
+                 wi = tw_im_[st.twiddle + static_cast<std::size_t>(k)];
+      const Real* FLASHCACHE_RESTRICT a_r = xr + (k * R) * W;
+      const Real* FLASHCACHE_RESTRICT a_i = xi + (k * R) * W;
+      const Real* FLASHCACHE_RESTRICT b_r = a_r + Rn * W;
+      const Real* FLASHCACHE_RESTRICT b_i = a_i + Rn * W;
+      Real* FLASHCACHE_RESTRICT o0r = yr + (k * Rn) * W;
+      Real* FLASHCACHE_RESTRICT o0i = yi + (k * Rn) * W;
+      Real* FLASHCACHE_RESTRICT o1r = yr + ((k + L) * Rn) * W;
+      Real* FLASHCACHE_RESTRICT o1i = yi + ((k + L) * Rn) * W;
+      for (std::int64_t i = 0; i < Rn * W; ++i) {
+        const Real br = b_r[i] * wr - b_i[i] * wi, bi = b_r[i] * wi + b_i[i] * wr;
+        o0r[i] = a_r[i] + br;
+        o0i[i] = a_i[i] + bi;
+        o1r[i] = a_r[i] - br;
+        o1i[i] = a_i[i] - bi;
+      }
+    }
+  }
+
+  void radix4(const Stage& st, const Real* FLASHCACHE_RESTRICT xr, const Real* FLASHCACHE_RESTRICT xi,
+              Real* FLASHCACHE_RESTRICT yr, Real* FLASHCACHE_RESTRICT yi) const {
+    const std::int64_t L = st.span, Rn = st.stride, R = Rn * 4;
+    for (std::int64_t k = 0; k < L; ++k) {
+      const std::size_t t = st.twiddle + static_cast<std::size_t>(3 * k);
+      const Real w1r = tw_re_[t], w1i = tw_im_[t], w2r = tw_re_[t + 1], w2i = tw_im_[t + 1];
+      const Real w3r = tw_re_[t + 2], w3i = tw_im_[t + 2];
+      const Real* FLASHCACHE_RESTRICT in_r = xr + (k * R) * W;
+      const Real* FLASHCACHE_RESTRICT in_i = xi + (k * R) * W;
+      const std::int64_t q = Rn * W;  // distance between the four inputs
+      Real* FLASHCACHE_RESTRICT out_r = yr + (k * Rn) * W;
+      Real* FLASHCACHE_RESTRICT out_i = yi + (k * Rn) * W;
+      const std::int64_t s = L * Rn * W;  // distance between the four outputs
+      for (std::int64_t i = 0; i < Rn * W; ++i) {
+        const Real a0r = in_r[i], a0i = in_i[i];
+        const Real a1r = in_r[i + q] * w1r - in_i[i + q] * w1i, a1i = in_r[i + q] * w1i + in_i[i + q] * w1r;
+        const Real a2r = in_r[i + 2 * q] * w2r - in_i[i + 2 * q] * w2i;
+        const Real a2i = in_r[i + 2 * q] * w2i + in_i[i + 2 * q] * w2r;
+        const Real a3r = in_r[i + 3 * q] * w3r - in_i[i + 3 * q] * w3i;
+        const Real a3i = in_r[i + 3 * q] * w3i + in_i[i + 3 * q] * w3r;
+        const Real s02r = a0r + a2r, s02i = a0i + a2i, d02r = a0r - a2r, d02i = a0i - a2i;
+        const Real s13r = a1r + a3r, s13i = a1i + a3i, d13r = a1r - a3r, d13i = a1i - a3i;
+        out_r[i] = s02r + s13r;
+        out_i[i] = s02i + s13i;
+        out_r[i + 2 * s] = s02r - s13r;
+        out_i[i + 2 * s] = s02i - s13i;
+        // w_4 = -i: outputs 1 and 3 add / subtract -i (a1 - a3).
+        out_r[i + s] = d02r + d13i;
+        out_i[i + s] = d02i - d13r;
+        out_r[i + 3 * s] = d02r - d13i;
+        out_i[i + 3 * s] = d02i + d13r;
+      }
+    }
+  }
+
+  void generic(const Stage& st, const Real* xr, const Real* xi, Real* yr, Real* yi) {
+    const int p = st.radix;
+    const std::int64_t L = st.span, Rn = st.stride, R = Rn * p;
+    scratch_re_.resize(static_cast<std::size_t>(p));
+    scratch_im_.resize(static_cast<std::size_t>(p));
+    for (std::int64_t k = 0; k < L; ++k)
+      for (std::int64_t i = 0; i < Rn * W; ++i) {
+        // Twiddled inputs a_q, then the p-point DFT over q.
+        for (int q = 0; q < p; ++q) {
+          const Real vr = xr[(k * R + q * Rn) * W + i], vi = xi[(k * R + q * Rn) * W + i];
+          if (q == 0) {
+            scratch_re_[0] = vr;
+            scratch_im_[0] = vi;
+            continue;
+          }
+          const std::size_t t = st.twiddle + static_cast<std::size_t>(k * (p - 1) + q - 1);
+          scratch_re_[static_cast<std::size_t>(q)] = vr * tw_re_[t] - vi * tw_im_[t];
+          scratch_im_[static_cast<std::size_t>(q)] = vr * tw_im_[t] + vi * tw_re_[t];
+        }
+        for (int s = 0; s < p; ++s) {
+          Real sr = 0, si = 0;
+          for (int q = 0; q < p; ++q) {
+            const std::size_t r = st.roots + static_cast<std::size_t>(s * p + q);
+            sr += scratch_re_[static_cast<std::size_t>(q)] * root_re_[r] -
+                  scratch_im_[static_cast<std::size_t>(q)] * root_im_[r];
+            si += scratch_re_[static_cast<std::size_t>(q)] * root_im_[r] +
+                  scratch_im_[static_cast<std::size_t>(q)] * root_re_[r];
+          }
+          yr[((k + L * s) * Rn) * W + i] = sr;
+          yi[((k + L * s) * Rn) * W + i] = si;
+        }
+      }
+  }
+
+  void bluestein(Real* re, Real* im) {
+    std::fill(conv_re_.begin(), conv_re_.end(), Real(0));
+    std::fill(conv_im_.begin(), conv_im_.end(), Real(0));
+    for (std::int64_t j = 0; j < n_; ++j) {  // a[j] = x[j] conj(c[j])
+      const Real cr = chirp_re_[static_cast<std::size_t>(j)], ci = -chirp_im_[static_cast<std::size_t>(j)];
+      for (int w = 0; w < W; ++w) {
+        const std::size_t i = static_cast<std::size_t>(j * W + w);
+        conv_re_[i] = re[i] * cr - im[i] * ci;
+        conv_im_[i] = re[i] * ci + im[i] * cr;
+      }
+    }
+    inner_->forward(conv_re_.data(), conv_im_.data());
+    for (std::int64_t j = 0; j < m_; ++j) {
+      const Real fr = filter_re_[static_cast<std::size_t>(j)], fi = filter_im_[static_cast<std::size_t>(j)];
+      for (int w = 0; w < W; ++w) {
+        const std::size_t i = static_cast<std::size_t>(j * W + w);
+        const Real r = conv_re_[i] * fr - conv_im_[i] * fi;
+        conv_im_[i] = conv_re_[i] * fi + conv_im_[i] * fr;
+        conv_re_[i] = r;
+      }
+    }
+    inner_->inverse(conv_re_.data(), conv_im_.data());
+    for (std::int64_t k = 0; k < n_; ++k) {  // X[k] = conj(c[k]) conv[k]
+      const Real cr = chirp_re_[static_cast<std::size_t>(k)], ci = -chirp_im_[static_cast<std::size_t>(k)];
+      for (int w = 0; w < W; ++w) {
+        const std::size_t i = static_cast<std::size_t>(k * W + w);
+        re[i] = conv_re_[i] * cr - conv_im_[i] * ci;
+        im[i] = conv_re_[i] * ci + conv_im_[i] * cr;
+      }
+    }
+  }
+
   std::int64_t n_;
-  std::int64_t m_ = 0;  // Bluestein convolution length, 0 when kissfft runs directly
-  Eigen::FFT<Real> fft_;
-  std::vector<Complex> chirp_, chirp_spectrum_, work_, work2_, conj_;
+  std::int64_t m_ = 0;  // Bluestein length; 0 when the Stockham plan runs directly
+  std::vector<int> radices_;
+  std::vector<Stage> stages_;
+  std::vector<Real> tw_re_, tw_im_, root_re_, root_im_, work_re_, work_im_, scratch_re_, scratch_im_;
+  std::unique_ptr<PanelFft> inner_;  // the power-of-two FFT behind Bluestein
+  std::vector<Real> chirp_re_, chirp_im_, filter_re_, filter_im_, conv_re_, conv_im_;
 };
 
 }  // namespace flashcache

@@ -12,10 +12,13 @@
 // adds nothing to the energies.
 #include <Eigen/Core>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "dct.hpp"
@@ -67,13 +70,14 @@ struct LayerScores {
 template <class Real = float>
 class Scorer {
  public:
-  using Matrix = Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic>;  // column-major: a column is a token axis
+  // Head-dim columns transformed together (one SIMD-friendly panel).
+  static constexpr int kLanes = 32 / static_cast<int>(sizeof(Real));
 
   template <class T>
   Status score(KVView<const T> k, KVView<const T> v, const Options& opt, LayerScores* out) {
     FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
     FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
-    const std::int64_t heads = k.heads, n = k.tokens, d = k.head_dim;
+    const std::int64_t heads = k.heads, n = k.tokens;
     out->heads = heads;
     out->tokens = n;
     out->score.assign(static_cast<std::size_t>(heads * n), 0.0f);
@@ -81,117 +85,152 @@ class Scorer {
     out->nonfinite = 0;
     if (k.empty()) return Status::success();
 
-    xk_.resize(n, d);
-    xv_.resize(n, d);
-    bk_.resize(n, d);
-    bv_.resize(n, d);
-    bad_.assign(static_cast<std::size_t>(n), 0);
+    residual_k_.resize(static_cast<std::size_t>(n));
+    residual_v_.resize(static_cast<std::size_t>(n));
     for (std::int64_t h = 0; h < heads; ++h) {
-      out->nonfinite += load_head(k, v, h);
+      out->nonfinite += map_nonfinite_rows(k, v, h);
+      std::fill(residual_k_.begin(), residual_k_.end(), Real(0));
+      std::fill(residual_v_.begin(), residual_v_.end(), Real(0));
+      HeadEnergy& e = out->energy[static_cast<std::size_t>(h)];
       if (opt.transform == Transform::global)
-        lowpass_global(n, d, opt.gamma);
+        residuals_global(k, v, h, opt.gamma, &e);
       else
-        lowpass_blocked(n, opt.gamma, opt.block_size);
-      accumulate(h, n, d, out);
+        residuals_blocked(k, v, h, opt.gamma, opt.block_size, &e);
+      float* score = out->score.data() + h * n;
+      const Real inv_d = Real(1) / static_cast<Real>(k.head_dim);
+      for (std::int64_t t = 0; t < n; ++t)
+        score[t] = source_[static_cast<std::size_t>(t)] != t
+                       ? std::numeric_limits<float>::infinity()
+                       : static_cast<float>(residual_k_[static_cast<std::size_t>(t)] * inv_d +
+                                            residual_v_[static_cast<std::size_t>(t)] * inv_d);
     }
     return Status::success();
   }
 
  private:
-  // Copies head h of K and V into the column-major buffers, marks non-finite
-  // tokens and patches their rows; returns how many there were.
+  using Panel = std::vector<Real>;
+  using Block = Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+  // source_[t]: the row the transform reads for token t. A finite token reads
+  // itself; a non-finite one the nearest finite token before it (after it,
+  // when it leads), or -1 (zeros) when the head has none. Returns the count.
   template <class T>
-  std::int64_t load_head(KVView<const T> k, KVView<const T> v, std::int64_t h) {
+  std::int64_t map_nonfinite_rows(KVView<const T> k, KVView<const T> v, std::int64_t h) {
     const std::int64_t n = k.tokens, d = k.head_dim;
-    std::int64_t bad_count = 0, last_good = -1, first_good = -1;
+    source_.resize(static_cast<std::size_t>(n));
+    std::int64_t bad = 0, last_good = -1;
     for (std::int64_t t = 0; t < n; ++t) {
       const T* kr = k.row(h, t);
       const T* vr = v.row(h, t);
       bool finite = true;
-      for (std::int64_t c = 0; c < d; ++c) {
-        const float kc = to_float(kr[c]), vc = to_float(vr[c]);
-        finite = finite && std::isfinite(kc) && std::isfinite(vc);
-        xk_(t, c) = static_cast<Real>(kc);
-        xv_(t, c) = static_cast<Real>(vc);
-      }
-      bad_[static_cast<std::size_t>(t)] = !finite;
-      if (!finite) {
-        ++bad_count;
-        if (last_good >= 0) {
-          xk_.row(t) = xk_.row(last_good);
-          xv_.row(t) = xv_.row(last_good);
-        }
-      } else {
+      for (std::int64_t c = 0; c < d; ++c) finite &= std::isfinite(to_float(kr[c])) & std::isfinite(to_float(vr[c]));
+      if (finite) {
+        if (last_good < 0)  // leading non-finite tokens take the first finite one
+          for (std::int64_t u = 0; u < t; ++u) source_[static_cast<std::size_t>(u)] = t;
         last_good = t;
-        if (first_good < 0) first_good = t;
-      }
-    }
-    // Leading non-finite rows copy the first finite row (zeros if there is none).
-    for (std::int64_t t = 0; t < n && bad_[static_cast<std::size_t>(t)] && (first_good < 0 || t < first_good); ++t) {
-      if (first_good >= 0) {
-        xk_.row(t) = xk_.row(first_good);
-        xv_.row(t) = xv_.row(first_good);
       } else {
-        xk_.row(t).setZero();
-        xv_.row(t).setZero();
+        ++bad;
+      }
+      source_[static_cast<std::size_t>(t)] = finite ? t : last_good;
+    }
+    return bad;
+  }
+
+  // Element c of the row the transform reads for token t, as Real.
+  template <class T>
+  static Real element(KVView<const T> x, std::int64_t h, std::int64_t src, std::int64_t c) {
+    return src < 0 ? Real(0) : static_cast<Real>(to_float(x(h, src, c)));
+  }
+
+  template <class T>
+  void residuals_global(KVView<const T> k, KVView<const T> v, std::int64_t h, double gamma, HeadEnergy* e) {
+    constexpr int W = kLanes;
+    const std::int64_t n = k.tokens, d = k.head_dim, m = lowpass_cutoff(n, gamma);
+    Dct<Real, W>& dct = plan(n);
+    for (Panel* p : {&xk_, &xv_, &bk_, &bv_}) p->resize(static_cast<std::size_t>(n * W));
+    for (std::int64_t c0 = 0; c0 < d; c0 += W) {
+      const int lanes = static_cast<int>(std::min<std::int64_t>(W, d - c0));
+      for (std::int64_t t = 0; t < n; ++t) {
+        const std::int64_t src = source_[static_cast<std::size_t>(t)];
+        for (int w = 0; w < W; ++w) {  // lanes past the head dim stay zero: they add nothing
+          xk_[static_cast<std::size_t>(t * W + w)] = w < lanes ? element(k, h, src, c0 + w) : Real(0);
+          xv_[static_cast<std::size_t>(t * W + w)] = w < lanes ? element(v, h, src, c0 + w) : Real(0);
+        }
+      }
+      dct.lowpass(xk_.data(), xv_.data(), m, bk_.data(), bv_.data());
+      for (std::int64_t t = 0; t < n; ++t) {
+        Real rk = 0, rv = 0, ek = 0, ev = 0;
+        for (int w = 0; w < W; ++w) {
+          const std::size_t i = static_cast<std::size_t>(t * W + w);
+          const Real dk = xk_[i] - bk_[i], dv = xv_[i] - bv_[i];
+          rk += dk * dk;
+          rv += dv * dv;
+          ek += xk_[i] * xk_[i];
+          ev += xv_[i] * xv_[i];
+        }
+        residual_k_[static_cast<std::size_t>(t)] += rk;
+        residual_v_[static_cast<std::size_t>(t)] += rv;
+        if (source_[static_cast<std::size_t>(t)] == t) add_energy(e, ek, rk, ev, rv);
       }
     }
-    return bad_count;
   }
 
-  void lowpass_global(std::int64_t n, std::int64_t d, double gamma) {
-    Dct<Real>& dct = plan(n);
-    const std::int64_t m = lowpass_cutoff(n, gamma);
-    for (std::int64_t c = 0; c < d; ++c)
-      dct.lowpass(xk_.col(c).data(), xv_.col(c).data(), m, bk_.col(c).data(), bv_.col(c).data());
-  }
-
-  void lowpass_blocked(std::int64_t n, double gamma, std::int64_t block) {
+  template <class T>
+  void residuals_blocked(KVView<const T> k, KVView<const T> v, std::int64_t h, double gamma, std::int64_t block,
+                         HeadEnergy* e) {
+    const std::int64_t n = k.tokens, d = k.head_dim;
     for (std::int64_t b0 = 0; b0 < n; b0 += block) {
       const std::int64_t len = std::min(block, n - b0);
-      const Matrix& c = basis(len, lowpass_cutoff(len, gamma));  // m x len
-      coeff_.noalias() = c * xk_.middleRows(b0, len);
-      bk_.middleRows(b0, len).noalias() = c.transpose() * coeff_;
-      coeff_.noalias() = c * xv_.middleRows(b0, len);
-      bv_.middleRows(b0, len).noalias() = c.transpose() * coeff_;
-    }
-  }
-
-  void accumulate(std::int64_t h, std::int64_t n, std::int64_t d, LayerScores* out) {
-    float* score = out->score.data() + h * n;
-    HeadEnergy& e = out->energy[static_cast<std::size_t>(h)];
-    const Real inv_d = Real(1) / static_cast<Real>(d);
-    for (std::int64_t t = 0; t < n; ++t) {
-      if (bad_[static_cast<std::size_t>(t)]) {
-        score[t] = std::numeric_limits<float>::infinity();
-        continue;
+      const Block& c = basis(len, lowpass_cutoff(len, gamma));  // m x len
+      block_k_.resize(len, d);
+      block_v_.resize(len, d);
+      for (std::int64_t t = 0; t < len; ++t) {
+        const std::int64_t src = source_[static_cast<std::size_t>(b0 + t)];
+        for (std::int64_t j = 0; j < d; ++j) {
+          block_k_(t, j) = element(k, h, src, j);
+          block_v_(t, j) = element(v, h, src, j);
+        }
       }
-      const Real rk = (xk_.row(t) - bk_.row(t)).squaredNorm();
-      const Real rv = (xv_.row(t) - bv_.row(t)).squaredNorm();
-      score[t] = static_cast<float>(rk * inv_d + rv * inv_d);
-      e.k_high += static_cast<double>(rk);
-      e.v_high += static_cast<double>(rv);
-      e.k_total += static_cast<double>(xk_.row(t).squaredNorm());
-      e.v_total += static_cast<double>(xv_.row(t).squaredNorm());
+      // Residual = X - C^T (C X), rank m, so 2 m len d multiply-adds per input.
+      for (auto [x, r] : {std::pair{&block_k_, &residual_k_}, std::pair{&block_v_, &residual_v_}}) {
+        coeff_.noalias() = c * *x;
+        base_.noalias() = c.transpose() * coeff_;
+        for (std::int64_t t = 0; t < len; ++t)
+          (*r)[static_cast<std::size_t>(b0 + t)] = (x->row(t) - base_.row(t)).squaredNorm();
+      }
+      for (std::int64_t t = 0; t < len; ++t)
+        if (source_[static_cast<std::size_t>(b0 + t)] == b0 + t)
+          add_energy(e, block_k_.row(t).squaredNorm(), residual_k_[static_cast<std::size_t>(b0 + t)],
+                     block_v_.row(t).squaredNorm(), residual_v_[static_cast<std::size_t>(b0 + t)]);
     }
   }
 
-  Dct<Real>& plan(std::int64_t n) {
+  static void add_energy(HeadEnergy* e, Real k_total, Real k_high, Real v_total, Real v_high) {
+    e->k_total += static_cast<double>(k_total);
+    e->k_high += static_cast<double>(k_high);
+    e->v_total += static_cast<double>(v_total);
+    e->v_high += static_cast<double>(v_high);
+  }
+
+  Dct<Real, kLanes>& plan(std::int64_t n) {
     auto it = plans_.find(n);
-    if (it == plans_.end()) it = plans_.emplace(n, Dct<Real>(n)).first;
+    if (it == plans_.end()) it = plans_.emplace(n, std::make_unique<Dct<Real, kLanes>>(n)).first;
+    return *it->second;
+  }
+
+  const Block& basis(std::int64_t len, std::int64_t m) {
+    const std::int64_t key = len * (len + 1) + m;
+    auto it = bases_.find(key);
+    if (it == bases_.end()) it = bases_.emplace(key, dct_basis<Real>(len, m)).first;
     return it->second;
   }
 
-  const Matrix& basis(std::int64_t len, std::int64_t m) {
-    auto it = bases_.find(len * (len + 1) + m);
-    if (it == bases_.end()) it = bases_.emplace(len * (len + 1) + m, dct_basis<Real>(len, m)).first;
-    return it->second;
-  }
-
-  Matrix xk_, xv_, bk_, bv_, coeff_;
-  std::vector<std::uint8_t> bad_;
-  std::map<std::int64_t, Dct<Real>> plans_;
-  std::map<std::int64_t, Matrix> bases_;
+  std::vector<std::int64_t> source_;
+  std::vector<Real> residual_k_, residual_v_;
+  Panel xk_, xv_, bk_, bv_;
+  Block block_k_, block_v_, coeff_, base_;
+  std::map<std::int64_t, std::unique_ptr<Dct<Real, kLanes>>> plans_;
+  std::map<std::int64_t, Block> bases_;
 };
 
 // One-shot scoring of one layer; throws flashcache::Error on bad input.

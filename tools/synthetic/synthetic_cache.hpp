@@ -24,8 +24,8 @@ struct CacheShape {
 };
 
 struct SyntheticLayer {
-  std::vector<float> k, v;               // [heads][tokens][head_dim]
-  std::vector<std::int64_t> outliers;    // [heads][outliers_per_head] planted token indices
+  std::vector<float> k, v;             // [heads][tokens][head_dim]
+  std::vector<std::int64_t> outliers;  // [heads][outliers_per_head] planted token indices
 };
 
 inline SyntheticLayer make_layer(const CacheShape& s, std::int64_t layer, std::uint64_t seed = 2511) {

@@ -1,0 +1,566 @@
+#pragma once
+// flashcache on the GPU: the front door.
+//
+//   score     blocked: one fused kernel; global: cuFFT (Makhoul) per sequence
+//   energy    per-(layer, sequence) energy ratio R_l, protected counts
+//   allocate  per-layer budgets on the device (no host round trip)
+//   select    per (layer, sequence, head): protected + top scores, ascending
+//   gather    dense compact K', V'   and/or   compact   in place in a paged cache
+//
+// Two phases, as in CUB / CUTLASS:
+//   can_implement(cache, budget, opt, out, plan)  everything checkable on the host
+//   workspace_size(cache, opt, &bytes, plan)      bytes of scratch a run needs
+//   compress_async(cache, budget, opt, out, ws, bytes, stream, plan)
+// The run allocates nothing, never synchronises the host and never throws, so
+// an engine can capture it in a CUDA graph. What only the device can see (a
+// bad page id, a budget below the protected set of one sequence) is recorded
+// in the workspace; device_status() waits for the stream and reports it.
+// compress() is the convenience wrapper: allocate, run, wait, report.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "flashcache/allocate.cuh"
+#include "flashcache/compact_paged.cuh"
+#include "flashcache/cuda/cache.cuh"
+#include "flashcache/cuda/global_plan.cuh"
+#include "flashcache/cuda/status.cuh"
+#include "flashcache/cuda/workspace.cuh"
+#include "flashcache/energy.cuh"
+#include "flashcache/error.hpp"
+#include "flashcache/gather.cuh"
+#include "flashcache/options.hpp"
+#include "flashcache/plan.cuh"
+#include "flashcache/score_blocked.cuh"
+#include "flashcache/score_global.cuh"
+#include "flashcache/select.cuh"
+#include "flashcache/types.hpp"
+#include "flashcache/view.hpp"
+
+namespace flashcache::cuda {
+
+inline constexpr int kMaxLayers = kernels::kMaxLayers;
+inline constexpr int kMaxBlockSize = 128;
+// Shared memory a CTA may use on sm_90 (H100/H200) after opting in.
+inline constexpr std::int64_t kMaxSharedBytes = 227 * 1024;
+// Head dims with a compiled kernel; any other head dim takes the generic one.
+inline constexpr int kCompiledHeadDims[] = {64, 96, 128, 256};
+
+namespace detail {
+
+template <class T>
+constexpr bool is_element_v = std::is_same_v<T, float> || std::is_same_v<T, half_t> || std::is_same_v<T, bfloat16_t>;
+
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+// Tile width of the blocked kernel for a block size.
+inline int blocked_tile(std::int64_t block_size) { return block_size <= 64 ? 64 : 128; }
+
+inline int blocked_thread_count(std::int64_t head_dim) {
+  for (int d : kCompiledHeadDims)
+    if (d == head_dim) return d;
+  return 128;
+}
+
+inline std::int64_t blocked_smem_bytes(std::int64_t head_dim, std::int64_t elem_bytes, const Options& opt) {
+  const int tile = blocked_tile(opt.block_size);
+  const kernels::BlockedSmem s(head_dim, elem_bytes, tile, lowpass_cutoff(opt.block_size, opt.gamma),
+                               blocked_thread_count(head_dim));
+  return s.total;
+}
+
+inline Shape shape_of(int layers, std::int64_t heads, std::int64_t head_dim, int sequences, std::int64_t capacity) {
+  Shape s;
+  s.layers = layers;
+  s.heads = heads;
+  s.head_dim = head_dim;
+  s.sequences = sequences;
+  s.capacity = capacity;
+  return s;
+}
+
+// Can every row be moved with 16-byte accesses?
+template <class T>
+bool rows_vectorizable(const Cache<T>& c) {
+  const auto e = static_cast<std::int64_t>(sizeof(T));
+  if ((c.head_dim * e) % 16 || (c.head_stride * e) % 16 || (c.token_stride * e) % 16) return false;
+  if (c.paged() && (c.pages.page_stride * e) % 16) return false;
+  for (int l = 0; l < c.layers; ++l)
+    if (!aligned16(c.k[l]) || !aligned16(c.v[l])) return false;
+  return true;
+}
+
+inline kernels::RowMap row_map(std::int64_t head_stride, std::int64_t token_stride, const std::int32_t* indptr,
+                               const PageTable& pages, bool paged) {
+  kernels::RowMap r;
+  r.head_stride = head_stride;
+  r.token_stride = token_stride;
+  r.indptr = paged ? pages.indptr : indptr;
+  if (paged) {
+    r.page_indices = pages.indices;
+    r.page_size = pages.page_size;
+    r.page_stride = pages.page_stride;
+  }
+  return r;
+}
+
+inline Status launched(const char* kernel) { return cuda_status(cudaGetLastError(), kernel); }
+
+}  // namespace detail
+
+// Everything that can be checked without running: shapes, strides, options,
+// the budget's range, the output description, the head dim / block size /
+// shared-memory combination and, for the global transform, the plan.
+template <class T>
+Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out = {},
+                     const GlobalPlan* plan = nullptr) {
+  static_assert(detail::is_element_v<T>, "flashcache::cuda: elements are float, half_t or bfloat16_t");
+  FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
+  if (c.layers < 1 || c.layers > kMaxLayers)
+    return make_error(Errc::unsupported, c.layers, " layers: one call takes 1 to ", kMaxLayers);
+  if (c.k == nullptr || c.v == nullptr) return make_error(Errc::invalid_shape, "null K or V layer array");
+  if (c.heads < 1 || c.head_dim < 1)
+    return make_error(Errc::invalid_shape, "heads ", c.heads, " and head_dim ", c.head_dim, " must be >= 1");
+  if (c.heads > 65535) return make_error(Errc::unsupported, c.heads, " KV heads: at most 65535");
+  if (c.sequences < 1) return make_error(Errc::invalid_shape, "sequences ", c.sequences, " must be >= 1");
+  if (c.capacity < 0 || c.capacity > std::int64_t{2147483647} - 1024)
+    return make_error(Errc::unsupported, "capacity ", c.capacity, " tokens: must lie in [0, 2^31 - 1024)");
+  for (int l = 0; l < c.layers; ++l)
+    if (c.capacity > 0 && (c.k[l] == nullptr || c.v[l] == nullptr))
+      return make_error(Errc::invalid_shape, "layer ", l, ": null K or V pointer");
+
+  if (c.paged()) {
+    const PageTable& p = c.pages;
+    if (p.indptr == nullptr || p.last_page_len == nullptr)
+      return make_error(Errc::invalid_shape, "paged cache: indptr and last_page_len are required");
+    if (p.page_size < 1) return make_error(Errc::invalid_shape, "page_size ", p.page_size, " must be >= 1");
+    if (p.num_pages < 1) return make_error(Errc::invalid_shape, "num_pages ", p.num_pages, " must be >= 1");
+    // Rows of one page must not overlap, nor may pages.
+    const KVView<const T> page(c.k[0], c.heads, p.page_size, c.head_dim, c.head_stride, c.token_stride);
+    FLASHCACHE_RETURN_IF_ERROR(check_view(page, "page of K"));
+    const std::int64_t span = (c.heads - 1) * c.head_stride + (p.page_size - 1) * c.token_stride + c.head_dim;
+    if (p.num_pages > 1 && p.page_stride < span)
+      return make_error(Errc::invalid_stride, "page_stride ", p.page_stride, " < ", span,
+                        " elements spanned by one page's rows");
+  } else {
+    if (c.indptr == nullptr && c.sequences != 1)
+      return make_error(Errc::invalid_shape, c.sequences, " sequences need an indptr");
+    const KVView<const T> view(c.capacity > 0 ? c.k[0] : nullptr, c.heads, c.capacity, c.head_dim, c.head_stride,
+                               c.token_stride);
+    FLASHCACHE_RETURN_IF_ERROR(check_view(view, "K"));
+  }
+
+  if (budget.is_ratio()) {
+    if (!(budget.ratio_value() >= 0.0 && budget.ratio_value() <= 1.0))
+      return make_error(Errc::invalid_budget, "keep ratio ", budget.ratio_value(), " is outside [0, 1]");
+  } else if (budget.token_count() < 0) {
+    return make_error(Errc::invalid_budget, "keep budget ", budget.token_count(), " is negative");
+  } else if (budget.token_count() > c.capacity) {
+    return make_error(Errc::invalid_budget, "keep budget ", budget.token_count(), " > capacity ", c.capacity, " tokens");
+  }
+
+  if (opt.transform == Transform::blocked) {
+    if (opt.block_size > kMaxBlockSize)
+      return make_error(Errc::unsupported, "block_size ", opt.block_size, ": the GPU blocked transform takes 1 to ",
+                        kMaxBlockSize);
+    const std::int64_t smem = detail::blocked_smem_bytes(c.head_dim, sizeof(T), opt);
+    if (smem > kMaxSharedBytes)
+      return make_error(Errc::unsupported, "block_size ", opt.block_size, " with head_dim ", c.head_dim, " ",
+                        to_string(dtype_of<T>::value), " needs ", smem, " bytes of shared memory > ", kMaxSharedBytes,
+                        "; use a smaller block_size");
+  } else {
+    if (plan == nullptr) return make_error(Errc::invalid_option, "the global transform needs a GlobalPlan");
+    if (plan->heads() != c.heads || plan->head_dim() != c.head_dim ||
+        static_cast<std::int64_t>(plan->lengths().size()) != c.sequences)
+      return make_error(Errc::invalid_option, "GlobalPlan is for ", plan->lengths().size(), " sequences x ",
+                        plan->heads(), " heads x ", plan->head_dim(), " dims, the cache has ", c.sequences, " x ",
+                        c.heads, " x ", c.head_dim);
+    if (c.heads * c.head_dim > 65535)
+      return make_error(Errc::unsupported, "global transform: heads x head_dim ", c.heads * c.head_dim,
+                        " > 65535 columns");
+    std::int64_t total = 0;
+    for (auto n : plan->lengths()) total += n;
+    if (total > c.capacity)
+      return make_error(Errc::invalid_shape, "GlobalPlan lengths add up to ", total, " > capacity ", c.capacity);
+  }
+
+  if (out.k_out != nullptr || out.v_out != nullptr) {
+    if (out.k_out == nullptr || out.v_out == nullptr)
+      return make_error(Errc::invalid_shape, "dense output: give both k_out and v_out");
+    if (out.out_capacity < 0) return make_error(Errc::invalid_shape, "out_capacity ", out.out_capacity, " < 0");
+    for (int l = 0; l < c.layers; ++l) {
+      if (out.out_capacity > 0 && (out.k_out[l] == nullptr || out.v_out[l] == nullptr))
+        return make_error(Errc::invalid_shape, "layer ", l, ": null output pointer");
+      const KVView<T> view(out.out_capacity > 0 ? out.k_out[l] : nullptr, c.heads, out.out_capacity, c.head_dim,
+                           out.out_head_stride, out.out_token_stride);
+      FLASHCACHE_RETURN_IF_ERROR(check_view(view, "dense output"));
+    }
+  }
+  if (out.compact_in_place) {
+    if (!c.paged()) return make_error(Errc::invalid_option, "compact_in_place needs a paged cache");
+    if (out.new_len == nullptr || out.pages_freed == nullptr)
+      return make_error(Errc::invalid_shape, "compact_in_place: new_len and pages_freed are required");
+    if (2 * c.head_dim * static_cast<std::int64_t>(sizeof(T)) > kernels::kCompactStageBytes)
+      return make_error(Errc::unsupported, "compact_in_place: head_dim ", c.head_dim, " rows exceed the ",
+                        kernels::kCompactStageBytes, "-byte staging buffer");
+  }
+  if ((out.kept == nullptr) != (out.kept_indptr == nullptr))
+    return make_error(Errc::invalid_shape, "give both kept and kept_indptr, or neither");
+  return Status::success();
+}
+
+template <class T>
+Status workspace_layout(const Cache<T>& c, const Options& opt, const GlobalPlan* plan, WorkspaceLayout* layout) {
+  const Shape shape = detail::shape_of(c.layers, c.heads, c.head_dim, c.sequences, c.capacity);
+  if (opt.transform == Transform::global) {
+    if (plan == nullptr) return make_error(Errc::invalid_option, "the global transform needs a GlobalPlan");
+    return make_layout(shape, opt, plan->max_length(), plan->work_bytes(), layout);
+  }
+  return make_layout(shape, opt, 0, 0, layout);
+}
+
+// Bytes of workspace compress_async() needs for this cache and options.
+template <class T>
+Status workspace_size(const Cache<T>& c, const Options& opt, std::size_t* bytes, const GlobalPlan* plan = nullptr) {
+  WorkspaceLayout layout;
+  FLASHCACHE_RETURN_IF_ERROR(workspace_layout(c, opt, plan, &layout));
+  *bytes = layout.total;
+  return Status::success();
+}
+
+namespace detail {
+
+template <class T, int kHeadDim, int kTile>
+Status launch_blocked_for(const kernels::BlockedParams<T>& p, dim3 grid, std::int64_t smem, cudaStream_t stream) {
+  auto kernel = kernels::score_blocked_kernel<T, kHeadDim, kTile>;
+  if (smem > 48 * 1024)
+    FLASHCACHE_RETURN_IF_ERROR(cuda_status(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+        "raising the blocked kernel's shared memory"));
+  kernel<<<grid, kernels::blocked_threads<kHeadDim>(), static_cast<std::size_t>(smem), stream>>>(p);
+  return launched("score_blocked_kernel");
+}
+
+template <class T, int kTile>
+Status launch_blocked_tile(const kernels::BlockedParams<T>& p, dim3 grid, std::int64_t smem, cudaStream_t stream) {
+  switch (p.head_dim) {  // bounded dispatch: the compiled head dims, else the generic kernel
+    case 64: return launch_blocked_for<T, 64, kTile>(p, grid, smem, stream);
+    case 96: return launch_blocked_for<T, 96, kTile>(p, grid, smem, stream);
+    case 128: return launch_blocked_for<T, 128, kTile>(p, grid, smem, stream);
+    case 256: return launch_blocked_for<T, 256, kTile>(p, grid, smem, stream);
+    default: return launch_blocked_for<T, 0, kTile>(p, grid, smem, stream);
+  }
+}
+
+template <class T>
+void fill_layer_pointers(const Cache<T>& c, const T** k, const T** v) {
+  for (int l = 0; l < c.layers; ++l) {
+    k[l] = c.k[l];
+    v[l] = c.v[l];
+  }
+}
+
+template <class T>
+Status score_blocked(const Cache<T>& c, const Options& opt, const Workspace& ws, const kernels::SeqTable& seq,
+                     cudaStream_t stream) {
+  kernels::BlockedParams<T> p{};
+  fill_layer_pointers(c, p.k, p.v);
+  p.rows = row_map(c.head_stride, c.token_stride, c.indptr, c.pages, c.paged());
+  p.seq = seq;
+  p.sequences = c.sequences;
+  p.head_dim = static_cast<int>(c.head_dim);
+  p.block_size = static_cast<int>(opt.block_size);
+  p.gamma = opt.gamma;
+  p.protect = {opt.sink, opt.window, opt.protect};
+  p.vector_ok = rows_vectorizable(c);
+  p.capacity = c.capacity;
+  p.slot_count = ws.layout().slot_count;
+  p.scores = ws.scores();
+  p.energy_part = static_cast<float4*>(ws.energy_part());
+  p.protected_part = ws.protected_part();
+  p.status = ws.status();
+  const dim3 grid(static_cast<unsigned>(ws.layout().slot_count), static_cast<unsigned>(c.heads),
+                  static_cast<unsigned>(c.layers));
+  const std::int64_t smem = blocked_smem_bytes(c.head_dim, sizeof(T), opt);
+  if (blocked_tile(opt.block_size) == 64) return launch_blocked_tile<T, 64>(p, grid, smem, stream);
+  return launch_blocked_tile<T, 128>(p, grid, smem, stream);
+}
+
+template <class T>
+Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, const kernels::SeqTable& seq,
+                    const GlobalPlan& plan, cudaStream_t stream) {
+  const kernels::RowMap rows = row_map(c.head_stride, c.token_stride, c.indptr, c.pages, c.paged());
+  {
+    kernels::SubstituteParams<T> p{};
+    fill_layer_pointers(c, p.k, p.v);
+    p.rows = rows;
+    p.seq = seq;
+    p.head_dim = static_cast<int>(c.head_dim);
+    p.capacity = c.capacity;
+    p.sub = ws.substitutes();
+    p.status = ws.status();
+    kernels::substitute_kernel<T><<<dim3(static_cast<unsigned>(c.sequences), static_cast<unsigned>(c.heads),
+                                         static_cast<unsigned>(c.layers)),
+                                    kernels::kSubstituteThreads, 0, stream>>>(p);
+    FLASHCACHE_RETURN_IF_ERROR(launched("substitute_kernel"));
+  }
+  const std::int64_t columns = c.heads * c.head_dim;
+  auto* z = static_cast<float2*>(ws.spectrum());
+  auto* zc = static_cast<cufftComplex*>(ws.spectrum());
+  // The packed offset of each sequence, as the plan kernel computes it on the device.
+  std::int64_t packed = 0;
+  for (int b = 0; b < c.sequences; ++b) {
+    const std::int64_t n = plan.lengths()[static_cast<std::size_t>(b)];
+    if (n == 0) continue;
+    const cufftHandle fft = plan.handle(n);
+    FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftSetStream(fft, stream), "cufftSetStream"));
+    FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftSetWorkArea(fft, ws.fft_work()), "cufftSetWorkArea"));
+    for (int l = 0; l < c.layers; ++l) {
+      const std::int32_t* sub = ws.substitutes() + static_cast<std::int64_t>(l) * c.heads * c.capacity + packed;
+      kernels::PackParams<T> pack{};
+      pack.k = c.k[l];
+      pack.v = c.v[l];
+      pack.rows = rows;
+      pack.sequence = b;
+      pack.heads = static_cast<int>(c.heads);
+      pack.head_dim = static_cast<int>(c.head_dim);
+      pack.n = n;
+      pack.sub = sub;
+      pack.capacity = c.capacity;
+      pack.seq_len = seq.len;
+      pack.z = z;
+      pack.status = ws.status();
+      kernels::pack_kernel<T><<<dim3(static_cast<unsigned>(kernels::ceil_div(n, 32)),
+                                     static_cast<unsigned>(kernels::ceil_div(columns, 32))),
+                                dim3(32, 8), 0, stream>>>(pack);
+      FLASHCACHE_RETURN_IF_ERROR(launched("pack_kernel"));
+      FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftExecC2C(fft, zc, zc, CUFFT_FORWARD), "cufftExecC2C forward"));
+      kernels::LowpassParams lp;
+      lp.z = z;
+      lp.n = n;
+      lp.m = lowpass_cutoff(n, opt.gamma);
+      lp.status = ws.status();
+      kernels::lowpass_kernel<<<dim3(static_cast<unsigned>(kernels::ceil_div(n / 2 + 1, 256)),
+                                     static_cast<unsigned>(columns)),
+                                256, 0, stream>>>(lp);
+      FLASHCACHE_RETURN_IF_ERROR(launched("lowpass_kernel"));
+      FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftExecC2C(fft, zc, zc, CUFFT_INVERSE), "cufftExecC2C inverse"));
+      kernels::ResidualParams<T> rp{};
+      rp.k = c.k[l];
+      rp.v = c.v[l];
+      rp.rows = rows;
+      rp.seq = seq;
+      rp.sequence = b;
+      rp.layer = l;
+      rp.heads = static_cast<int>(c.heads);
+      rp.head_dim = static_cast<int>(c.head_dim);
+      rp.n = n;
+      rp.capacity = c.capacity;
+      rp.slot_count = ws.layout().slot_count;
+      rp.protect = {opt.sink, opt.window, opt.protect};
+      rp.sub = sub;
+      rp.z = z;
+      rp.scores = ws.scores();
+      rp.energy_part = static_cast<float4*>(ws.energy_part());
+      rp.protected_part = ws.protected_part();
+      rp.status = ws.status();
+      kernels::residual_kernel<T><<<dim3(static_cast<unsigned>(kernels::ceil_div(n, kernels::kGlobalTile)),
+                                         static_cast<unsigned>(c.heads)),
+                                    256, 0, stream>>>(rp);
+      FLASHCACHE_RETURN_IF_ERROR(launched("residual_kernel"));
+    }
+    packed += n;
+  }
+  return Status::success();
+}
+
+}  // namespace detail
+
+// Scores, allocates, selects and (optionally) gathers / compacts, on `stream`.
+// Never synchronises and never throws; a failed Status means nothing (or only
+// part) was enqueued. Device-side failures: see device_status().
+template <class T>
+Status compress_async(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
+                      void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
+                      const GlobalPlan* plan = nullptr) {
+  FLASHCACHE_RETURN_IF_ERROR(can_implement(c, budget, opt, out, plan));
+  WorkspaceLayout layout;
+  FLASHCACHE_RETURN_IF_ERROR(workspace_layout(c, opt, plan, &layout));
+  if (workspace == nullptr || workspace_bytes < layout.total)
+    return make_error(Errc::invalid_shape, "workspace of ", workspace_bytes, " bytes < ", layout.total, " needed");
+  if (!detail::aligned16(workspace)) return make_error(Errc::invalid_shape, "workspace must be 16-byte aligned");
+  const Workspace ws(workspace, layout);
+  const unsigned L = static_cast<unsigned>(c.layers), H = static_cast<unsigned>(c.heads),
+                 B = static_cast<unsigned>(c.sequences);
+  std::int32_t* kept = out.kept != nullptr ? out.kept : ws.kept();
+  std::int32_t* kept_indptr = out.kept_indptr != nullptr ? out.kept_indptr : ws.kept_indptr();
+
+  {  // 0. plan
+    kernels::PlanParams p;
+    p.sequences = c.sequences;
+    p.capacity = c.capacity;
+    p.tile = layout.tile;
+    p.indptr = c.paged() ? c.pages.indptr : c.indptr;
+    if (c.paged()) {
+      p.page_indices = c.pages.indices;
+      p.last_page_len = c.pages.last_page_len;
+      p.page_size = c.pages.page_size;
+      p.num_pages = c.pages.num_pages;
+    }
+    p.len = ws.seq_len();
+    p.offset = ws.seq_offset();
+    p.slots = ws.seq_slots();
+    p.status = ws.status();
+    kernels::plan_kernel<<<1, kernels::kPlanThreads, 0, stream>>>(p);
+    FLASHCACHE_RETURN_IF_ERROR(detail::launched("plan_kernel"));
+  }
+  const kernels::SeqTable seq{ws.seq_len(), ws.seq_offset(), ws.seq_slots()};
+
+  // 1. score
+  if (opt.transform == Transform::blocked)
+    FLASHCACHE_RETURN_IF_ERROR(detail::score_blocked(c, opt, ws, seq, stream));
+  else
+    FLASHCACHE_RETURN_IF_ERROR(detail::score_global(c, opt, ws, seq, *plan, stream));
+
+  {  // 1b. energy
+    kernels::EnergyParams p;
+    p.sequences = c.sequences;
+    p.heads = static_cast<int>(c.heads);
+    p.slot_count = layout.slot_count;
+    p.slots = ws.seq_slots();
+    p.energy_part = static_cast<const float4*>(ws.energy_part());
+    p.protected_part = ws.protected_part();
+    p.energy = ws.energy();
+    p.ratio = ws.ratio();
+    p.protected_max = ws.protected_max();
+    p.ratio_out = out.energy_ratio;
+    p.status = ws.status();
+    kernels::energy_kernel<<<dim3(B, L), kernels::kEnergyThreads, 0, stream>>>(p);
+    FLASHCACHE_RETURN_IF_ERROR(detail::launched("energy_kernel"));
+  }
+  {  // 2. allocate
+    kernels::AllocateParams p;
+    p.layers = c.layers;
+    p.sequences = c.sequences;
+    p.is_ratio = budget.is_ratio();
+    p.ratio = budget.ratio_value();
+    p.count = budget.token_count();
+    p.dynamic = opt.allocation == Allocation::dynamic;
+    p.min_layer_ratio = opt.min_layer_ratio;
+    p.len = ws.seq_len();
+    p.energy_ratio = ws.ratio();
+    p.protected_max = ws.protected_max();
+    p.scratch_ratio = ws.scratch_ratio();
+    p.scratch_tokens = ws.scratch_tokens();
+    p.scratch_floor = ws.scratch_floor();
+    p.scratch_out = ws.scratch_out();
+    p.budget = ws.budget();
+    p.kept_indptr = kept_indptr;
+    p.status = ws.status();
+    kernels::allocate_kernel<<<1, kernels::kAllocateThreads, 0, stream>>>(p);
+    FLASHCACHE_RETURN_IF_ERROR(detail::launched("allocate_kernel"));
+  }
+  {  // 3. select
+    kernels::SelectParams p;
+    p.sequences = c.sequences;
+    p.capacity = c.capacity;
+    p.seq = seq;
+    p.protect = {opt.sink, opt.window, opt.protect};
+    p.scores = ws.scores();
+    p.budget = ws.budget();
+    p.kept_indptr = kept_indptr;
+    p.kept = kept;
+    p.status = ws.status();
+    kernels::select_kernel<<<dim3(B, H, L), kernels::kSelectThreads, 0, stream>>>(p);
+    FLASHCACHE_RETURN_IF_ERROR(detail::launched("select_kernel"));
+  }
+  const kernels::RowMap rows = detail::row_map(c.head_stride, c.token_stride, c.indptr, c.pages, c.paged());
+  if (out.k_out != nullptr && c.capacity > 0) {  // 4a. gather
+    kernels::GatherParams p{};
+    bool vector_ok = detail::rows_vectorizable(c);
+    const auto e = static_cast<std::int64_t>(sizeof(T));
+    vector_ok = vector_ok && (out.out_head_stride * e) % 16 == 0 && (out.out_token_stride * e) % 16 == 0;
+    for (int l = 0; l < c.layers; ++l) {
+      p.k[l] = c.k[l];
+      p.v[l] = c.v[l];
+      p.k_out[l] = out.k_out[l];
+      p.v_out[l] = out.v_out[l];
+      vector_ok = vector_ok && detail::aligned16(out.k_out[l]) && detail::aligned16(out.v_out[l]);
+    }
+    p.rows = rows;
+    p.sequences = c.sequences;
+    p.head_dim = static_cast<int>(c.head_dim);
+    p.capacity = c.capacity;
+    p.out_head_stride = out.out_head_stride;
+    p.out_token_stride = out.out_token_stride;
+    p.out_capacity = out.out_capacity;
+    p.vector_ok = vector_ok;
+    p.kept = kept;
+    p.kept_indptr = kept_indptr;
+    p.status = ws.status();
+    const dim3 grid(static_cast<unsigned>(kernels::ceil_div(c.capacity, kernels::kGatherRowsPerCta)), H, L);
+    if constexpr (sizeof(T) == 2)
+      kernels::gather_kernel<2><<<grid, kernels::kGatherThreads, 0, stream>>>(p);
+    else
+      kernels::gather_kernel<4><<<grid, kernels::kGatherThreads, 0, stream>>>(p);
+    FLASHCACHE_RETURN_IF_ERROR(detail::launched("gather_kernel"));
+  }
+  if (out.compact_in_place) {  // 4b. compact
+    kernels::CompactParams p{};
+    for (int l = 0; l < c.layers; ++l) {
+      p.k[l] = c.k[l];
+      p.v[l] = c.v[l];
+    }
+    p.rows = rows;
+    p.sequences = c.sequences;
+    p.head_dim = static_cast<int>(c.head_dim);
+    p.capacity = c.capacity;
+    p.vector_ok = detail::rows_vectorizable(c);
+    p.stage_rows = static_cast<int>(kernels::kCompactStageBytes / (2 * c.head_dim * static_cast<std::int64_t>(sizeof(T))));
+    p.budget = ws.budget();
+    p.kept = kept;
+    p.kept_indptr = kept_indptr;
+    p.page_indptr = c.pages.indptr;
+    p.page_size = c.pages.page_size;
+    p.new_len = out.new_len;
+    p.pages_freed = out.pages_freed;
+    p.status = ws.status();
+    const dim3 grid(B, H, L);
+    if constexpr (sizeof(T) == 2)
+      kernels::compact_paged_kernel<2><<<grid, kernels::kCompactThreads, kernels::kCompactStageBytes, stream>>>(p);
+    else
+      kernels::compact_paged_kernel<4><<<grid, kernels::kCompactThreads, kernels::kCompactStageBytes, stream>>>(p);
+    FLASHCACHE_RETURN_IF_ERROR(detail::launched("compact_paged_kernel"));
+  }
+  return Status::success();
+}
+
+// Waits for `stream` and reports what the last run on `workspace` found on the device.
+template <class T>
+Status device_status(const Cache<T>& c, const Options& opt, const void* workspace, cudaStream_t stream,
+                     const GlobalPlan* plan = nullptr) {
+  WorkspaceLayout layout;
+  FLASHCACHE_RETURN_IF_ERROR(workspace_layout(c, opt, plan, &layout));
+  return device_status(workspace, layout, stream);
+}
+
+// Convenience for simple callers: allocates the workspace, runs on `stream`,
+// waits, frees, and reports host- and device-side failures alike.
+template <class T>
+Status compress(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
+                cudaStream_t stream = nullptr, const GlobalPlan* plan = nullptr) {
+  FLASHCACHE_RETURN_IF_ERROR(can_implement(c, budget, opt, out, plan));
+  WorkspaceLayout layout;
+  FLASHCACHE_RETURN_IF_ERROR(workspace_layout(c, opt, plan, &layout));
+  void* ws = nullptr;
+  FLASHCACHE_RETURN_IF_ERROR(cuda_status(cudaMalloc(&ws, layout.total > 0 ? layout.total : 1), "allocating the workspace"));
+  Status s = compress_async(c, budget, opt, out, ws, layout.total, stream, plan);
+  const Status device = s.ok() ? device_status(ws, layout, stream) : cuda_status(cudaStreamSynchronize(stream), "waiting");
+  const Status freed = cuda_status(cudaFree(ws), "freeing the workspace");
+  if (!s.ok()) return s;
+  if (!device.ok()) return device;
+  return freed;
+}
+
+}  // namespace flashcache::cuda

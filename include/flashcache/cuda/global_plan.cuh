@@ -1,0 +1,95 @@
+#pragma once
+// cuFFT plans for the global transform, created up front and owned by the
+// caller (no hidden handles, no allocation in the run path).
+//
+// One batched C2C plan per distinct sequence length (batch = heads x
+// head_dim columns, K in the real part and V in the imaginary part). Plans
+// are made with auto-allocation off: their work area is a region of the
+// caller's workspace, set at each run together with the stream.
+#include <cufft.h>
+
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "flashcache/cuda/status.cuh"
+#include "flashcache/error.hpp"
+
+namespace flashcache::cuda {
+
+class GlobalPlan {
+ public:
+  GlobalPlan() = default;
+  GlobalPlan(const GlobalPlan&) = delete;
+  GlobalPlan& operator=(const GlobalPlan&) = delete;
+  GlobalPlan(GlobalPlan&& o) noexcept { *this = std::move(o); }
+  GlobalPlan& operator=(GlobalPlan&& o) noexcept {
+    if (this != &o) {
+      release();
+      lengths_ = std::move(o.lengths_);
+      plans_ = std::move(o.plans_);
+      heads_ = o.heads_;
+      head_dim_ = o.head_dim_;
+      work_bytes_ = o.work_bytes_;
+      o.plans_.clear();
+    }
+    return *this;
+  }
+  ~GlobalPlan() { release(); }
+
+  // `lengths` is a host copy of every sequence's token count, the same the
+  // device sees through the cache's indptr / page table (a run checks it).
+  static Status create(const std::int64_t* lengths, int sequences, std::int64_t heads, std::int64_t head_dim,
+                       GlobalPlan* out) {
+    if (sequences < 1 || heads < 1 || head_dim < 1)
+      return make_error(Errc::invalid_shape, "GlobalPlan: sequences ", sequences, ", heads ", heads, ", head_dim ",
+                        head_dim, " must all be >= 1");
+    if (lengths == nullptr) return make_error(Errc::invalid_shape, "GlobalPlan: null lengths");
+    GlobalPlan plan;
+    plan.heads_ = heads;
+    plan.head_dim_ = head_dim;
+    plan.lengths_.assign(lengths, lengths + sequences);
+    for (const std::int64_t n : plan.lengths_) {
+      if (n < 0 || n >= (std::int64_t{1} << 24))
+        return make_error(Errc::unsupported, "GlobalPlan: sequence length ", n, " is outside [0, 2^24)");
+      if (n == 0 || plan.plans_.count(n)) continue;
+      cufftHandle handle = 0;
+      FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftCreate(&handle), "cufftCreate"));
+      plan.plans_.emplace(n, handle);  // owned from here on, destroyed by release()
+      FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftSetAutoAllocation(handle, 0), "cufftSetAutoAllocation"));
+      long long size = n;
+      std::size_t work = 0;
+      FLASHCACHE_RETURN_IF_ERROR(cufft_status(
+          cufftMakePlanMany64(handle, 1, &size, nullptr, 1, size, nullptr, 1, size, CUFFT_C2C, heads * head_dim, &work),
+          "cufftMakePlanMany64"));
+      if (work > plan.work_bytes_) plan.work_bytes_ = work;
+    }
+    *out = std::move(plan);
+    return Status::success();
+  }
+
+  const std::vector<std::int64_t>& lengths() const { return lengths_; }
+  std::int64_t heads() const { return heads_; }
+  std::int64_t head_dim() const { return head_dim_; }
+  std::size_t work_bytes() const { return work_bytes_; }
+  std::int64_t max_length() const {
+    std::int64_t m = 0;
+    for (auto n : lengths_) m = n > m ? n : m;
+    return m;
+  }
+  // The plan for sequences of n tokens (n must be one of lengths()).
+  cufftHandle handle(std::int64_t n) const { return plans_.at(n); }
+
+ private:
+  void release() {
+    for (auto& entry : plans_) cufftDestroy(entry.second);
+    plans_.clear();
+  }
+  std::vector<std::int64_t> lengths_;
+  std::map<std::int64_t, cufftHandle> plans_;
+  std::int64_t heads_ = 0, head_dim_ = 0;
+  std::size_t work_bytes_ = 0;
+};
+
+}  // namespace flashcache::cuda

@@ -1,0 +1,131 @@
+#pragma once
+// The caller's workspace, carved into named regions (CUB's two-phase style:
+// ask for the size, allocate once, pass it to every run). The carve-up is
+// plain host arithmetic on the problem's shape, so it needs no device.
+#include <cstddef>
+#include <cstdint>
+
+#include "flashcache/error.hpp"
+#include "flashcache/options.hpp"
+
+namespace flashcache::cuda {
+
+// The sizes the workspace depends on.
+struct Shape {
+  int layers = 0;
+  std::int64_t heads = 0;
+  std::int64_t head_dim = 0;
+  int sequences = 0;
+  std::int64_t capacity = 0;  // packed tokens bound
+};
+
+// Byte offsets of every region; 0-sized regions still get an (unused) offset.
+struct WorkspaceLayout {
+  std::int64_t tile = 1;        // tokens per energy slot
+  std::int64_t slot_count = 0;  // energy slots per (layer, head)
+  std::size_t status = 0, seq_len = 0, seq_offset = 0, seq_slots = 0;
+  std::size_t scores = 0, energy_part = 0, protected_part = 0;
+  std::size_t energy = 0, ratio = 0, protected_max = 0, budget = 0;
+  std::size_t scratch_ratio = 0, scratch_tokens = 0, scratch_floor = 0, scratch_out = 0;
+  std::size_t kept = 0, kept_indptr = 0;
+  std::size_t substitutes = 0, spectrum = 0, fft_work = 0;  // global transform only
+  std::size_t total = 0;
+};
+
+namespace detail {
+inline constexpr std::size_t kRegionAlign = 256;
+inline std::size_t take(std::size_t* at, std::size_t bytes) {
+  const std::size_t start = *at;
+  *at += (bytes + kRegionAlign - 1) / kRegionAlign * kRegionAlign;
+  return start;
+}
+}  // namespace detail
+
+// Tokens per energy slot of the global residual pass (kernels/flashcache/score_global.cuh).
+inline constexpr std::int64_t kGlobalSlotTokens = 32;
+
+// The carve-up for `shape` under `opt`. For the global transform,
+// `max_length` is the longest sequence and `fft_work_bytes` the cuFFT work
+// area (both from the GlobalPlan).
+inline Status make_layout(const Shape& s, const Options& opt, std::int64_t max_length, std::size_t fft_work_bytes,
+                          WorkspaceLayout* out) {
+  if (s.layers < 1 || s.heads < 1 || s.head_dim < 1 || s.sequences < 1 || s.capacity < 0)
+    return make_error(Errc::invalid_shape, "workspace: layers ", s.layers, ", heads ", s.heads, ", head_dim ",
+                      s.head_dim, ", sequences ", s.sequences, " must be >= 1 and capacity ", s.capacity, " >= 0");
+  if (opt.transform == Transform::blocked && opt.block_size < 1)
+    return make_error(Errc::invalid_option, "block_size ", opt.block_size, " must be at least 1");
+  WorkspaceLayout w;
+  w.tile = opt.transform == Transform::blocked ? opt.block_size : kGlobalSlotTokens;
+  // Sum over sequences of ceil(len / tile) <= floor(capacity / tile) + sequences.
+  w.slot_count = s.capacity / w.tile + s.sequences;
+  const auto L = static_cast<std::size_t>(s.layers), H = static_cast<std::size_t>(s.heads);
+  const auto B = static_cast<std::size_t>(s.sequences), N = static_cast<std::size_t>(s.capacity);
+  const auto slots = static_cast<std::size_t>(w.slot_count);
+  std::size_t at = 0;
+  w.status = detail::take(&at, 8 * sizeof(int));
+  w.seq_len = detail::take(&at, B * 4);
+  w.seq_offset = detail::take(&at, (B + 1) * 4);
+  w.seq_slots = detail::take(&at, (B + 1) * 4);
+  w.scores = detail::take(&at, L * H * N * 4);
+  w.energy_part = detail::take(&at, L * H * slots * 16);
+  w.protected_part = detail::take(&at, L * H * slots * 4);
+  w.energy = detail::take(&at, L * B * 4 * 8);
+  w.ratio = detail::take(&at, L * B * 8);
+  w.protected_max = detail::take(&at, L * B * 4);
+  w.budget = detail::take(&at, L * B * 4);
+  w.scratch_ratio = detail::take(&at, B * L * 8);
+  w.scratch_tokens = detail::take(&at, B * L * 8);
+  w.scratch_floor = detail::take(&at, B * L * 8);
+  w.scratch_out = detail::take(&at, B * L * 8);
+  w.kept = detail::take(&at, L * H * N * 4);
+  w.kept_indptr = detail::take(&at, L * (B + 1) * 4);
+  if (opt.transform == Transform::global) {
+    if (max_length < 0 || max_length > s.capacity)
+      return make_error(Errc::invalid_shape, "workspace: longest sequence ", max_length, " is outside [0, capacity ",
+                        s.capacity, "]");
+    w.substitutes = detail::take(&at, L * H * N * 4);
+    w.spectrum = detail::take(&at, H * static_cast<std::size_t>(s.head_dim) * static_cast<std::size_t>(max_length) * 8);
+    w.fft_work = detail::take(&at, fft_work_bytes);
+  }
+  w.total = at;
+  *out = w;
+  return Status::success();
+}
+
+// Typed access to the regions of a workspace, e.g. to read scores back.
+class Workspace {
+ public:
+  Workspace(void* base, const WorkspaceLayout& layout) : base_(static_cast<unsigned char*>(base)), layout_(layout) {}
+
+  int* status() const { return at<int>(layout_.status); }
+  std::int32_t* seq_len() const { return at<std::int32_t>(layout_.seq_len); }
+  std::int32_t* seq_offset() const { return at<std::int32_t>(layout_.seq_offset); }
+  std::int32_t* seq_slots() const { return at<std::int32_t>(layout_.seq_slots); }
+  float* scores() const { return at<float>(layout_.scores); }            // [L][H][capacity]
+  void* energy_part() const { return at<unsigned char>(layout_.energy_part); }
+  int* protected_part() const { return at<int>(layout_.protected_part); }
+  double* energy() const { return at<double>(layout_.energy); }          // [L][B][4]: K total, K high, V total, V high
+  double* ratio() const { return at<double>(layout_.ratio); }            // [L][B]
+  int* protected_max() const { return at<int>(layout_.protected_max); }  // [L][B]
+  std::int32_t* budget() const { return at<std::int32_t>(layout_.budget); }  // [L][B]
+  double* scratch_ratio() const { return at<double>(layout_.scratch_ratio); }
+  std::int64_t* scratch_tokens() const { return at<std::int64_t>(layout_.scratch_tokens); }
+  std::int64_t* scratch_floor() const { return at<std::int64_t>(layout_.scratch_floor); }
+  std::int64_t* scratch_out() const { return at<std::int64_t>(layout_.scratch_out); }
+  std::int32_t* kept() const { return at<std::int32_t>(layout_.kept); }
+  std::int32_t* kept_indptr() const { return at<std::int32_t>(layout_.kept_indptr); }
+  std::int32_t* substitutes() const { return at<std::int32_t>(layout_.substitutes); }
+  void* spectrum() const { return at<unsigned char>(layout_.spectrum); }
+  void* fft_work() const { return at<unsigned char>(layout_.fft_work); }
+  const WorkspaceLayout& layout() const { return layout_; }
+
+ private:
+  template <class U>
+  U* at(std::size_t offset) const {
+    return reinterpret_cast<U*>(base_ + offset);
+  }
+  unsigned char* base_;
+  WorkspaceLayout layout_;
+};
+
+}  // namespace flashcache::cuda
