@@ -102,28 +102,17 @@ CompressedLayer<std::remove_const_t<T>> compress(KVView<T> k, KVView<T> v, Budge
   return out;
 }
 
-// Compresses a whole model, one view per layer. The budget is per layer (a
-// count or a ratio of each layer's tokens); with Allocation::dynamic the same
-// total is re-split across layers in proportion to their energy ratios R_l.
-template <class T, class Real = float>
-CompressedModel<std::remove_const_t<T>> compress_model(const std::vector<KVView<T>>& k, const std::vector<KVView<T>>& v,
-                                                       Budget budget, const Options& opt = {}) {
-  using E = std::remove_const_t<T>;
-  if (k.size() != v.size())
-    throw Error(make_error(Errc::invalid_shape, k.size(), " K layers but ", v.size(), " V layers"));
-  throw_if_error(check_options(opt));
+namespace detail {
+
+// Allocate, select and gather for a whole model whose layers are scored already.
+template <class T, class Real>
+CompressedModel<T> compress_scored_model(const std::vector<KVView<const T>>& k, const std::vector<KVView<const T>>& v,
+                                         std::vector<LayerScores> scores, Budget budget, const Options& opt) {
   const auto layers = static_cast<int>(k.size());
-  CompressedModel<E> model;
-  std::vector<LayerScores> scores(k.size());
+  CompressedModel<T> model;
   std::vector<std::int64_t> tokens(k.size()), floor(k.size());
   model.energy_ratio.resize(k.size());
-  Scorer<Real> scorer;
   for (int l = 0; l < layers; ++l) {
-    if (opt.protect != nullptr && k[l].tokens != k[0].tokens)
-      throw Error(make_error(Errc::invalid_option, "a protect mask needs every layer to have the same tokens; layer ",
-                             l, " has ", k[l].tokens, ", layer 0 has ", k[0].tokens));
-    Status s = scorer.score(KVView<const E>(k[l]), KVView<const E>(v[l]), opt, &scores[l]);
-    if (!s.ok()) throw Error(make_error(s.code(), "layer ", l, ": ", s.message()));
     tokens[l] = k[l].tokens;
     model.energy_ratio[l] = scores[l].energy_ratio();
     model.nonfinite += scores[l].nonfinite;
@@ -146,11 +135,51 @@ CompressedModel<std::remove_const_t<T>> compress_model(const std::vector<KVView<
 
   model.layers.resize(k.size());
   for (int l = 0; l < layers; ++l) {
-    Status s = detail::select_and_gather<E, Real>(KVView<const E>(k[l]), KVView<const E>(v[l]), model.budgets[l], opt,
-                                                  std::move(scores[l]), &model.layers[l]);
+    Status s = select_and_gather<T, Real>(k[l], v[l], model.budgets[l], opt, std::move(scores[l]), &model.layers[l]);
     if (!s.ok()) throw Error(make_error(s.code(), "layer ", l, ": ", s.message()));
   }
   return model;
+}
+
+// Views of const elements, checked for a layer count that matches.
+template <class T>
+std::vector<KVView<const std::remove_const_t<T>>> const_views(const std::vector<KVView<T>>& x) {
+  return {x.begin(), x.end()};
+}
+
+inline void check_model_inputs(std::size_t k_layers, std::size_t v_layers, const Options& opt) {
+  if (k_layers != v_layers)
+    throw Error(make_error(Errc::invalid_shape, k_layers, " K layers but ", v_layers, " V layers"));
+  throw_if_error(check_options(opt));
+}
+
+template <class T>
+void check_mask_layers(const std::vector<KVView<T>>& k, const Options& opt) {
+  for (std::size_t l = 0; l < k.size(); ++l)
+    if (opt.protect != nullptr && k[l].tokens != k[0].tokens)
+      throw Error(make_error(Errc::invalid_option, "a protect mask needs every layer to have the same tokens; layer ",
+                             l, " has ", k[l].tokens, ", layer 0 has ", k[0].tokens));
+}
+
+}  // namespace detail
+
+// Compresses a whole model, one view per layer. The budget is per layer (a
+// count or a ratio of each layer's tokens); with Allocation::dynamic the same
+// total is re-split across layers in proportion to their energy ratios R_l.
+template <class T, class Real = float>
+CompressedModel<std::remove_const_t<T>> compress_model(const std::vector<KVView<T>>& k, const std::vector<KVView<T>>& v,
+                                                       Budget budget, const Options& opt = {}) {
+  using E = std::remove_const_t<T>;
+  detail::check_model_inputs(k.size(), v.size(), opt);
+  detail::check_mask_layers(k, opt);
+  const auto kc = detail::const_views(k), vc = detail::const_views(v);
+  std::vector<LayerScores> scores(k.size());
+  Scorer<Real> scorer;
+  for (std::size_t l = 0; l < k.size(); ++l) {
+    Status s = scorer.score(kc[l], vc[l], opt, &scores[l]);
+    if (!s.ok()) throw Error(make_error(s.code(), "layer ", l, ": ", s.message()));
+  }
+  return detail::compress_scored_model<E, Real>(kc, vc, std::move(scores), budget, opt);
 }
 
 }  // namespace flashcache

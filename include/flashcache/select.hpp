@@ -30,7 +30,9 @@ inline std::vector<std::uint8_t> protected_tokens(std::int64_t tokens, const Opt
   return keep;
 }
 
-inline bool is_forced_score(float s) { return s == std::numeric_limits<float>::infinity(); }
+// +inf marks a non-finite token (score.hpp); a NaN score, which a baseline
+// policy can produce from NaN input, is treated the same way.
+inline bool is_forced_score(float s) { return s == std::numeric_limits<float>::infinity() || s != s; }
 
 // The largest protected set over the layer's heads: the least budget it takes.
 inline std::int64_t protected_count(const LayerScores& s, const std::vector<std::uint8_t>& base) {

@@ -1,0 +1,213 @@
+#pragma once
+// Baseline policies: other ways to score tokens, sharing FlashCache's select
+// and gather stages, so that every quality and speed claim is a side-by-side
+// comparison. Each fills a LayerScores (higher = keep); the always-kept sets
+// (sink, window, mask) come from Options as for FlashCache.
+//
+//   streaming  StreamingLLM: the most recent tokens (plus Options::sink)
+//   knorm      keys of lowest L2 norm first
+//   random     seeded uniform scores
+//   snapkv     SnapKV: attention of the last `observation_window` queries,
+//              summed, max-pooled over `pool_kernel` tokens; the window is kept
+//   h2o        H2O: attention accumulated over all queries (heavy hitters);
+//              its recent half is Options::window
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../flashcache.hpp"
+#include "attention.hpp"
+
+namespace flashcache::policies {
+
+enum class Policy { flashcache, streaming, knorm, random, snapkv, h2o };
+
+inline const char* to_string(Policy p) {
+  switch (p) {
+    case Policy::flashcache:
+      return "flashcache";
+    case Policy::streaming:
+      return "streaming";
+    case Policy::knorm:
+      return "knorm";
+    case Policy::random:
+      return "random";
+    case Policy::snapkv:
+      return "snapkv";
+    case Policy::h2o:
+      return "h2o";
+  }
+  return "unknown";
+}
+
+inline Status parse_policy(const std::string& name, Policy* out) {
+  for (Policy p : {Policy::flashcache, Policy::streaming, Policy::knorm, Policy::random, Policy::snapkv, Policy::h2o})
+    if (name == to_string(p)) {
+      *out = p;
+      return Status::success();
+    }
+  return make_error(Errc::invalid_option, "unknown policy '", name,
+                    "' (flashcache, streaming, knorm, random, snapkv, h2o)");
+}
+
+inline bool needs_queries(Policy p) { return p == Policy::snapkv || p == Policy::h2o; }
+
+struct PolicyOptions {
+  std::uint64_t seed = 0;                // random
+  std::int64_t observation_window = 32;  // snapkv: queries that vote
+  std::int64_t pool_kernel = 7;          // snapkv: max-pool width (odd)
+};
+
+namespace detail {
+inline void reset(LayerScores* out, std::int64_t heads, std::int64_t tokens) {
+  out->heads = heads;
+  out->tokens = tokens;
+  out->score.assign(static_cast<std::size_t>(heads * tokens), 0.0f);
+  out->energy.assign(static_cast<std::size_t>(heads), HeadEnergy{});
+  out->nonfinite = 0;
+}
+}  // namespace detail
+
+// Later tokens score higher.
+inline void streaming_scores(std::int64_t heads, std::int64_t tokens, LayerScores* out) {
+  detail::reset(out, heads, tokens);
+  for (std::int64_t h = 0; h < heads; ++h)
+    for (std::int64_t t = 0; t < tokens; ++t)
+      out->score[static_cast<std::size_t>(h * tokens + t)] = static_cast<float>(t);
+}
+
+// score = -||k_t||: the lowest-norm keys are kept.
+template <class T>
+Status knorm_scores(KVView<const T> k, LayerScores* out) {
+  FLASHCACHE_RETURN_IF_ERROR(check_view(k, "K"));
+  detail::reset(out, k.heads, k.tokens);
+  for (std::int64_t h = 0; h < k.heads; ++h)
+    for (std::int64_t t = 0; t < k.tokens; ++t) {
+      double sq = 0;
+      for (std::int64_t c = 0; c < k.head_dim; ++c)
+        sq += static_cast<double>(to_float(k(h, t, c))) * to_float(k(h, t, c));
+      out->score[static_cast<std::size_t>(h * k.tokens + t)] = static_cast<float>(-std::sqrt(sq));
+    }
+  return Status::success();
+}
+
+inline void random_scores(std::int64_t heads, std::int64_t tokens, std::uint64_t seed, LayerScores* out) {
+  detail::reset(out, heads, tokens);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (auto& s : out->score) s = u(rng);
+}
+
+// SnapKV. Window tokens score +inf-free but highest (they are the voters);
+// callers usually also protect them with Options::window.
+template <class T>
+Status snapkv_scores(KVView<const T> q, KVView<const T> k, const PolicyOptions& po, LayerScores* out) {
+  FLASHCACHE_RETURN_IF_ERROR(check_queries(q, k));
+  if (po.observation_window < 1 || po.pool_kernel < 1 || po.pool_kernel % 2 == 0)
+    return make_error(Errc::invalid_option, "snapkv needs observation_window >= 1 and an odd pool_kernel (got ",
+                      po.observation_window, ", ", po.pool_kernel, ")");
+  const std::int64_t n = k.tokens, group = k.heads ? q.heads / k.heads : 1;
+  detail::reset(out, k.heads, n);
+  const std::int64_t first = std::max<std::int64_t>(0, n - po.observation_window);
+  std::vector<double> votes(static_cast<std::size_t>(n)), probs;
+  for (std::int64_t h = 0; h < k.heads; ++h) {
+    std::fill(votes.begin(), votes.end(), 0.0);
+    for (std::int64_t g = 0; g < group; ++g)
+      for (std::int64_t i = first; i < n; ++i) {
+        causal_attention_row(q, k, h * group + g, h, i, &probs);
+        for (std::int64_t j = 0; j <= i; ++j)
+          votes[static_cast<std::size_t>(j)] += probs[static_cast<std::size_t>(j)] / static_cast<double>(group);
+      }
+    // Max-pool the prefix's votes so that neighbours of a hit come along; the window itself ranks first.
+    const std::int64_t half = po.pool_kernel / 2;
+    for (std::int64_t t = 0; t < n; ++t) {
+      double best = 0;
+      if (t >= first) {
+        best = 2.0 * static_cast<double>(po.observation_window);  // above any pooled vote sum
+      } else {
+        for (std::int64_t u = std::max<std::int64_t>(0, t - half); u <= std::min(first - 1, t + half); ++u)
+          best = std::max(best, votes[static_cast<std::size_t>(u)]);
+      }
+      out->score[static_cast<std::size_t>(h * n + t)] = static_cast<float>(best);
+    }
+  }
+  return Status::success();
+}
+
+// H2O: each key's attention summed over every query that sees it.
+template <class T>
+Status h2o_scores(KVView<const T> q, KVView<const T> k, LayerScores* out) {
+  FLASHCACHE_RETURN_IF_ERROR(check_queries(q, k));
+  const std::int64_t n = k.tokens, group = k.heads ? q.heads / k.heads : 1;
+  detail::reset(out, k.heads, n);
+  std::vector<double> acc(static_cast<std::size_t>(n)), probs;
+  for (std::int64_t h = 0; h < k.heads; ++h) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (std::int64_t g = 0; g < group; ++g)
+      for (std::int64_t i = 0; i < n; ++i) {
+        causal_attention_row(q, k, h * group + g, h, i, &probs);
+        for (std::int64_t j = 0; j <= i; ++j) acc[static_cast<std::size_t>(j)] += probs[static_cast<std::size_t>(j)];
+      }
+    for (std::int64_t t = 0; t < n; ++t)
+      out->score[static_cast<std::size_t>(h * n + t)] =
+          static_cast<float>(acc[static_cast<std::size_t>(t)] / static_cast<double>(group));
+  }
+  return Status::success();
+}
+
+// Scores one layer with any policy; q may be empty unless the policy needs it.
+template <class T, class Real = float>
+Status score_with_policy(Policy p, KVView<const T> q, KVView<const T> k, KVView<const T> v, const Options& opt,
+                         const PolicyOptions& po, LayerScores* out) {
+  FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
+  if (needs_queries(p) && q.empty() && !k.empty())
+    return make_error(Errc::invalid_option, "policy ", to_string(p), " needs queries (Q)");
+  switch (p) {
+    case Policy::flashcache: {
+      Scorer<Real> scorer;
+      return scorer.score(k, v, opt, out);
+    }
+    case Policy::streaming:
+      streaming_scores(k.heads, k.tokens, out);
+      return Status::success();
+    case Policy::knorm:
+      return knorm_scores(k, out);
+    case Policy::random:
+      random_scores(k.heads, k.tokens, po.seed, out);
+      return Status::success();
+    case Policy::snapkv:
+      return snapkv_scores(q, k, po, out);
+    case Policy::h2o:
+      return h2o_scores(q, k, out);
+  }
+  return make_error(Errc::invalid_option, "unknown policy");
+}
+
+// Compresses a whole model with any policy; q holds one view per layer when
+// the policy needs queries (else it may be empty). Baselines have no energy
+// ratios, so under Allocation::dynamic their budgets fall back to a uniform
+// ratio, as in their papers.
+template <class T, class Real = float>
+CompressedModel<std::remove_const_t<T>> compress_model(Policy p, const std::vector<KVView<T>>& q,
+                                                       const std::vector<KVView<T>>& k, const std::vector<KVView<T>>& v,
+                                                       Budget budget, const Options& opt = {},
+                                                       const PolicyOptions& po = {}) {
+  using E = std::remove_const_t<T>;
+  flashcache::detail::check_model_inputs(k.size(), v.size(), opt);
+  flashcache::detail::check_mask_layers(k, opt);
+  if (needs_queries(p) && q.size() != k.size())
+    throw Error(make_error(Errc::invalid_shape, "policy ", to_string(p), " needs Q for every layer: ", q.size(),
+                           " Q layers, ", k.size(), " K layers"));
+  const auto qc = flashcache::detail::const_views(q), kc = flashcache::detail::const_views(k),
+             vc = flashcache::detail::const_views(v);
+  std::vector<LayerScores> scores(k.size());
+  for (std::size_t l = 0; l < k.size(); ++l) {
+    const KVView<const E> ql = needs_queries(p) ? qc[l] : KVView<const E>{};
+    Status s = score_with_policy<E, Real>(p, ql, kc[l], vc[l], opt, po, &scores[l]);
+    if (!s.ok()) throw Error(make_error(s.code(), "layer ", l, ": ", s.message()));
+  }
+  return flashcache::detail::compress_scored_model<E, Real>(kc, vc, std::move(scores), budget, opt);
+}
+
+}  // namespace flashcache::policies
