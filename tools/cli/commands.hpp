@@ -1,0 +1,41 @@
+#pragma once
+// The CLI's subcommands: their arguments, as parsed by main(), and their entry
+// points. Each returns the exit code or throws CliError / flashcache::Error.
+#include <cstdint>
+#include <string>
+
+#include "flashcache/options.hpp"
+
+namespace flashcache::cli {
+
+// Defaults are the library's Options defaults.
+struct TransformArgs {
+  double gamma = Options{}.gamma;
+  Transform transform = Options{}.transform;
+  std::int64_t block = Options{}.block_size;
+};
+
+struct CompressArgs {
+  std::string k, v, out, protect;  // protect: empty for none
+  bool has_keep_ratio = false, has_keep = false;
+  double keep_ratio = 0.2;  // also the default when neither --keep-ratio nor --keep is given
+  std::int64_t keep = 0;
+  std::int64_t sink = 0, window = 0;
+  TransformArgs transform;
+  bool no_allocate = false;
+  bool force = false;
+};
+
+struct InspectArgs {
+  std::string k, v;
+  TransformArgs transform;
+};
+
+int run_compress(const CompressArgs& args);
+int run_inspect(const InspectArgs& args);
+
+// Checks --gamma and --block with the option names in the message.
+void check_transform_args(const TransformArgs& t);
+Options to_options(const TransformArgs& t);
+
+}  // namespace flashcache::cli

@@ -1,0 +1,156 @@
+// `flashcache compress`: run compress_model() over a cache stored as .npy
+// files and write the scores, budgets, kept indices and compact K', V'.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli_error.hpp"
+#include "commands.hpp"
+#include "flashcache/flashcache.hpp"
+#include "input.hpp"
+#include "npy/npy.hpp"
+#include "output_dir.hpp"
+
+namespace flashcache::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void check_args(const CompressArgs& a) {
+  check_transform_args(a.transform);
+  if (a.has_keep_ratio && !(a.keep_ratio >= 0.0 && a.keep_ratio <= 1.0))
+    usage_error("--keep-ratio " + num(a.keep_ratio) + " is outside [0, 1]");
+  if (a.has_keep && a.keep < 0) usage_error("--keep " + std::to_string(a.keep) + " is negative");
+  if (a.sink < 0) usage_error("--sink " + std::to_string(a.sink) + " is negative");
+  if (a.window < 0) usage_error("--window " + std::to_string(a.window) + " is negative");
+}
+
+struct Plan {
+  Options options;
+  Budget budget = Budget::ratio(0.2);
+  std::vector<std::uint8_t> mask;  // empty for none
+
+  // Options pointing at this plan's mask (kept out of `options` so a copy cannot dangle).
+  Options with_mask() const {
+    Options o = options;
+    o.protect = mask.empty() ? nullptr : mask.data();
+    return o;
+  }
+};
+
+Plan make_plan(const CompressArgs& a, const KVCache& cache) {
+  Plan p;
+  p.options = to_options(a.transform);
+  p.options.sink = a.sink;
+  p.options.window = a.window;
+  if (!a.protect.empty()) p.mask = load_mask(a.protect, cache.tokens);
+  if (a.has_keep) {
+    if (a.keep > cache.tokens)
+      usage_error("--keep " + std::to_string(a.keep) + " is more than the " + std::to_string(cache.tokens) +
+                  " tokens per layer");
+    p.budget = Budget::tokens(a.keep);
+    p.options.allocation = Allocation::uniform;  // a count per layer: nothing to reallocate
+  } else {
+    p.budget = Budget::ratio(a.keep_ratio);
+    p.options.allocation = a.no_allocate ? Allocation::uniform : Allocation::dynamic;
+  }
+  return p;
+}
+
+nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, const Plan& plan,
+                               const std::vector<double>& energy_ratio, const std::vector<std::int64_t>& budgets,
+                               std::int64_t nonfinite) {
+  const Options& o = plan.options;
+  std::int64_t kept = 0, masked = 0;
+  for (auto b : budgets) kept += b;
+  for (auto m : plan.mask) masked += m != 0;
+  const std::int64_t row_bytes = 2 * cache.head_dim * size_of(cache.dtype);  // one token of K and V
+  nlohmann::ordered_json j;
+  j["version"] = FLASHCACHE_VERSION_STRING;
+  j["input"] = {{"k", a.k},
+                {"v", a.v},
+                {"protect", a.protect.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(a.protect)},
+                {"dtype", to_string(cache.dtype)},
+                {"shape", cache.file_shape}};
+  j["shape"] = {
+      {"layers", cache.layers}, {"heads", cache.heads}, {"tokens", cache.tokens}, {"head_dim", cache.head_dim}};
+  j["options"] = {{"keep_ratio", a.has_keep ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(a.keep_ratio)},
+                  {"keep", a.has_keep ? nlohmann::ordered_json(a.keep) : nlohmann::ordered_json(nullptr)},
+                  {"allocation", to_string(o.allocation)},
+                  {"gamma", o.gamma},
+                  {"sink", o.sink},
+                  {"window", o.window},
+                  {"transform", to_string(o.transform)},
+                  {"block", o.block_size},
+                  {"protected_by_mask", masked}};
+  j["budgets"] = budgets;
+  j["energy_ratio"] = energy_ratio;
+  j["tokens_before"] = cache.layers * cache.tokens;
+  j["tokens_after"] = kept;
+  j["kept_fraction"] = static_cast<double>(kept) / static_cast<double>(cache.layers * cache.tokens);
+  j["bytes_before"] = cache.bytes();                  // K and V
+  j["bytes_after"] = kept * cache.heads * row_bytes;  // K' and V'
+  j["nonfinite"] = nonfinite;
+  return j;
+}
+
+template <class T>
+void write_outputs(const CompressArgs& a, const KVCache& cache, const Plan& plan, const CompressedModel<T>& model) {
+  StagedDir dir(a.out, a.force);
+  auto file = [&](const std::string& name) { return (dir.path() / name).string(); };
+  const std::int64_t L = cache.layers, H = cache.heads, N = cache.tokens, d = cache.head_dim;
+  try {
+    std::vector<float> scores;
+    scores.reserve(static_cast<std::size_t>(L * H * N));
+    for (const auto& layer : model.layers)
+      scores.insert(scores.end(), layer.scores.score.begin(), layer.scores.score.end());
+    npy::write(file("scores.npy"), {L, H, N}, scores.data());
+    npy::write(file("energy_ratio.npy"), {L}, model.energy_ratio.data());
+    npy::write(file("budgets.npy"), {L}, model.budgets.data());
+    for (std::int64_t l = 0; l < L; ++l) {
+      const auto& layer = model.layers[static_cast<std::size_t>(l)];
+      const std::string n = std::to_string(l);
+      npy::write(file("kept_" + n + ".npy"), {H, layer.budget}, layer.kept.data());
+      npy::write(file("k_" + n + ".npy"), {H, layer.budget, d}, layer.k.data());
+      npy::write(file("v_" + n + ".npy"), {H, layer.budget, d}, layer.v.data());
+    }
+    const auto j = summary(a, cache, plan, model.energy_ratio, model.budgets, model.nonfinite);
+    write_text_file(dir.path() / "summary.json", j.dump(2) + "\n");
+  } catch (const Error& e) {  // npy::write: the inputs were fine, the disk was not
+    throw CliError(kExitFailure, std::string(e.what()).substr(std::string("flashcache: ").size()));
+  }
+  dir.commit();
+
+  const auto kept = model.tokens_after(), before = model.tokens_before();
+  std::printf("wrote %s: %lld layers, kept %lld of %lld tokens per head (%.1f%%), %lld -> %lld bytes\n", a.out.c_str(),
+              static_cast<long long>(L), static_cast<long long>(kept), static_cast<long long>(before),
+              100.0 * static_cast<double>(kept) / static_cast<double>(before), static_cast<long long>(cache.bytes()),
+              static_cast<long long>(2 * kept * H * d * size_of(cache.dtype)));
+}
+
+template <class T>
+void compress_as(const CompressArgs& a, const KVCache& cache, const Plan& plan) {
+  const CompressedModel<T> model =
+      compress_model<const T>(cache.views<T>(cache.k), cache.views<T>(cache.v), plan.budget, plan.with_mask());
+  write_outputs(a, cache, plan, model);
+}
+
+}  // namespace
+
+int run_compress(const CompressArgs& a) {
+  check_args(a);
+  StagedDir::check_target(a.out, a.force);  // before any work
+  const KVCache cache = load_cache(a.k, a.v);
+  const Plan plan = make_plan(a, cache);
+  if (cache.dtype == DType::f16)
+    compress_as<half_t>(a, cache, plan);
+  else
+    compress_as<float>(a, cache, plan);
+  return kExitOk;
+}
+
+}  // namespace flashcache::cli

@@ -1,0 +1,143 @@
+#include "output_dir.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <memory>
+#include <system_error>
+
+#include "cli_error.hpp"
+
+namespace flashcache::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+[[noreturn]] void write_failure(const std::string& what, const std::error_code& ec) {
+  throw CliError(kExitFailure, what + ": " + ec.message());
+}
+
+// The target as a folder name: "out/" and "out/." mean "out".
+fs::path normal_target(const fs::path& target) {
+  fs::path p = target.lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+  const std::string name = p.filename().string();
+  if (name.empty() || name == "." || name == ".." || p == p.root_path())
+    usage_error("--out: '" + target.string() + "' does not name a new folder");
+  return p;
+}
+
+fs::path parent_of(const fs::path& p) { return p.has_parent_path() ? p.parent_path() : fs::path("."); }
+
+bool is_empty_dir(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_empty(p, ec) && !ec;
+}
+
+// A fresh hidden sibling of `target`: ".<name>.<tag>-<pid>-<n>".
+fs::path make_sibling(const fs::path& target, const char* tag) {
+  const fs::path parent = parent_of(target);
+  for (int n = 0; n < 1000; ++n) {
+    const fs::path p = parent / ("." + target.filename().string() + "." + tag + "-" + std::to_string(::getpid()) + "-" +
+                                 std::to_string(n));
+    std::error_code ec;
+    if (fs::create_directory(p, ec)) return p;
+    if (ec) write_failure("cannot create a folder beside '" + target.string() + "'", ec);
+  }
+  throw CliError(kExitFailure, "cannot create a folder beside '" + target.string() + "': too many leftovers");
+}
+
+std::error_code rename_ec(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  return ec;
+}
+
+// Swaps two paths in one step (Linux renameat2); false if unsupported here.
+bool exchange(const fs::path& a, const fs::path& b, std::error_code* ec) {
+#if defined(RENAME_EXCHANGE)
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0) return true;
+  if (errno != EINVAL && errno != ENOSYS) *ec = std::error_code(errno, std::generic_category());
+#else
+  (void)a;
+  (void)b;
+  (void)ec;
+#endif
+  return false;
+}
+
+}  // namespace
+
+void StagedDir::check_target(const fs::path& target, bool force) {
+  const fs::path t = normal_target(target);
+  std::error_code ec;
+  const fs::file_status parent = fs::status(parent_of(t), ec);
+  if (fs::exists(parent) && !fs::is_directory(parent))
+    usage_error("--out: '" + parent_of(t).string() + "' is not a directory");
+  const fs::file_status st = fs::symlink_status(t, ec);
+  if (!fs::exists(st)) return;
+  if (!fs::is_directory(st)) usage_error("--out: '" + t.string() + "' exists and is not a directory");
+  if (!force && !is_empty_dir(t))
+    usage_error("--out: '" + t.string() + "' exists and is not empty (--force replaces it)");
+}
+
+StagedDir::StagedDir(const fs::path& target, bool force) : target_(normal_target(target)), force_(force) {
+  std::error_code ec;
+  fs::create_directories(parent_of(target_), ec);
+  if (ec) write_failure("cannot create '" + parent_of(target_).string() + "'", ec);
+  staging_ = make_sibling(target_, "flashcache-tmp");
+}
+
+StagedDir::~StagedDir() {
+  if (committed_) return;
+  std::error_code ec;
+  fs::remove_all(staging_, ec);  // best effort: the target was never touched
+}
+
+void StagedDir::commit() {
+  // Checked again: the target may have appeared while we worked.
+  check_target(target_, force_);
+  std::error_code ec;
+  const bool occupied = fs::exists(fs::symlink_status(target_, ec));
+  if (!occupied || is_empty_dir(target_)) {
+    // rename(2) replaces an empty directory atomically.
+    if ((ec = rename_ec(staging_, target_))) write_failure("cannot move the results to '" + target_.string() + "'", ec);
+    committed_ = true;
+    return;
+  }
+  // --force over a non-empty folder: swap, then delete the old contents.
+  if (exchange(staging_, target_, &ec)) {
+    committed_ = true;
+    fs::remove_all(staging_, ec);
+    return;
+  }
+  if (ec) write_failure("cannot replace '" + target_.string() + "'", ec);
+  // No atomic swap here: move the old folder aside, move ours in, delete the old one.
+  const fs::path old = make_sibling(target_, "flashcache-old");
+  fs::remove(old, ec);
+  if ((ec = rename_ec(target_, old))) write_failure("cannot move '" + target_.string() + "' aside", ec);
+  if ((ec = rename_ec(staging_, target_))) {
+    rename_ec(old, target_);  // put the old one back
+    write_failure("cannot move the results to '" + target_.string() + "'", ec);
+  }
+  committed_ = true;
+  fs::remove_all(old, ec);
+}
+
+void write_text_file(const fs::path& path, const std::string& text) {
+  struct Closer {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
+  std::unique_ptr<std::FILE, Closer> f(std::fopen(path.c_str(), "wb"));
+  auto fail = [&] {
+    write_failure("cannot write '" + path.string() + "'", std::error_code(errno, std::generic_category()));
+  };
+  if (!f) fail();
+  if (std::fwrite(text.data(), 1, text.size(), f.get()) != text.size() || std::fflush(f.get()) != 0) fail();
+  if (std::fclose(f.release()) != 0) fail();
+}
+
+}  // namespace flashcache::cli
