@@ -45,15 +45,7 @@ template <class Real, int W = 1>
 class Dct {
  public:
   explicit Dct(std::int64_t n)
-      : n_(n),
-        fft_(n),
-        re_(size(n)),
-        im_(size(n)),
-        c1_(size(n)),
-        c2_(size(n)),
-        tw_re_(scalar(n)),
-        tw_im_(scalar(n)),
-        scale_(scalar(n)) {
+      : n_(n), fft_(n), re_(panel(n)), im_(panel(n)), tw_re_(scalars(n)), tw_im_(scalars(n)), scale_(scalars(n)) {
     for (std::int64_t k = 0; k < n_; ++k) {
       const double angle = -M_PI * static_cast<double>(k) / (2.0 * static_cast<double>(n_));  // exp(-i pi k / 2N)
       tw_re_[k] = static_cast<Real>(std::cos(angle));
@@ -66,78 +58,23 @@ class Dct {
 
   // Orthonormal DCT-II of the panels x1 (and x2, which may be null) into X1 (X2).
   void forward(const Real* x1, const Real* x2, Real* X1, Real* X2) {
-    unnormalized_forward(x1, x2);
-    for (std::int64_t k = 0; k < n_; ++k)
-      for (int w = 0; w < W; ++w) {
-        X1[k * W + w] = c1_[k * W + w] * scale_[k];
-        if (X2) X2[k * W + w] = c2_[k * W + w] * scale_[k];
-      }
+    spectrum_of(x1, x2);
+    for (std::int64_t k = 0; k < n_; ++k) {
+      const Coefficients c = coefficients(k, k == 0 ? 0 : n_ - k);
+      Out{X1 + k* W} = c.c1 * scale_[k];
+      if (X2) Out{X2 + k* W} = c.c2 * scale_[k];
+    }
   }
 
   // Orthonormal DCT-III (the inverse of forward) of X1 (and X2, may be null).
   void inverse(const Real* X1, const Real* X2, Real* x1, Real* x2) {
+    const auto coeff = [&](const Real* X, std::int64_t j) -> Lanes {
+      return X && j < n_ ? Lanes(In(X + j * W) / scale_[j]) : Lanes(Lanes::Zero());
+    };
     for (std::int64_t k = 0; k < n_; ++k)
-      for (int w = 0; w < W; ++w) {
-        c1_[k * W + w] = X1[k * W + w] / scale_[k];
-        c2_[k * W + w] = X2 ? X2[k * W + w] / scale_[k] : Real(0);
-      }
-    unnormalized_inverse(n_, x1, x2);
-  }
-
-  // Base = C^T diag(k < m) C x for the panels x1 and x2 (x2/base2 may be null).
-  // The scaling a_k cancels between the two transforms, so it is never applied.
-  void lowpass(const Real* x1, const Real* x2, std::int64_t m, Real* base1, Real* base2) {
-    unnormalized_forward(x1, x2);
-    unnormalized_inverse(m, base1, base2);
-  }
-
- private:
-  static std::size_t size(std::int64_t n) { return static_cast<std::size_t>(n * W); }
-  static std::size_t scalar(std::int64_t n) { return static_cast<std::size_t>(n); }
-  // Makhoul's permutation: v[j] = x[2j] for the first ceil(N/2), then the odd samples reversed.
-  std::int64_t source(std::int64_t j) const { return 2 * j < n_ ? 2 * j : 2 * (n_ - 1 - j) + 1; }
-
-  // c1, c2 = sum_n x cos(pi (2n+1) k / 2N), without a_k.
-  void unnormalized_forward(const Real* x1, const Real* x2) {
-    for (std::int64_t j = 0; j < n_; ++j) {
-      const std::int64_t s = source(j);
-      for (int w = 0; w < W; ++w) {
-        re_[j * W + w] = x1[s * W + w];
-        im_[j * W + w] = x2 ? x2[s * W + w] : Real(0);
-      }
-    }
-    fft_.forward(re_.data(), im_.data());
-    for (std::int64_t k = 0; k < n_; ++k) {
-      const std::int64_t r = k == 0 ? 0 : n_ - k;
-      const Real tr = tw_re_[k] * Real(0.5), ti = tw_im_[k] * Real(0.5);
-      for (int w = 0; w < W; ++w) {
-        // Z[k] = (a, b), Z[N-k] = (c, e): the two real inputs' spectra are
-        // V1 = (Z[k] + conj Z[N-k]) / 2 and V2 = (Z[k] - conj Z[N-k]) / 2i.
-        const Real a = re_[k * W + w], b = im_[k * W + w], c = re_[r * W + w], e = im_[r * W + w];
-        c1_[k * W + w] = tr * (a + c) - ti * (b - e);
-        c2_[k * W + w] = tr * (b + e) - ti * (c - a);
-      }
-    }
-  }
-
-  // x1, x2 from c1, c2 (unnormalized coefficients), using only k < m.
-  void unnormalized_inverse(std::int64_t m, Real* x1, Real* x2) {
-    const Real inv_n = Real(1) / static_cast<Real>(n_);
-    for (std::int64_t k = 0; k < n_; ++k) {
-      const std::int64_t r = n_ - k;  // the partner coefficient X[N-k]; X[N] = 0
-      const bool keep_k = k<m, keep_r = k> 0 && r < m;
-      const Real tr = tw_re_[k], ti = -tw_im_[k];  // conj(twiddle)
-      for (int w = 0; w < W; ++w) {
-        // V = conj(tw) (X[k] - i X[N-k]) for each input; Z = V1 + i V2.
-        const Real p1 = keep_k ? c1_[k * W + w] : Real(0), q1 = keep_r ? c1_[r * W + w] : Real(0);
-        const Real p2 = keep_k ? c2_[k * W + w] : Real(0), q2 = keep_r ? c2_[r * W + w] : Real(0);
-        const Real v1r = tr * p1 + ti * q1, v1i = ti * p1 - tr * q1;
-        const Real v2r = tr * p2 + ti * q2, v2i = ti * p2 - tr * q2;
-        re_[k * W + w] = v1r - v2i;
-        im_[k * W + w] = v1i + v2r;
-      }
-    }
+      set_spectrum(k, coeff(X1, k), coeff(X1, n_ - k), coeff(X2, k), coeff(X2, n_ - k));
     fft_.inverse(re_.data(), im_.data());
+    const Real inv_n = Real(1) / static_cast<Real>(n_);
     for (std::int64_t j = 0; j < n_; ++j) {
       const std::int64_t s = source(j);
       for (int w = 0; w < W; ++w) {
@@ -147,9 +84,100 @@ class Dct {
     }
   }
 
+  // Base = C^T diag(k < m) C x for the panels x1 and x2 (x2/base2 may be null).
+  void lowpass(const Real* x1, const Real* x2, std::int64_t m, Real* base1, Real* base2) {
+    spectrum_of(x1, x2);
+    lowpass_spectrum(m);
+    fft_.inverse(re_.data(), im_.data());
+    const Real inv_n = Real(1) / static_cast<Real>(n_);
+    for (std::int64_t j = 0; j < n_; ++j) {
+      const std::int64_t s = source(j);
+      for (int w = 0; w < W; ++w) {
+        base1[s * W + w] = re_[j * W + w] * inv_n;
+        if (base2) base2[s * W + w] = im_[j * W + w] * inv_n;
+      }
+    }
+  }
+
+  // The scorer's fused form: adds sum_w (x - base)^2 of each token (row) to
+  // residual1[t] and residual2[t], without writing the base anywhere.
+  void lowpass_residual(const Real* x1, const Real* x2, std::int64_t m, Real* residual1, Real* residual2) {
+    spectrum_of(x1, x2);
+    lowpass_spectrum(m);
+    fft_.inverse(re_.data(), im_.data());
+    const Real inv_n = Real(1) / static_cast<Real>(n_);
+    for (std::int64_t j = 0; j < n_; ++j) {
+      const std::int64_t s = source(j);
+      residual1[s] += (In(x1 + s * W) - In(&re_[j * W]) * inv_n).square().sum();
+      residual2[s] += (In(x2 + s * W) - In(&im_[j * W]) * inv_n).square().sum();
+    }
+  }
+
+ private:
+  using Lanes = Eigen::Array<Real, W, 1>;
+  using In = Eigen::Map<const Lanes>;
+  using Out = Eigen::Map<Lanes>;
+  struct Coefficients {
+    Lanes c1, c2;
+  };
+
+  static std::size_t panel(std::int64_t n) { return static_cast<std::size_t>(n * W); }
+  static std::size_t scalars(std::int64_t n) { return static_cast<std::size_t>(n); }
+  // Makhoul's permutation: v[j] = x[2j] for the first ceil(N/2), then the odd samples reversed.
+  std::int64_t source(std::int64_t j) const { return 2 * j < n_ ? 2 * j : 2 * (n_ - 1 - j) + 1; }
+
+  // re_ + i im_ = FFT(v1 + i v2), the permuted inputs packed as one complex sequence.
+  void spectrum_of(const Real* x1, const Real* x2) {
+    for (std::int64_t j = 0; j < n_; ++j) {
+      const std::int64_t s = source(j);
+      Out{&re_[j * W]} = In(x1 + s * W);
+      if (x2)
+        Out{&im_[j * W]} = In(x2 + s * W);
+      else
+        Out{&im_[j * W]}.setZero();
+    }
+    fft_.forward(re_.data(), im_.data());
+  }
+
+  // Unnormalized coefficients (sum_n x cos(...), no a_k) at k of both inputs, all lanes.
+  // Z[k] = (a, b), Z[r] = (c, e) with r = N - k: the inputs' spectra are
+  // V1 = (Z[k] + conj Z[r]) / 2 and V2 = (Z[k] - conj Z[r]) / 2i, and X = Re(twiddle V).
+  Coefficients coefficients(std::int64_t k, std::int64_t r) const {
+    const In a(&re_[k * W]), b(&im_[k * W]), c(&re_[r * W]), e(&im_[r * W]);
+    const Real tr = Real(0.5) * tw_re_[k], ti = Real(0.5) * tw_im_[k];
+    return {tr * (a + c) - ti * (b - e), tr * (b + e) - ti * (c - a)};
+  }
+
+  // Z[k] from unnormalized coefficients p = X[k] and q = X[N-k] (X[N] = 0) of
+  // both inputs: V = conj(twiddle) (p - i q), Z = V1 + i V2.
+  void set_spectrum(std::int64_t k, const Lanes& p1, const Lanes& q1, const Lanes& p2, const Lanes& q2) {
+    const Real tr = tw_re_[k], ti = -tw_im_[k];
+    Out{&re_[k * W]} = (tr * p1 + ti * q1) - (ti * p2 - tr * q2);
+    Out{&im_[k * W]} = (ti * p1 - tr * q1) + (tr * p2 + ti * q2);
+  }
+
+  // In place: the spectrum of the low-passed inputs (coefficients k >= m zeroed).
+  // The pair (k, N-k) is read and written together, so no coefficient buffer is
+  // needed; the scaling a_k cancels between the transforms and is never applied.
+  void lowpass_spectrum(std::int64_t m) {
+    const Lanes zero = Lanes::Zero();
+    for (std::int64_t k = 0; 2 * k <= n_; ++k) {
+      const std::int64_t r = k == 0 ? 0 : n_ - k;
+      const bool keep_k = k<m, keep_r = k> 0 && r < m;
+      const Coefficients ck = coefficients(k, r);
+      const Coefficients cr = r != k ? coefficients(r, k) : ck;
+      const Lanes& p1 = keep_k ? ck.c1 : zero;
+      const Lanes& p2 = keep_k ? ck.c2 : zero;
+      const Lanes& q1 = keep_r ? cr.c1 : zero;
+      const Lanes& q2 = keep_r ? cr.c2 : zero;
+      set_spectrum(k, p1, q1, p2, q2);
+      if (r != k) set_spectrum(r, q1, p1, q2, p2);
+    }
+  }
+
   std::int64_t n_;
   PanelFft<Real, W> fft_;
-  std::vector<Real> re_, im_, c1_, c2_;  // FFT panel and unnormalized coefficients
+  std::vector<Real> re_, im_;  // the FFT panel
   std::vector<Real> tw_re_, tw_im_, scale_;
 };
 

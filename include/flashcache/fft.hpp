@@ -11,7 +11,9 @@
 // FFT (self-sorting, no bit reversal), O(n log n). A larger prime factor goes
 // through Bluestein's chirp-z identity: a circular convolution of power-of-two
 // length >= 2n - 1, so prime lengths such as 4099 stay O(n log n) too.
+#include <Eigen/Core>
 #include <algorithm>
+
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -117,6 +119,8 @@ class PanelFft {
   }
 
  private:
+  using Lanes = Eigen::Array<Real, W, 1>;
+
   struct Stage {
     int radix;
     std::int64_t span;    // L: length of the DFTs already done
@@ -183,24 +187,24 @@ class PanelFft {
 
   void radix2(const Stage& st, const Real* FLASHCACHE_RESTRICT xr, const Real* FLASHCACHE_RESTRICT xi,
               Real* FLASHCACHE_RESTRICT yr, Real* FLASHCACHE_RESTRICT yi) const {
+    using In = Eigen::Map<const Lanes>;
+    using Out = Eigen::Map<Lanes>;
     const std::int64_t L = st.span, Rn = st.stride, R = Rn * 2;
+    const std::int64_t q = Rn * W, s = L * Rn * W;  // input and output distances
     for (std::int64_t k = 0; k < L; ++k) {
-      const Real wr = tw_re_[st.twiddle + static_cast<std::size_t>(k)],
-                 wi = tw_im_[st.twiddle + static_cast<std::size_t>(k)];
-      const Real* FLASHCACHE_RESTRICT a_r = xr + (k * R) * W;
-      const Real* FLASHCACHE_RESTRICT a_i = xi + (k * R) * W;
-      const Real* FLASHCACHE_RESTRICT b_r = a_r + Rn * W;
-      const Real* FLASHCACHE_RESTRICT b_i = a_i + Rn * W;
-      Real* FLASHCACHE_RESTRICT o0r = yr + (k * Rn) * W;
-      Real* FLASHCACHE_RESTRICT o0i = yi + (k * Rn) * W;
-      Real* FLASHCACHE_RESTRICT o1r = yr + ((k + L) * Rn) * W;
-      Real* FLASHCACHE_RESTRICT o1i = yi + ((k + L) * Rn) * W;
-      for (std::int64_t i = 0; i < Rn * W; ++i) {
-        const Real br = b_r[i] * wr - b_i[i] * wi, bi = b_r[i] * wi + b_i[i] * wr;
-        o0r[i] = a_r[i] + br;
-        o0i[i] = a_i[i] + bi;
-        o1r[i] = a_r[i] - br;
-        o1i[i] = a_i[i] - bi;
+      const Real wr = tw_re_[st.twiddle + static_cast<std::size_t>(k)];
+      const Real wi = tw_im_[st.twiddle + static_cast<std::size_t>(k)];
+      for (std::int64_t r = 0; r < Rn; ++r) {
+        const Real* FLASHCACHE_RESTRICT ir = xr + (k * R + r) * W;
+        const Real* FLASHCACHE_RESTRICT ii = xi + (k * R + r) * W;
+        Real* FLASHCACHE_RESTRICT o_r = yr + (k * Rn + r) * W;
+        Real* FLASHCACHE_RESTRICT o_i = yi + (k * Rn + r) * W;
+        const Lanes ar = In(ir), ai = In(ii), b_r = In(ir + q), b_i = In(ii + q);
+        const Lanes br = b_r * wr - b_i * wi, bi = b_r * wi + b_i * wr;
+        Out{o_r} = ar + br;
+        Out{o_i} = ai + bi;
+        Out{o_r + s} = ar - br;
+        Out{o_i + s} = ai - bi;
       }
     }
   }
@@ -208,34 +212,37 @@ class PanelFft {
   void radix4(const Stage& st, const Real* FLASHCACHE_RESTRICT xr, const Real* FLASHCACHE_RESTRICT xi,
               Real* FLASHCACHE_RESTRICT yr, Real* FLASHCACHE_RESTRICT yi) const {
     const std::int64_t L = st.span, Rn = st.stride, R = Rn * 4;
+    const std::int64_t q = Rn * W;      // distance between the four inputs
+    const std::int64_t s = L * Rn * W;  // distance between the four outputs
+    using In = Eigen::Map<const Lanes>;
+    using Out = Eigen::Map<Lanes>;
     for (std::int64_t k = 0; k < L; ++k) {
       const std::size_t t = st.twiddle + static_cast<std::size_t>(3 * k);
       const Real w1r = tw_re_[t], w1i = tw_im_[t], w2r = tw_re_[t + 1], w2i = tw_im_[t + 1];
       const Real w3r = tw_re_[t + 2], w3i = tw_im_[t + 2];
-      const Real* FLASHCACHE_RESTRICT in_r = xr + (k * R) * W;
-      const Real* FLASHCACHE_RESTRICT in_i = xi + (k * R) * W;
-      const std::int64_t q = Rn * W;  // distance between the four inputs
-      Real* FLASHCACHE_RESTRICT out_r = yr + (k * Rn) * W;
-      Real* FLASHCACHE_RESTRICT out_i = yi + (k * Rn) * W;
-      const std::int64_t s = L * Rn * W;  // distance between the four outputs
-      for (std::int64_t i = 0; i < Rn * W; ++i) {
-        const Real a0r = in_r[i], a0i = in_i[i];
-        const Real a1r = in_r[i + q] * w1r - in_i[i + q] * w1i, a1i = in_r[i + q] * w1i + in_i[i + q] * w1r;
-        const Real a2r = in_r[i + 2 * q] * w2r - in_i[i + 2 * q] * w2i;
-        const Real a2i = in_r[i + 2 * q] * w2i + in_i[i + 2 * q] * w2r;
-        const Real a3r = in_r[i + 3 * q] * w3r - in_i[i + 3 * q] * w3i;
-        const Real a3i = in_r[i + 3 * q] * w3i + in_i[i + 3 * q] * w3r;
-        const Real s02r = a0r + a2r, s02i = a0i + a2i, d02r = a0r - a2r, d02i = a0i - a2i;
-        const Real s13r = a1r + a3r, s13i = a1i + a3i, d13r = a1r - a3r, d13i = a1i - a3i;
-        out_r[i] = s02r + s13r;
-        out_i[i] = s02i + s13i;
-        out_r[i + 2 * s] = s02r - s13r;
-        out_i[i + 2 * s] = s02i - s13i;
+      for (std::int64_t r = 0; r < Rn; ++r) {
+        const Real* FLASHCACHE_RESTRICT i0r = xr + (k * R + r) * W;
+        const Real* FLASHCACHE_RESTRICT i0i = xi + (k * R + r) * W;
+        Real* FLASHCACHE_RESTRICT o0r = yr + (k * Rn + r) * W;
+        Real* FLASHCACHE_RESTRICT o0i = yi + (k * Rn + r) * W;
+        // One radix-4 butterfly on W lanes as fixed-size Eigen arrays: vector code on any SIMD width.
+        const Lanes a0r = In(i0r), a0i = In(i0i);
+        const Lanes b1r = In(i0r + q), b1i = In(i0i + q), b2r = In(i0r + 2 * q), b2i = In(i0i + 2 * q);
+        const Lanes b3r = In(i0r + 3 * q), b3i = In(i0i + 3 * q);
+        const Lanes a1r = b1r * w1r - b1i * w1i, a1i = b1r * w1i + b1i * w1r;
+        const Lanes a2r = b2r * w2r - b2i * w2i, a2i = b2r * w2i + b2i * w2r;
+        const Lanes a3r = b3r * w3r - b3i * w3i, a3i = b3r * w3i + b3i * w3r;
+        const Lanes s02r = a0r + a2r, s02i = a0i + a2i, d02r = a0r - a2r, d02i = a0i - a2i;
+        const Lanes s13r = a1r + a3r, s13i = a1i + a3i, d13r = a1r - a3r, d13i = a1i - a3i;
+        Out{o0r} = s02r + s13r;
+        Out{o0i} = s02i + s13i;
+        Out{o0r + 2 * s} = s02r - s13r;
+        Out{o0i + 2 * s} = s02i - s13i;
         // w_4 = -i: outputs 1 and 3 add / subtract -i (a1 - a3).
-        out_r[i + s] = d02r + d13i;
-        out_i[i + s] = d02i - d13r;
-        out_r[i + 3 * s] = d02r - d13i;
-        out_i[i + 3 * s] = d02i + d13r;
+        Out{o0r + s} = d02r + d13i;
+        Out{o0i + s} = d02i - d13r;
+        Out{o0r + 3 * s} = d02r - d13i;
+        Out{o0i + 3 * s} = d02i + d13r;
       }
     }
   }
