@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "config.hpp"
 #include "error.hpp"
 
 namespace flashcache {
@@ -47,9 +48,10 @@ struct Options {
 
 // Number of low frequencies kept: m = max(1, ceil(gamma * n)), at most n.
 // The 1e-9 slack keeps products such as 0.1 * 30 = 3.0000000000000004 at 3.
-inline std::int64_t lowpass_cutoff(std::int64_t n, double gamma) {
+// Host and device code share this one definition.
+FLASHCACHE_INLINE std::int64_t lowpass_cutoff(std::int64_t n, double gamma) {
   if (n <= 0) return 0;
-  const auto m = static_cast<std::int64_t>(std::ceil(gamma * static_cast<double>(n) - 1e-9));
+  const auto m = static_cast<std::int64_t>(ceil(gamma * static_cast<double>(n) - 1e-9));
   return m < 1 ? 1 : (m > n ? n : m);
 }
 

@@ -44,6 +44,7 @@ inline constexpr int kMaxLayers = kernels::kMaxLayers;
 inline constexpr int kMaxBlockSize = 128;
 // Shared memory a CTA may use on sm_90 (H100/H200) after opting in.
 inline constexpr std::int64_t kMaxSharedBytes = 227 * 1024;
+static_assert(kGlobalSlotTokens == kernels::kGlobalTile, "the workspace's global slots are the residual pass's tiles");
 // Head dims with a compiled kernel; any other head dim takes the generic one.
 inline constexpr int kCompiledHeadDims[] = {64, 96, 128, 256};
 
@@ -296,10 +297,17 @@ Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, 
     fill_layer_pointers(c, p.k, p.v);
     p.rows = rows;
     p.seq = seq;
+    p.sequences = c.sequences;
     p.head_dim = static_cast<int>(c.head_dim);
     p.capacity = c.capacity;
     p.sub = ws.substitutes();
     p.status = ws.status();
+    if (c.capacity > 0) {
+      kernels::finite_kernel<T><<<dim3(static_cast<unsigned>(kernels::ceil_div(c.capacity, kernels::kFiniteRowsPerCta)),
+                                       static_cast<unsigned>(c.heads), static_cast<unsigned>(c.layers)),
+                                  kernels::kFiniteThreads, 0, stream>>>(p);
+      FLASHCACHE_RETURN_IF_ERROR(launched("finite_kernel"));
+    }
     kernels::substitute_kernel<T><<<dim3(static_cast<unsigned>(c.sequences), static_cast<unsigned>(c.heads),
                                          static_cast<unsigned>(c.layers)),
                                     kernels::kSubstituteThreads, 0, stream>>>(p);
@@ -313,9 +321,14 @@ Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, 
   for (int b = 0; b < c.sequences; ++b) {
     const std::int64_t n = plan.lengths()[static_cast<std::size_t>(b)];
     if (n == 0) continue;
-    const cufftHandle fft = plan.handle(n);
-    FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftSetStream(fft, stream), "cufftSetStream"));
-    FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftSetWorkArea(fft, ws.fft_work()), "cufftSetWorkArea"));
+    // One token: the DCT, the low-pass (m = 1) and the inverse are the identity,
+    // so pack feeds the residual pass directly and cuFFT is not involved.
+    const bool transform = n > 1;
+    const cufftHandle fft = transform ? plan.handle(n) : cufftHandle{};
+    if (transform) {
+      FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftSetStream(fft, stream), "cufftSetStream"));
+      FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftSetWorkArea(fft, ws.fft_work()), "cufftSetWorkArea"));
+    }
     for (int l = 0; l < c.layers; ++l) {
       const std::int32_t* sub = ws.substitutes() + static_cast<std::int64_t>(l) * c.heads * c.capacity + packed;
       kernels::PackParams<T> pack{};
@@ -335,17 +348,19 @@ Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, 
                                      static_cast<unsigned>(kernels::ceil_div(columns, 32))),
                                 dim3(32, 8), 0, stream>>>(pack);
       FLASHCACHE_RETURN_IF_ERROR(launched("pack_kernel"));
-      FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftExecC2C(fft, zc, zc, CUFFT_FORWARD), "cufftExecC2C forward"));
-      kernels::LowpassParams lp;
-      lp.z = z;
-      lp.n = n;
-      lp.m = lowpass_cutoff(n, opt.gamma);
-      lp.status = ws.status();
-      kernels::lowpass_kernel<<<dim3(static_cast<unsigned>(kernels::ceil_div(n / 2 + 1, 256)),
-                                     static_cast<unsigned>(columns)),
-                                256, 0, stream>>>(lp);
-      FLASHCACHE_RETURN_IF_ERROR(launched("lowpass_kernel"));
-      FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftExecC2C(fft, zc, zc, CUFFT_INVERSE), "cufftExecC2C inverse"));
+      if (transform) {
+        FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftExecC2C(fft, zc, zc, CUFFT_FORWARD), "cufftExecC2C forward"));
+        kernels::LowpassParams lp;
+        lp.z = z;
+        lp.n = n;
+        lp.m = lowpass_cutoff(n, opt.gamma);
+        lp.status = ws.status();
+        kernels::lowpass_kernel<<<dim3(static_cast<unsigned>(kernels::ceil_div(n / 2 + 1, 256)),
+                                       static_cast<unsigned>(columns)),
+                                  256, 0, stream>>>(lp);
+        FLASHCACHE_RETURN_IF_ERROR(launched("lowpass_kernel"));
+        FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftExecC2C(fft, zc, zc, CUFFT_INVERSE), "cufftExecC2C inverse"));
+      }
       kernels::ResidualParams<T> rp{};
       rp.k = c.k[l];
       rp.v = c.v[l];

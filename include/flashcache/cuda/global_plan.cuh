@@ -53,7 +53,8 @@ class GlobalPlan {
     for (const std::int64_t n : plan.lengths_) {
       if (n < 0 || n >= (std::int64_t{1} << 24))
         return make_error(Errc::unsupported, "GlobalPlan: sequence length ", n, " is outside [0, 2^24)");
-      if (n == 0 || plan.plans_.count(n)) continue;
+      // Length 0 needs nothing; length 1 is the identity (no cuFFT plan, see compress.cuh).
+      if (n <= 1 || plan.plans_.count(n)) continue;
       cufftHandle handle = 0;
       FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftCreate(&handle), "cufftCreate"));
       plan.plans_.emplace(n, handle);  // owned from here on, destroyed by release()

@@ -1,0 +1,73 @@
+#pragma once
+// Stage 1b, energy: per (layer, sequence) the energies summed over the layer's
+// heads and the ratio R_l = E_high(K)/E(K) + E_high(V)/E(V), plus the largest
+// protected count over the heads (the least budget the layer can take).
+//
+// One CTA per (sequence, layer) sums the per-tile partials of the score pass
+// in double, in a fixed order (strided per thread, then a CUB block reduce,
+// itself a fixed tree), so the result does not change from run to run.
+#include <cub/block/block_reduce.cuh>
+
+#include "common.cuh"
+
+namespace flashcache::cuda::kernels {
+
+struct EnergyParams {
+  int sequences = 0;
+  int heads = 0;
+  std::int64_t slot_count = 0;
+  const std::int32_t* slots = nullptr;        // [B+1]
+  const float4* energy_part = nullptr;        // [L][H][slot_count]
+  const int* protected_part = nullptr;        // [L][H][slot_count]
+  double* energy = nullptr;                   // [L][B][4]
+  double* ratio = nullptr;                    // [L][B]
+  int* protected_max = nullptr;               // [L][B]
+  float* ratio_out = nullptr;                 // optional caller copy, [L][B]
+  int* status = nullptr;
+};
+
+inline constexpr int kEnergyThreads = 128;
+
+__global__ void __launch_bounds__(kEnergyThreads) energy_kernel(EnergyParams p) {
+  using Reduce = cub::BlockReduce<double, kEnergyThreads>;
+  using ReduceInt = cub::BlockReduce<long long, kEnergyThreads>;
+  __shared__ typename Reduce::TempStorage storage;
+  __shared__ typename ReduceInt::TempStorage int_storage;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (stop_requested(p.status)) return;
+  const int b = static_cast<int>(blockIdx.x), layer = static_cast<int>(blockIdx.y);
+  const std::int64_t s0 = p.slots[b], s1 = p.slots[b + 1];
+
+  double e[4] = {0, 0, 0, 0};
+  long long most = 0;
+  for (int h = 0; h < p.heads; ++h) {
+    const std::int64_t base = (std::int64_t{layer} * p.heads + h) * p.slot_count;
+    long long count = 0;
+    for (std::int64_t s = s0 + tid; s < s1; s += kEnergyThreads) {
+      const float4 part = p.energy_part[base + s];
+      e[0] += part.x;
+      e[1] += part.y;
+      e[2] += part.z;
+      e[3] += part.w;
+      count += p.protected_part[base + s];
+    }
+    const long long head_count = ReduceInt(int_storage).Sum(count);
+    __syncthreads();
+    if (tid == 0 && head_count > most) most = head_count;
+  }
+  double sum[4];
+  for (int i = 0; i < 4; ++i) {
+    sum[i] = Reduce(storage).Sum(e[i]);
+    __syncthreads();
+  }
+  if (tid == 0) {
+    const std::int64_t at = std::int64_t{layer} * p.sequences + b;
+    for (int i = 0; i < 4; ++i) p.energy[at * 4 + i] = sum[i];
+    const double r = (sum[0] > 0 ? sum[1] / sum[0] : 0.0) + (sum[2] > 0 ? sum[3] / sum[2] : 0.0);
+    p.ratio[at] = r;
+    p.protected_max[at] = static_cast<int>(most);
+    if (p.ratio_out != nullptr) p.ratio_out[at] = static_cast<float>(r);
+  }
+}
+
+}  // namespace flashcache::cuda::kernels

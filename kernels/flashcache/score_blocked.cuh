@@ -1,0 +1,339 @@
+#pragma once
+// Stage 1, score (blocked transform): one fused pass per block of tokens.
+//
+// One CTA per (layer, KV head, block of `block_size` tokens of one sequence).
+// It reads the block's K and V rows once (16-byte loads when aligned) into
+// shared memory, and each thread owns one head-dim column at a time, held in
+// registers. With the block's truncated DCT basis C (m x len) in shared memory,
+// the residual x - C^T C x is formed in place, one frequency at a time:
+//     y_k = <C_k, x>,  x -= y_k C_k      (k < m)
+// which equals the two-step low-pass because the rows of C are orthonormal.
+// Per-token squared residuals are summed over columns by a warp
+// "transpose-reduce" (each lane ends up owning kTile/32 tokens), then across
+// warps through shared memory. Energies are reduced in a fixed order, so the
+// results are reproducible run to run (no float atomics).
+//
+// Non-finite tokens score +inf; for the transform their rows are replaced by
+// the nearest finite row before them in the sequence (after it for leading
+// ones, zeros if the sequence has none), exactly as score.hpp does on the CPU.
+// A block that starts with such rows looks outside itself for that row.
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace flashcache::cuda::kernels {
+
+// Threads per CTA: one per column for the compiled head dims, 128 otherwise.
+template <int kHeadDim>
+inline constexpr int blocked_threads() {
+  return kHeadDim > 0 ? kHeadDim : 128;
+}
+
+// Shared-memory carve-up, computed the same way on host (sizing, checks) and device.
+struct BlockedSmem {
+  std::int64_t tile_bytes, ext_bytes, basis, partk, partv, bad, src, energy, misc, total;
+
+  __host__ __device__ static std::int64_t align16(std::int64_t x) { return (x + 15) / 16 * 16; }
+  __host__ __device__ BlockedSmem(std::int64_t head_dim, std::int64_t elem_bytes, int tile, std::int64_t max_m,
+                                  int threads) {
+    const int warps = threads / 32;
+    tile_bytes = align16(tile * head_dim * elem_bytes);  // one of K, V
+    ext_bytes = align16(head_dim * elem_bytes);          // one of K, V
+    std::int64_t at = 2 * tile_bytes + 2 * ext_bytes;
+    basis = at;
+    at += align16(max_m * tile * 4);
+    partk = at;
+    at += align16(std::int64_t{warps} * tile * 4);
+    partv = at;
+    at += align16(std::int64_t{warps} * tile * 4);
+    bad = at;
+    at += align16(tile * 4);
+    src = at;
+    at += align16(tile * 4);
+    energy = at;
+    at += align16(std::int64_t{threads} * 4 * 4);
+    misc = at;
+    at += 16 * 4;
+    total = at;
+  }
+};
+
+template <class T>
+struct BlockedParams {
+  const T* k[kMaxLayers];
+  const T* v[kMaxLayers];
+  RowMap rows;
+  SeqTable seq;
+  int sequences = 0;
+  int head_dim = 0;
+  int block_size = 0;
+  double gamma = 0.2;
+  ProtectRule protect;
+  bool vector_ok = false;      // rows and strides allow 16-byte loads
+  std::int64_t capacity = 0;   // score row length per (layer, head)
+  std::int64_t slot_count = 0; // partial slots per (layer, head)
+  float* scores = nullptr;     // [L][H][capacity]
+  float4* energy_part = nullptr;   // [L][H][slot_count]: K total, K high, V total, V high
+  int* protected_part = nullptr;   // [L][H][slot_count]
+  int* status = nullptr;
+};
+
+// Sums a kN-value register array over the 32 lanes of a warp by recursive
+// halving: afterwards x[i], i < kN/32, holds the sum for index i + (kN/32) * lane.
+template <int kN, int kHalf, int kOffset>
+__device__ __forceinline__ void transpose_reduce_step(float (&x)[kN], int lane) {
+  const bool upper = (lane & kOffset) != 0;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float send = upper ? x[i] : x[i + kHalf];
+    const float keep = upper ? x[i + kHalf] : x[i];
+    x[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOffset);
+  }
+  if constexpr (kOffset > 1) transpose_reduce_step<kN, kHalf / 2, kOffset / 2>(x, lane);
+}
+
+template <int kN>
+__device__ __forceinline__ void transpose_reduce(float (&x)[kN], int lane) {
+  static_assert(kN >= 32 && (kN & (kN - 1)) == 0, "a power of two of at least 32 values");
+  transpose_reduce_step<kN, kN / 2, 16>(x, lane);
+}
+
+// Finite test of a K/V row pair in global memory, by one warp.
+template <class T>
+__device__ bool row_is_finite(const T* k, const T* v, int head_dim, int lane) {
+  bool ok = true;
+  for (int c = lane; c < head_dim; c += 32) ok = ok && isfinite(load_float(k[c])) && isfinite(load_float(v[c]));
+  return __all_sync(0xffffffffu, ok);
+}
+
+template <class T, int kHeadDim, int kTile>
+__global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_kernel(BlockedParams<T> p) {
+  constexpr int kThreads = blocked_threads<kHeadDim>();
+  constexpr int kWarps = kThreads / 32;
+  constexpr int kPerLane = kTile / 32;
+  static_assert(kThreads % 32 == 0, "whole warps");
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  if (stop_requested(p.status)) return;
+  const int head = static_cast<int>(blockIdx.y), layer = static_cast<int>(blockIdx.z);
+  const std::int64_t slot = blockIdx.x;
+  if (slot >= p.seq.slots[p.sequences]) return;
+  const int b = owner_of(p.seq.slots, p.sequences, slot);
+  const std::int64_t n_seq = p.seq.len[b];
+  const std::int64_t t0 = (slot - p.seq.slots[b]) * p.block_size;
+  const int len = static_cast<int>(n_seq - t0 < p.block_size ? n_seq - t0 : p.block_size);
+  const int m = static_cast<int>(flashcache::lowpass_cutoff(len, p.gamma));
+  const int d = kHeadDim > 0 ? kHeadDim : p.head_dim;
+  const T* kbase = p.k[layer];
+  const T* vbase = p.v[layer];
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  // The carve-up is the host's, sized for the largest m (that of a full block).
+  const BlockedSmem lay(d, sizeof(T), kTile, flashcache::lowpass_cutoff(p.block_size, p.gamma), kThreads);
+  T* tile_k = reinterpret_cast<T*>(smem);
+  T* tile_v = reinterpret_cast<T*>(smem + lay.tile_bytes);
+  T* ext_k = reinterpret_cast<T*>(smem + 2 * lay.tile_bytes);
+  T* ext_v = reinterpret_cast<T*>(smem + 2 * lay.tile_bytes + lay.ext_bytes);
+  float* basis = reinterpret_cast<float*>(smem + lay.basis);
+  float* part_k = reinterpret_cast<float*>(smem + lay.partk);
+  float* part_v = reinterpret_cast<float*>(smem + lay.partv);
+  int* bad = reinterpret_cast<int*>(smem + lay.bad);
+  int* src = reinterpret_cast<int*>(smem + lay.src);
+  float* energy = reinterpret_cast<float*>(smem + lay.energy);
+  int* misc = reinterpret_cast<int*>(smem + lay.misc);  // [0] protected count, [1] external row, [2] first good in block
+
+  // 1. Load the block's rows as stored, 16 bytes at a time when allowed.
+  if (p.vector_ok) {
+    constexpr int kPerVec = 16 / sizeof(T);
+    const int vec_per_row = d / kPerVec;
+    for (int i = tid; i < len * vec_per_row; i += kThreads) {
+      const int n = i / vec_per_row, q = i % vec_per_row;
+      const std::int64_t off = p.rows.offset(b, head, t0 + n) + std::int64_t{q} * kPerVec;
+      reinterpret_cast<uint4*>(tile_k)[std::int64_t{n} * vec_per_row + q] = *reinterpret_cast<const uint4*>(kbase + off);
+      reinterpret_cast<uint4*>(tile_v)[std::int64_t{n} * vec_per_row + q] = *reinterpret_cast<const uint4*>(vbase + off);
+    }
+  } else {
+    for (int i = tid; i < len * d; i += kThreads) {
+      const int n = i / d, c = i % d;
+      const std::int64_t off = p.rows.offset(b, head, t0 + n) + c;
+      tile_k[i] = kbase[off];
+      tile_v[i] = vbase[off];
+    }
+  }
+  for (int n = tid; n < kTile; n += kThreads) bad[n] = 0;
+  if (tid == 0) misc[0] = 0;
+  __syncthreads();
+
+  // 2. Mark rows holding a NaN or infinity in K or V.
+  for (int i = tid; i < len * d; i += kThreads)
+    if (!isfinite(load_float(tile_k[i])) || !isfinite(load_float(tile_v[i]))) atomicOr(&bad[i / d], 1);
+  __syncthreads();
+
+  // 3. Where each row's values come from: itself, an earlier finite row of the
+  // block, or (rows before the block's first finite one) a row outside it.
+  //    src >= 0: that row of the tile; -1: zeros; -2: the external row.
+  if (tid == 0) {
+    int last_good = -1, first_good = -1;
+    for (int n = 0; n < len; ++n) {
+      if (!bad[n]) {
+        src[n] = n;
+        last_good = n;
+        if (first_good < 0) first_good = n;
+      } else {
+        src[n] = last_good >= 0 ? last_good : -3;  // -3: resolved below
+      }
+    }
+    misc[1] = -1;
+    misc[2] = first_good;
+  }
+  __syncthreads();
+  if (len > 0 && src[0] == -3) {  // uniform: the block begins with non-finite rows
+    if (warp == 0) {
+      // The nearest finite row before the block, else (only if the block has
+      // none) the first finite row after it.
+      std::int64_t found = -1;
+      for (std::int64_t t = t0 - 1; t >= 0 && found < 0; --t) {
+        const std::int64_t off = p.rows.offset(b, head, t);
+        if (row_is_finite(kbase + off, vbase + off, d, lane)) found = t;
+      }
+      if (found < 0 && misc[2] < 0)
+        for (std::int64_t t = t0 + len; t < n_seq && found < 0; ++t) {
+          const std::int64_t off = p.rows.offset(b, head, t);
+          if (row_is_finite(kbase + off, vbase + off, d, lane)) found = t;
+        }
+      if (found >= 0) {
+        const std::int64_t off = p.rows.offset(b, head, found);
+        for (int c = lane; c < d; c += 32) {
+          ext_k[c] = kbase[off + c];
+          ext_v[c] = vbase[off + c];
+        }
+      }
+      __syncwarp();
+      if (lane == 0) {
+        const int lead = found >= 0 ? -2 : (misc[2] >= 0 ? misc[2] : -1);
+        for (int n = 0; n < len && src[n] == -3; ++n) src[n] = lead;
+      }
+    }
+    __syncthreads();
+  }
+
+  // 4. The block's basis, zero-padded to kTile columns:
+  //    C[k][n] = a_k cos(pi (2n+1) k / (2 len)), the angle reduced mod 2 pi exactly.
+  for (int i = tid; i < m * kTile; i += kThreads) {
+    const int k = i / kTile, n = i % kTile;
+    float value = 0.0f;
+    if (n < len) {
+      const int r = ((2 * n + 1) * k) % (4 * len);
+      const float a = k == 0 ? sqrtf(1.0f / static_cast<float>(len)) : sqrtf(2.0f / static_cast<float>(len));
+      value = a * cospif(static_cast<float>(r) / static_cast<float>(2 * len));
+    }
+    basis[i] = value;
+  }
+  __syncthreads();
+
+  // 5. Column by column: residual in registers, per-token sums, energies.
+  float acc_k[kPerLane], acc_v[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) acc_k[i] = acc_v[i] = 0.0f;
+  float k_total = 0, k_high = 0, v_total = 0, v_high = 0;
+  const float4* basis4 = reinterpret_cast<const float4*>(basis);
+
+  for (int c0 = 0; c0 < d; c0 += kThreads) {  // uniform trip count: every lane joins the shuffles
+    const int c = c0 + tid;
+    const bool active = c < d;
+#pragma unroll 1
+    for (int which = 0; which < 2; ++which) {
+      const T* tile = which == 0 ? tile_k : tile_v;
+      const T* ext = which == 0 ? ext_k : ext_v;
+      float x[kTile];
+      float total = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kTile; ++n) {
+        float value = 0.0f;
+        if (active && n < len) {
+          const int s = src[n];
+          value = s >= 0 ? load_float(tile[s * d + c]) : (s == -2 ? load_float(ext[c]) : 0.0f);
+          if (!bad[n]) total += value * value;
+        }
+        x[n] = value;
+      }
+      for (int k = 0; k < m; ++k) {
+        float y0 = 0, y1 = 0, y2 = 0, y3 = 0;
+#pragma unroll
+        for (int q = 0; q < kTile / 4; ++q) {
+          if (4 * q < len) {
+            const float4 w = basis4[k * (kTile / 4) + q];
+            y0 = fmaf(w.x, x[4 * q], y0);
+            y1 = fmaf(w.y, x[4 * q + 1], y1);
+            y2 = fmaf(w.z, x[4 * q + 2], y2);
+            y3 = fmaf(w.w, x[4 * q + 3], y3);
+          }
+        }
+        const float y = (y0 + y1) + (y2 + y3);
+#pragma unroll
+        for (int q = 0; q < kTile / 4; ++q) {
+          if (4 * q < len) {
+            const float4 w = basis4[k * (kTile / 4) + q];
+            x[4 * q] = fmaf(-w.x, y, x[4 * q]);
+            x[4 * q + 1] = fmaf(-w.y, y, x[4 * q + 1]);
+            x[4 * q + 2] = fmaf(-w.z, y, x[4 * q + 2]);
+            x[4 * q + 3] = fmaf(-w.w, y, x[4 * q + 3]);
+          }
+        }
+      }
+      float high = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kTile; ++n) {
+        x[n] = x[n] * x[n];  // zero for padding rows and inactive lanes
+        if (n < len && !bad[n]) high += x[n];
+      }
+      transpose_reduce(x, lane);
+      if (which == 0) {
+        k_total += total;
+        k_high += high;
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) acc_k[i] += x[i];
+      } else {
+        v_total += total;
+        v_high += high;
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) acc_v[i] += x[i];
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    part_k[warp * kTile + kPerLane * lane + i] = acc_k[i];
+    part_v[warp * kTile + kPerLane * lane + i] = acc_v[i];
+  }
+  energy[0 * kThreads + tid] = k_total;
+  energy[1 * kThreads + tid] = k_high;
+  energy[2 * kThreads + tid] = v_total;
+  energy[3 * kThreads + tid] = v_high;
+  __syncthreads();
+
+  // 6. Scores, the protected count, and the block's energies.
+  const std::int64_t row = (std::int64_t{layer} * gridDim.y + head) * p.capacity + p.seq.offset[b] + t0;
+  const std::int64_t packed = p.seq.offset[b] + t0;
+  const float inv_d = 1.0f / static_cast<float>(d);
+  int protected_here = 0;
+  for (int n = tid; n < len; n += kThreads) {
+    float rk = 0, rv = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      rk += part_k[w * kTile + n];
+      rv += part_v[w * kTile + n];
+    }
+    p.scores[row + n] = bad[n] ? __int_as_float(0x7f800000) : rk * inv_d + rv * inv_d;
+    protected_here += (bad[n] || p.protect(t0 + n, n_seq, packed + n)) ? 1 : 0;
+  }
+  if (protected_here) atomicAdd(&misc[0], protected_here);  // integer sum: order does not matter
+  __syncthreads();
+  const std::int64_t slot_index = (std::int64_t{layer} * gridDim.y + head) * p.slot_count + slot;
+  if (tid < 4) {
+    float s = 0.0f;
+    for (int i = 0; i < kThreads; ++i) s += energy[tid * kThreads + i];
+    reinterpret_cast<float*>(&p.energy_part[slot_index])[tid] = s;
+  }
+  if (tid == 0) p.protected_part[slot_index] = misc[0];
+}
+
+}  // namespace flashcache::cuda::kernels

@@ -1,0 +1,126 @@
+#pragma once
+// Stage 3, select: which tokens each (layer, sequence, head) keeps.
+//
+// One CTA of 256 threads per segment. The guarantees of select.hpp hold:
+//   - protected tokens (sink, window, mask, score +inf) are always kept, and a
+//     budget below them is reported through the status word;
+//   - the rest are the highest scores, ties to the lower token index;
+//   - the output is ascending.
+// The threshold comes from a radix select over the order-preserving bits of
+// the float scores (4 passes of 8 bits, a 256-bin shared histogram each), so
+// the cost is O(N) per segment whatever the budget. A final pass in token
+// order decides each token (key above the threshold, or equal to it and among
+// the first `take_equal` such tokens) and writes it at its prefix-sum position.
+#include <cub/block/block_scan.cuh>
+
+#include "common.cuh"
+
+namespace flashcache::cuda::kernels {
+
+struct SelectParams {
+  int sequences = 0;
+  std::int64_t capacity = 0;
+  SeqTable seq;
+  ProtectRule protect;
+  const float* scores = nullptr;           // [L][H][capacity]
+  const std::int32_t* budget = nullptr;    // [L][B]
+  const std::int32_t* kept_indptr = nullptr;  // [L][B+1]
+  std::int32_t* kept = nullptr;            // [L][H][capacity]
+  int* status = nullptr;
+};
+
+inline constexpr int kSelectThreads = 256;  // also the radix: one bin per thread
+
+__global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) {
+  using Scan = cub::BlockScan<int, kSelectThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int hist[256];
+  __shared__ int chosen_bin, still_needed, forced_total;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (stop_requested(p.status)) return;
+
+  const int b = static_cast<int>(blockIdx.x), head = static_cast<int>(blockIdx.y), layer = static_cast<int>(blockIdx.z);
+  const int heads = static_cast<int>(gridDim.y);
+  const std::int64_t n = p.seq.len[b], packed = p.seq.offset[b];
+  const std::int64_t lb = std::int64_t{layer} * p.sequences + b;
+  const int budget = p.budget[lb];
+  const float* score = p.scores + (std::int64_t{layer} * heads + head) * p.capacity + packed;
+  std::int32_t* out = p.kept + (std::int64_t{layer} * heads + head) * p.capacity +
+                      p.kept_indptr[std::int64_t{layer} * (p.sequences + 1) + b];
+  const float inf = __int_as_float(0x7f800000);
+  auto forced = [&](std::int64_t t) { return score[t] == inf || p.protect(t, n, packed + t); };
+
+  // 1. The protected set, and how many of the rest to take.
+  if (tid == 0) forced_total = 0;
+  __syncthreads();
+  int mine = 0;
+  for (std::int64_t t = tid; t < n; t += kSelectThreads) mine += forced(t) ? 1 : 0;
+  if (mine) atomicAdd(&forced_total, mine);
+  __syncthreads();
+  const int forced_count = forced_total;
+  const std::int64_t candidates = n - forced_count;
+  const std::int64_t rest = std::int64_t{budget} - forced_count;
+  if (rest < 0 || budget > n) {
+    if (tid == 0) raise(p.status, DeviceErrc::budget_below_protected, layer, b, head, budget, forced_count);
+    return;
+  }
+
+  // 2. Radix select: the key of the rest-th largest candidate, and how many
+  // candidates with exactly that key are taken (the lowest-indexed ones).
+  enum { kNone, kAll, kThreshold };
+  const int mode = rest == 0 ? kNone : (rest >= candidates ? kAll : kThreshold);
+  std::uint32_t prefix = 0, prefix_mask = 0;
+  int need = static_cast<int>(rest);
+  if (mode == kThreshold) {
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      hist[tid] = 0;
+      __syncthreads();
+      for (std::int64_t t = tid; t < n; t += kSelectThreads) {
+        if (forced(t)) continue;
+        const std::uint32_t key = ordered_key(score[t]);
+        if ((key & prefix_mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+      }
+      __syncthreads();
+      // Counts from the top bin down; the bin where they reach `need` holds the threshold.
+      const int bin = 255 - tid;
+      const int count = hist[bin];
+      int above = 0;  // candidates in bins above `bin`
+      Scan(scan_storage).ExclusiveSum(count, above);
+      if (above < need && above + count >= need) {
+        chosen_bin = bin;
+        still_needed = need - above;
+      }
+      __syncthreads();
+      prefix |= static_cast<std::uint32_t>(chosen_bin) << shift;
+      prefix_mask |= 255u << shift;
+      need = still_needed;
+      __syncthreads();  // chosen_bin / still_needed are rewritten next pass
+    }
+  }
+  const std::uint32_t threshold = prefix;
+  const int take_equal = need;
+
+  // 3. Emit in token order: ascending indices by construction.
+  int written = 0, equal_seen = 0;
+  for (std::int64_t base = 0; base < n; base += kSelectThreads) {
+    const std::int64_t t = base + tid;
+    const bool valid = t < n;
+    const bool f = valid && forced(t);
+    const std::uint32_t key = (valid && !f) ? ordered_key(score[t]) : 0u;
+    const bool equal = valid && !f && mode == kThreshold && key == threshold;
+    int equal_rank = 0, equal_here = 0;
+    Scan(scan_storage).ExclusiveSum(equal ? 1 : 0, equal_rank, equal_here);
+    __syncthreads();
+    const bool keep = f || (valid && mode == kAll) ||
+                      (valid && !f && mode == kThreshold &&
+                       (key > threshold || (equal && equal_seen + equal_rank < take_equal)));
+    int position = 0, kept_here = 0;
+    Scan(scan_storage).ExclusiveSum(keep ? 1 : 0, position, kept_here);
+    __syncthreads();
+    if (keep && written + position < budget) out[written + position] = static_cast<std::int32_t>(t);
+    written += kept_here;
+    equal_seen += equal_here;
+  }
+}
+
+}  // namespace flashcache::cuda::kernels

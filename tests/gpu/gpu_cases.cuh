@@ -1,0 +1,181 @@
+#pragma once
+// The GPU test cases, typed on the element type. Each test_gpu_<type>.cu
+// instantiates them for one type, so the three build in parallel.
+// Every case runs the whole pipeline and checks each stage's output against
+// the CPU reference (gpu_testing.cuh): scores, energy ratios, budgets, kept
+// sets with their guarantees, gathered rows and compacted pages.
+#include "gpu_testing.cuh"
+
+namespace flashcache::gpu_testing {
+
+template <class T>
+class GpuPipeline : public ::testing::Test {};
+TYPED_TEST_SUITE_P(GpuPipeline);
+
+TYPED_TEST_P(GpuPipeline, BlockedScoresAwkwardLengthsBothLayouts) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  std::vector<Case> cases;
+  for (std::int64_t n : {1, 7, 257, 4099})
+    for (bool nhd : {true, false}) {
+      Case c;
+      c.name = "blocked N=" + std::to_string(n) + (nhd ? " NHD" : " HND");
+      c.lengths = {n};
+      c.heads = 3;
+      c.head_dim = 128;
+      c.nhd = nhd;
+      c.opt = blocked(64);
+      c.seed = static_cast<std::uint64_t>(n) * 2 + nhd;
+      cases.push_back(c);
+    }
+  for (const Case& c : cases) run_and_check<TypeParam>(c);
+}
+
+TYPED_TEST_P(GpuPipeline, BlockedEveryCompiledHeadDimAndTheGenericOne) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  for (std::int64_t d : {64, 96, 128, 256, 40, 8}) {
+    for (std::int64_t block : {16, 64, 100}) {
+      if (d == 256 && block > 64 && sizeof(TypeParam) == 4) continue;  // refused: shared memory
+      Case c;
+      c.name = "head_dim " + std::to_string(d) + " block " + std::to_string(block);
+      c.lengths = {333};
+      c.head_dim = d;
+      c.opt = blocked(block);
+      c.opt.gamma = block == 16 ? 0.3 : 0.2;
+      c.seed = static_cast<std::uint64_t>(d * 1000 + block);
+      run_and_check<TypeParam>(c);
+    }
+  }
+}
+
+TYPED_TEST_P(GpuPipeline, GlobalScoresAwkwardLengths) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  for (std::int64_t n : {1, 7, 257, 4099}) {
+    Case c;
+    c.name = "global N=" + std::to_string(n);
+    c.lengths = {n};
+    c.heads = 2;
+    c.head_dim = 64;
+    c.nhd = n % 2 == 1;
+    c.opt = global_transform();
+    c.seed = static_cast<std::uint64_t>(n) + 77;
+    run_and_check<TypeParam>(c);
+  }
+}
+
+TYPED_TEST_P(GpuPipeline, RaggedBatchWithProtectionNaNsAndDynamicAllocation) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  for (Transform transform : {Transform::blocked, Transform::global})
+    for (Allocation allocation : {Allocation::dynamic, Allocation::uniform}) {
+      Case c;
+      c.name = std::string(to_string(transform)) + " / " + to_string(allocation);
+      c.layers = 3;
+      c.heads = 2;
+      c.head_dim = 64;
+      c.lengths = {0, 33, 300, 1000, 57};
+      c.opt = transform == Transform::blocked ? blocked(64) : global_transform();
+      c.opt.allocation = allocation;
+      c.opt.sink = 1;
+      c.opt.window = 2;
+      c.opt.min_layer_ratio = 0.05;
+      c.mask_every = 50;
+      c.nan_tokens = 6;
+      c.budget = Budget::ratio(0.3);
+      c.seed = 1234;
+      run_and_check<TypeParam>(c);
+    }
+}
+
+TYPED_TEST_P(GpuPipeline, PagedCachesCompactInPlace) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  for (std::int64_t page : {1, 3, 16})
+    for (bool nhd : {true, false}) {
+      Case c;
+      c.name = "page_size " + std::to_string(page) + (nhd ? " NHD" : " HND");
+      c.layers = 2;
+      c.heads = 2;
+      c.head_dim = 64;
+      c.lengths = {0, 1, 45, 200};
+      c.page_size = page;
+      c.nhd = nhd;
+      c.opt = blocked(32);
+      c.opt.allocation = Allocation::uniform;
+      c.budget = Budget::ratio(0.25);
+      c.compact = true;
+      c.seed = static_cast<std::uint64_t>(page) * 10 + nhd;
+      run_and_check<TypeParam>(c);
+    }
+}
+
+TYPED_TEST_P(GpuPipeline, BudgetsNoneAllAndCounts) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  const std::vector<Budget> budgets = {Budget::tokens(0), Budget::ratio(1.0), Budget::tokens(1), Budget::tokens(50),
+                                       Budget::ratio(0.5)};
+  for (std::size_t i = 0; i < budgets.size(); ++i) {
+    Case c;
+    c.name = "budget case " + std::to_string(i);
+    c.lengths = {50, 120};
+    c.opt = blocked(64);
+    c.budget = budgets[i];
+    c.seed = 900 + i;
+    run_and_check<TypeParam>(c);
+  }
+}
+
+TYPED_TEST_P(GpuPipeline, BudgetBelowProtectedIsReported) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  Case c;
+  c.lengths = {100, 100};
+  c.opt = blocked(64);
+  c.opt.sink = 8;
+  c.opt.window = 8;
+  c.budget = Budget::tokens(10);
+  c.gather = false;
+  const Status s = run_expecting_device_failure<TypeParam>(c);
+  EXPECT_EQ(s.code(), Errc::invalid_budget) << s.message();
+  EXPECT_NE(s.message().find("protected"), std::string::npos) << s.message();
+}
+
+TYPED_TEST_P(GpuPipeline, CountAboveAShortSequenceIsReported) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  Case c;
+  c.lengths = {100, 5};
+  c.opt = blocked(64);
+  c.budget = Budget::tokens(10);
+  c.gather = false;
+  const Status s = run_expecting_device_failure<TypeParam>(c);
+  EXPECT_EQ(s.code(), Errc::invalid_budget) << s.message();
+  EXPECT_NE(s.message().find("sequence 1"), std::string::npos) << s.message();
+}
+
+TYPED_TEST_P(GpuPipeline, BlockedScoresAreReproducible) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  Case c;
+  c.layers = 2;
+  c.lengths = {700, 300};
+  c.opt = blocked(64);
+  c.nan_tokens = 2;
+  const std::vector<float> a = blocked_scores<TypeParam>(c), b = blocked_scores<TypeParam>(c);
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
+TYPED_TEST_P(GpuPipeline, CapturesInACudaGraph) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  Case c;
+  c.lengths = {500, 77};
+  c.head_dim = 128;
+  c.opt = blocked(64);
+  c.opt.sink = 2;
+  c.budget = Budget::ratio(0.3);
+  EXPECT_EQ(graph_matches_direct<TypeParam>(c), "");
+}
+
+REGISTER_TYPED_TEST_SUITE_P(GpuPipeline, BlockedScoresAwkwardLengthsBothLayouts,
+                            BlockedEveryCompiledHeadDimAndTheGenericOne, GlobalScoresAwkwardLengths,
+                            RaggedBatchWithProtectionNaNsAndDynamicAllocation, PagedCachesCompactInPlace,
+                            BudgetsNoneAllAndCounts, BudgetBelowProtectedIsReported,
+                            CountAboveAShortSequenceIsReported, BlockedScoresAreReproducible,
+                            CapturesInACudaGraph);
+
+}  // namespace flashcache::gpu_testing
