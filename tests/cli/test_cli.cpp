@@ -232,6 +232,8 @@ TEST_F(CliTest, Help) {
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("--keep-ratio"), std::string::npos);
   EXPECT_NE(r.out.find("--no-allocate"), std::string::npos);
+  for (const char* opt : {"--policy", "--q", "--seed", "--observation-window"})
+    EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
 }
 
 TEST_F(CliTest, KeepRatioAllocatesTheTotalAcrossLayers) {
@@ -247,6 +249,10 @@ TEST_F(CliTest, KeepRatioAllocatesTheTotalAcrossLayers) {
   for (std::int64_t h = 0; h < 2; ++h) EXPECT_TRUE(contains(o.kept[0], h, kOutlierToken)) << "head " << h;
   EXPECT_EQ(o.summary["options"]["keep_ratio"], 0.2);
   EXPECT_TRUE(o.summary["options"]["keep"].is_null());
+  EXPECT_EQ(o.summary["options"]["policy"], "flashcache");  // the default
+  EXPECT_TRUE(o.summary["options"]["seed"].is_null());
+  EXPECT_TRUE(o.summary["options"]["observation_window"].is_null());
+  EXPECT_TRUE(o.summary["input"]["q"].is_null());
   EXPECT_EQ(o.summary["options"]["allocation"], "dynamic");
   EXPECT_EQ(o.summary["options"]["gamma"], 0.2);
   EXPECT_EQ(o.summary["options"]["transform"], "global");
@@ -427,6 +433,132 @@ TEST_F(CliTest, WriteFailureExitsOneAndLeavesNothing) {
   EXPECT_EQ(lines_of(r.err).size(), 1u) << r.err;
   EXPECT_FALSE(fs::exists(out));
   if (!root) expect_only(locked, {});
+}
+
+// ----------------------------------------------------------------- policies
+
+std::vector<std::int32_t> kept_row(const npy::Array& kept, std::int64_t h) {
+  const std::int64_t b = kept.shape[1];
+  const std::int32_t* row = kept.data<std::int32_t>() + h * b;
+  return std::vector<std::int32_t>(row, row + b);
+}
+
+TEST_F(CliTest, PolicyStreamingKeepsTheMostRecentTokens) {
+  const Result r = run_cli(compress({"--policy", "streaming", "--keep", "5", "--sink", "1"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Outputs o = check_outputs(out, k, v);
+  for (std::size_t l = 0; l < 2; ++l)
+    for (std::int64_t h = 0; h < 2; ++h)
+      EXPECT_EQ(kept_row(o.kept[l], h), (std::vector<std::int32_t>{0, 33, 34, 35, 36})) << l << " " << h;
+  EXPECT_EQ(o.summary["options"]["policy"], "streaming");
+  // FlashCache's own options mean nothing here, and baselines have no energy ratios.
+  EXPECT_TRUE(o.summary["options"]["gamma"].is_null());
+  EXPECT_TRUE(o.summary["options"]["transform"].is_null());
+  EXPECT_EQ(o.energy_ratio, (std::vector<double>{0.0, 0.0}));
+}
+
+TEST_F(CliTest, PolicyKnormKeepsTheLowestKeyNorms) {
+  const Result r = run_cli(compress({"--policy", "knorm", "--keep", "6"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Outputs o = check_outputs(out, k, v);
+  const npy::Array ka = npy::read(k);
+  for (std::int64_t l = 0; l < 2; ++l)
+    for (std::int64_t h = 0; h < 2; ++h) {
+      std::vector<std::pair<double, std::int32_t>> norms;
+      for (std::int32_t t = 0; t < 37; ++t) {
+        double sq = 0;
+        for (std::int64_t c = 0; c < 8; ++c) {
+          const double x = ka.data<float>()[((l * 2 + h) * 37 + t) * 8 + c];
+          sq += x * x;
+        }
+        norms.emplace_back(std::sqrt(sq), t);
+      }
+      std::sort(norms.begin(), norms.end());
+      std::vector<std::int32_t> want;
+      for (int i = 0; i < 6; ++i) want.push_back(norms[static_cast<std::size_t>(i)].second);
+      std::sort(want.begin(), want.end());
+      EXPECT_EQ(kept_row(o.kept[static_cast<std::size_t>(l)], h), want) << l << " " << h;
+    }
+  EXPECT_EQ(o.summary["options"]["policy"], "knorm");
+}
+
+TEST_F(CliTest, PolicyRandomDependsOnlyOnTheSeed) {
+  auto kept_with = [&](const std::string& seed) {
+    const Result r = run_cli(compress({"--policy", "random", "--keep", "9", "--seed", seed, "--force"}));
+    EXPECT_EQ(r.code, 0) << r.err;
+    const Outputs o = check_outputs(out, k, v);
+    EXPECT_EQ(o.summary["options"]["seed"], std::stoull(seed));
+    std::vector<std::int32_t> all;
+    for (const auto& kept : o.kept) all.insert(all.end(), kept.data<std::int32_t>(), kept.data<std::int32_t>() + 18);
+    return all;
+  };
+  const auto a = kept_with("1"), b = kept_with("1"), c = kept_with("2");
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+// Q with 4 heads over 2 KV heads (GQA, query head j uses KV head j / 2): the H2O
+// scores the CLI writes match a direct computation from the files, so the
+// queries' layout and head mapping are read as documented.
+TEST_F(CliTest, PolicyH2oScoresComeFromTheQueries) {
+  const std::string q = dir / "q.npy";
+  write_cache<float>(q, dir / "unused.npy", {2, 4, 37, 8}, 7);
+  const Result r = run_cli(compress({"--policy", "h2o", "--q", q, "--keep-ratio", "0.2"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Outputs o = check_outputs(out, k, v);
+  EXPECT_EQ(o.budgets[0] + o.budgets[1], std::llround(0.2 * 2 * 37));  // split by tokens: no energy ratios
+  EXPECT_EQ(o.summary["options"]["policy"], "h2o");
+  EXPECT_EQ(o.summary["input"]["q"], q);
+  EXPECT_EQ(o.summary["input"]["q_shape"].get<std::vector<std::int64_t>>(), (std::vector<std::int64_t>{2, 4, 37, 8}));
+  const npy::Array qa = npy::read(q), ka = npy::read(k), scores = npy::read(out + "/scores.npy");
+  const float* Q = qa.data<float>();
+  const float* K = ka.data<float>();
+  for (std::int64_t l = 0; l < 2; ++l)
+    for (std::int64_t h = 0; h < 2; ++h) {
+      std::vector<double> acc(37, 0.0);
+      for (std::int64_t g = 0; g < 2; ++g) {
+        const std::int64_t qh = 2 * h + g;
+        for (std::int64_t i = 0; i < 37; ++i) {
+          std::vector<double> p(static_cast<std::size_t>(i + 1));
+          double top = -INFINITY, sum = 0;
+          for (std::int64_t j = 0; j <= i; ++j) {
+            double dot = 0;
+            for (std::int64_t c = 0; c < 8; ++c)
+              dot += double(Q[((l * 4 + qh) * 37 + i) * 8 + c]) * K[((l * 2 + h) * 37 + j) * 8 + c];
+            p[static_cast<std::size_t>(j)] = dot / std::sqrt(8.0);
+            top = std::max(top, p[static_cast<std::size_t>(j)]);
+          }
+          for (auto& x : p) sum += (x = std::exp(x - top));
+          for (std::int64_t j = 0; j <= i; ++j)
+            acc[static_cast<std::size_t>(j)] += p[static_cast<std::size_t>(j)] / sum / 2;
+        }
+      }
+      for (std::int64_t t = 0; t < 37; ++t)
+        EXPECT_NEAR(scores.data<float>()[(l * 2 + h) * 37 + t], acc[static_cast<std::size_t>(t)], 1e-4)
+            << l << " " << h << " " << t;
+    }
+}
+
+TEST_F(CliTest, PolicySnapkvKeepsItsObservationWindow) {
+  const std::string q = dir / "q.npy";
+  write_cache<float>(q, dir / "unused.npy", {2, 2, 37, 8}, 7);
+  const Result r = run_cli(compress({"--policy", "snapkv", "--q", q, "--keep", "7", "--observation-window", "4"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Outputs o = check_outputs(out, k, v);
+  EXPECT_EQ(o.summary["options"]["policy"], "snapkv");
+  EXPECT_EQ(o.summary["options"]["observation_window"], 4);
+  for (std::size_t l = 0; l < 2; ++l)
+    for (std::int64_t h = 0; h < 2; ++h) {
+      const auto row = kept_row(o.kept[l], h);
+      ASSERT_EQ(row.size(), 7u);
+      EXPECT_EQ(std::vector<std::int32_t>(row.end() - 4, row.end()), (std::vector<std::int32_t>{33, 34, 35, 36}));
+    }
+  // float16 queries with a float16 cache work the same way.
+  write_cache<half_t>(k, v, {2, 2, 37, 8});
+  write_cache<half_t>(q, dir / "unused.npy", {2, 2, 37, 8}, 7);
+  const Result r16 = run_cli(compress({"--policy", "snapkv", "--q", q, "--keep", "7", "--force"}));
+  ASSERT_EQ(r16.code, 0) << r16.err;
+  EXPECT_EQ(check_outputs(out, k, v).summary["options"]["observation_window"], 32);  // the default
 }
 
 // -------------------------------------------------------------- bad input
@@ -618,6 +750,83 @@ TEST_F(CliTest, BadInputIsOneLineExitTwoAndNoOutput) {
        },
        "--block 0 must be at least 1"},
       {"unknown option", [](CliTest&) { return std::vector<std::string>{"--frobnicate"}; }, "frobnicate"},
+      {"unknown policy",
+       [](CliTest&) {
+         return std::vector<std::string>{"--policy", "lru"};
+       },
+       "--policy: lru not in"},
+      {"snapkv without Q",
+       [](CliTest&) {
+         return std::vector<std::string>{"--policy", "snapkv"};
+       },
+       "--policy snapkv needs --q"},
+      {"h2o without Q",
+       [](CliTest&) {
+         return std::vector<std::string>{"--policy", "h2o"};
+       },
+       "--policy h2o needs --q"},
+      {"Q for a policy without queries",
+       [](CliTest& t) {
+         write_cache<float>(t.dir / "q.npy", t.dir / "q2.npy", {2, 2, 37, 8});
+         return std::vector<std::string>{"--q", t.dir / "q.npy"};
+       },
+       "--q is used only by --policy snapkv and h2o, not flashcache"},
+      {"Q with other tokens",
+       [](CliTest& t) {
+         write_cache<float>(t.dir / "q.npy", t.dir / "q2.npy", {2, 2, 36, 8});
+         return std::vector<std::string>{"--policy", "h2o", "--q", t.dir / "q.npy"};
+       },
+       "q.npy has shape [2, 2, 36, 8] but"},
+      {"Q with other layers",
+       [](CliTest& t) {
+         write_cache<float>(t.dir / "q.npy", t.dir / "q2.npy", {3, 2, 37, 8});
+         return std::vector<std::string>{"--policy", "snapkv", "--q", t.dir / "q.npy"};
+       },
+       "(Q needs K's layers, tokens and head dim)"},
+      {"Q heads not a multiple",
+       [](CliTest& t) {
+         write_cache<float>(t.dir / "q.npy", t.dir / "q2.npy", {2, 3, 37, 8});
+         return std::vector<std::string>{"--policy", "h2o", "--q", t.dir / "q.npy"};
+       },
+       "q.npy has 3 query heads, not a multiple of the 2 KV heads"},
+      {"Q of another dtype",
+       [](CliTest& t) {
+         write_cache<half_t>(t.dir / "q.npy", t.dir / "q2.npy", {2, 2, 37, 8});
+         return std::vector<std::string>{"--policy", "h2o", "--q", t.dir / "q.npy"};
+       },
+       "q.npy is float16 but"},
+      {"missing Q file",
+       [](CliTest& t) {
+         return std::vector<std::string>{"--policy", "h2o", "--q", t.dir / "nope.npy"};
+       },
+       "nope.npy: cannot open"},
+      {"seed without random",
+       [](CliTest&) {
+         return std::vector<std::string>{"--policy", "knorm", "--seed", "3"};
+       },
+       "--seed is used only by --policy random"},
+      {"seed text",
+       [](CliTest&) {
+         return std::vector<std::string>{"--policy", "random", "--seed", "x"};
+       },
+       "--seed"},
+      {"observation window without snapkv",
+       [](CliTest& t) {
+         write_cache<float>(t.dir / "q.npy", t.dir / "q2.npy", {2, 2, 37, 8});
+         return std::vector<std::string>{"--policy", "h2o", "--q", t.dir / "q.npy", "--observation-window", "8"};
+       },
+       "--observation-window is used only by --policy snapkv"},
+      {"observation window 0",
+       [](CliTest& t) {
+         write_cache<float>(t.dir / "q.npy", t.dir / "q2.npy", {2, 2, 37, 8});
+         return std::vector<std::string>{"--policy", "snapkv", "--q", t.dir / "q.npy", "--observation-window", "0"};
+       },
+       "--observation-window 0 must be at least 1"},
+      {"gamma for a baseline",
+       [](CliTest&) {
+         return std::vector<std::string>{"--policy", "streaming", "--gamma", "0.3"};
+       },
+       "--gamma, --transform and --block are used only by --policy flashcache, not streaming"},
       {"out under a file",
        [](CliTest& t) {
          test::write_bytes(t.dir / "file", "x");

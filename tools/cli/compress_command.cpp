@@ -10,6 +10,7 @@
 #include "cli_error.hpp"
 #include "commands.hpp"
 #include "flashcache/flashcache.hpp"
+#include "flashcache/policies/baselines.hpp"
 #include "input.hpp"
 #include "npy/npy.hpp"
 #include "output_dir.hpp"
@@ -27,9 +28,24 @@ void check_args(const CompressArgs& a) {
   if (a.has_keep && a.keep < 0) usage_error("--keep " + std::to_string(a.keep) + " is negative");
   if (a.sink < 0) usage_error("--sink " + std::to_string(a.sink) + " is negative");
   if (a.window < 0) usage_error("--window " + std::to_string(a.window) + " is negative");
+  policies::Policy p = policies::Policy::flashcache;
+  if (!policies::parse_policy(a.policy, &p).ok()) usage_error("--policy " + a.policy + " is not a policy");
+  if (policies::needs_queries(p) && a.q.empty())
+    usage_error("--policy " + a.policy + " needs --q (the queries, [L, Hq, N, d])");
+  if (!policies::needs_queries(p) && !a.q.empty())
+    usage_error("--q is used only by --policy snapkv and h2o, not " + a.policy);
+  if (a.has_seed && p != policies::Policy::random) usage_error("--seed is used only by --policy random");
+  if (a.has_observation_window && p != policies::Policy::snapkv)
+    usage_error("--observation-window is used only by --policy snapkv");
+  if (a.observation_window < 1)
+    usage_error("--observation-window " + std::to_string(a.observation_window) + " must be at least 1");
+  if (a.has_transform_option && p != policies::Policy::flashcache)
+    usage_error("--gamma, --transform and --block are used only by --policy flashcache, not " + a.policy);
 }
 
 struct Plan {
+  policies::Policy policy = policies::Policy::flashcache;
+  policies::PolicyOptions policy_options;
   Options options;
   Budget budget = Budget::ratio(0.2);
   std::vector<std::uint8_t> mask;  // empty for none
@@ -44,6 +60,9 @@ struct Plan {
 
 Plan make_plan(const CompressArgs& a, const KVCache& cache) {
   Plan p;
+  throw_if_error(policies::parse_policy(a.policy, &p.policy));
+  p.policy_options.seed = a.seed;
+  p.policy_options.observation_window = a.observation_window;
   p.options = to_options(a.transform);
   p.options.sink = a.sink;
   p.options.window = a.window;
@@ -61,7 +80,7 @@ Plan make_plan(const CompressArgs& a, const KVCache& cache) {
   return p;
 }
 
-nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, const Plan& plan,
+nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, const Queries* q, const Plan& plan,
                                const std::vector<double>& energy_ratio, const std::vector<std::int64_t>& budgets,
                                std::int64_t nonfinite) {
   const Options& o = plan.options;
@@ -71,21 +90,29 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
   const std::int64_t row_bytes = 2 * cache.head_dim * size_of(cache.dtype);  // one token of K and V
   nlohmann::ordered_json j;
   j["version"] = FLASHCACHE_VERSION_STRING;
+  const auto null = nlohmann::ordered_json(nullptr);
   j["input"] = {{"k", a.k},
                 {"v", a.v},
+                {"q", q ? nlohmann::ordered_json(a.q) : null},
+                {"q_shape", q ? nlohmann::ordered_json(q->file_shape) : null},
                 {"protect", a.protect.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(a.protect)},
                 {"dtype", to_string(cache.dtype)},
                 {"shape", cache.file_shape}};
   j["shape"] = {
       {"layers", cache.layers}, {"heads", cache.heads}, {"tokens", cache.tokens}, {"head_dim", cache.head_dim}};
-  j["options"] = {{"keep_ratio", a.has_keep ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(a.keep_ratio)},
+  const bool fc = plan.policy == policies::Policy::flashcache;  // gamma, transform, block: FlashCache's only
+  const bool random = plan.policy == policies::Policy::random, snapkv = plan.policy == policies::Policy::snapkv;
+  j["options"] = {{"policy", policies::to_string(plan.policy)},
+                  {"seed", random ? nlohmann::ordered_json(a.seed) : null},
+                  {"observation_window", snapkv ? nlohmann::ordered_json(a.observation_window) : null},
+                  {"keep_ratio", a.has_keep ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(a.keep_ratio)},
                   {"keep", a.has_keep ? nlohmann::ordered_json(a.keep) : nlohmann::ordered_json(nullptr)},
                   {"allocation", to_string(o.allocation)},
-                  {"gamma", o.gamma},
+                  {"gamma", fc ? nlohmann::ordered_json(o.gamma) : null},
                   {"sink", o.sink},
                   {"window", o.window},
-                  {"transform", to_string(o.transform)},
-                  {"block", o.block_size},
+                  {"transform", fc ? nlohmann::ordered_json(to_string(o.transform)) : null},
+                  {"block", fc ? nlohmann::ordered_json(o.block_size) : null},
                   {"protected_by_mask", masked}};
   j["budgets"] = budgets;
   j["energy_ratio"] = energy_ratio;
@@ -99,7 +126,8 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
 }
 
 template <class T>
-void write_outputs(const CompressArgs& a, const KVCache& cache, const Plan& plan, const CompressedModel<T>& model) {
+void write_outputs(const CompressArgs& a, const KVCache& cache, const Queries* q, const Plan& plan,
+                   const CompressedModel<T>& model) {
   StagedDir dir(a.out, a.force);
   auto file = [&](const std::string& name) { return (dir.path() / name).string(); };
   const std::int64_t L = cache.layers, H = cache.heads, N = cache.tokens, d = cache.head_dim;
@@ -118,7 +146,7 @@ void write_outputs(const CompressArgs& a, const KVCache& cache, const Plan& plan
       npy::write(file("k_" + n + ".npy"), {H, layer.budget, d}, layer.k.data());
       npy::write(file("v_" + n + ".npy"), {H, layer.budget, d}, layer.v.data());
     }
-    const auto j = summary(a, cache, plan, model.energy_ratio, model.budgets, model.nonfinite);
+    const auto j = summary(a, cache, q, plan, model.energy_ratio, model.budgets, model.nonfinite);
     write_text_file(dir.path() / "summary.json", j.dump(2) + "\n");
   } catch (const Error& e) {  // npy::write: the inputs were fine, the disk was not
     throw CliError(kExitFailure, std::string(e.what()).substr(std::string("flashcache: ").size()));
@@ -133,10 +161,12 @@ void write_outputs(const CompressArgs& a, const KVCache& cache, const Plan& plan
 }
 
 template <class T>
-void compress_as(const CompressArgs& a, const KVCache& cache, const Plan& plan) {
+void compress_as(const CompressArgs& a, const KVCache& cache, const Queries* q, const Plan& plan) {
+  const std::vector<KVView<const T>> qv = q ? q->views<T>(cache) : std::vector<KVView<const T>>{};
   const CompressedModel<T> model =
-      compress_model<const T>(cache.views<T>(cache.k), cache.views<T>(cache.v), plan.budget, plan.with_mask());
-  write_outputs(a, cache, plan, model);
+      policies::compress_model<const T>(plan.policy, qv, cache.views<T>(cache.k), cache.views<T>(cache.v), plan.budget,
+                                        plan.with_mask(), plan.policy_options);
+  write_outputs(a, cache, q, plan, model);
 }
 
 }  // namespace
@@ -145,11 +175,14 @@ int run_compress(const CompressArgs& a) {
   check_args(a);
   StagedDir::check_target(a.out, a.force);  // before any work
   const KVCache cache = load_cache(a.k, a.v);
+  Queries queries;
+  if (!a.q.empty()) queries = load_queries(a.q, a.k, cache);
+  const Queries* q = a.q.empty() ? nullptr : &queries;
   const Plan plan = make_plan(a, cache);
   if (cache.dtype == DType::f16)
-    compress_as<half_t>(a, cache, plan);
+    compress_as<half_t>(a, cache, q, plan);
   else
-    compress_as<float>(a, cache, plan);
+    compress_as<float>(a, cache, q, plan);
   return kExitOk;
 }
 

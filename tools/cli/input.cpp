@@ -40,6 +40,28 @@ KVCache load_cache(const std::string& k_path, const std::string& v_path) {
   return c;
 }
 
+Queries load_queries(const std::string& q_path, const std::string& k_path, const KVCache& cache) {
+  Queries out;
+  out.q = npy::read(q_path);
+  if (cache_dtype(out.q, q_path) != cache.dtype)
+    usage_error(q_path + " is " + npy::dtype_name(out.q.dtype) + " but " + k_path + " is " + to_string(cache.dtype) +
+                " (Q must have K's dtype)");
+  const auto& s = out.q.shape;
+  const auto& ks = cache.file_shape;
+  bool same = s.size() == ks.size();
+  for (std::size_t i = 0; same && i < s.size(); ++i)
+    if (i != s.size() - 3) same = s[i] == ks[i];  // everything but the heads
+  if (!same)
+    usage_error(q_path + " has shape " + npy::shape_string(s) + " but " + k_path + " has " + npy::shape_string(ks) +
+                " (Q needs K's layers, tokens and head dim)");
+  out.heads = s[s.size() - 3];
+  if (out.heads == 0 || out.heads % cache.heads != 0)
+    usage_error(q_path + " has " + std::to_string(out.heads) + " query heads, not a multiple of the " +
+                std::to_string(cache.heads) + " KV heads of " + k_path);
+  out.file_shape = s;
+  return out;
+}
+
 std::vector<std::uint8_t> load_mask(const std::string& path, std::int64_t tokens) {
   const npy::Array m = npy::read(path);
   if (!m.is<std::uint8_t>() && !m.is<bool>())

@@ -30,6 +30,27 @@ struct KVCache {
   }
 };
 
+// Queries for the attention-based policies: [L, Hq, N, d] (or [Hq, N, d]),
+// with K's dtype, layers, tokens and head dim, Hq a multiple of K's heads.
+struct Queries {
+  npy::Array q;
+  std::int64_t heads = 0;
+  std::vector<std::int64_t> file_shape;
+
+  // One [Hq][N][d] view per layer of the cache.
+  template <class T>
+  std::vector<KVView<const T>> views(const KVCache& c) const {
+    std::vector<KVView<const T>> out;
+    const T* base = q.data<T>();
+    const std::int64_t layer = heads * c.tokens * c.head_dim;
+    for (std::int64_t l = 0; l < c.layers; ++l) out.push_back(hnd(base + l * layer, heads, c.tokens, c.head_dim));
+    return out;
+  }
+};
+
+// Reads the queries and checks them against the loaded cache (paths name both files).
+Queries load_queries(const std::string& q_path, const std::string& k_path, const KVCache& cache);
+
 // Reads and checks K and V: same shape and dtype, float32 or float16, 3-D or 4-D, no empty extent.
 KVCache load_cache(const std::string& k_path, const std::string& v_path);
 

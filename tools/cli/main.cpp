@@ -70,6 +70,20 @@ int main(int argc, char** argv) {
   add_transform_options(compress, &c.transform);
   compress->add_flag("--no-allocate", c.no_allocate,
                      "With --keep-ratio: every layer keeps round(R * N) instead of an energy-weighted share");
+  compress
+      ->add_option("--policy", c.policy,
+                   "How tokens are scored: flashcache (outliers from the low-pass base), or a baseline: streaming "
+                   "(most recent), knorm (lowest key norm), random, snapkv (attention of the last "
+                   "--observation-window queries), h2o (accumulated attention). Baselines have no energy ratios: "
+                   "with --keep-ratio their total is split in proportion to each layer's tokens")
+      ->check(CLI::IsMember({"flashcache", "streaming", "knorm", "random", "snapkv", "h2o"}))
+      ->capture_default_str();
+  compress->add_option("--q", c.q,
+                       "Queries for snapkv and h2o: [L, Hq, N, d] or [Hq, N, d], same dtype, layers, tokens and "
+                       "head dim as K; Hq a multiple of K's heads (query head j uses KV head j / (Hq / H))");
+  compress->add_option("--seed", c.seed, "Seed of --policy random")->capture_default_str();
+  compress->add_option("--observation-window", c.observation_window, "Queries that vote in --policy snapkv")
+      ->capture_default_str();
   compress->add_flag("--force", c.force, "Replace --out if it exists and is not empty");
 
   cli::InspectArgs i;
@@ -87,6 +101,9 @@ int main(int argc, char** argv) {
   }
   c.has_keep_ratio = ratio->count() > 0;
   c.has_keep = keep->count() > 0;
+  c.has_seed = compress->count("--seed") > 0;
+  c.has_observation_window = compress->count("--observation-window") > 0;
+  c.has_transform_option = compress->count("--gamma") + compress->count("--transform") + compress->count("--block") > 0;
 
   try {
     if (compress->parsed()) return cli::run_compress(c);

@@ -256,6 +256,56 @@ def test_vit_fixture_reproduces_from_code():
         assert err < 5e-3, (name, err)
 
 
+# ---- the end-to-end evaluation and its report (eval_end_to_end.py, tools/report/quality.py) ----
+
+def test_e2e_forward_batch_matches_forward():
+    model = _smollm()
+    import eval_end_to_end as e2e
+    ids = model.tokenizer.encode("A batch of caches decodes like one cache at a time, step by step.")
+    pre = model.forward(ids, all_logits=False)
+    small = pre.cache.gather([np.array([0, 2, 3, 7, 9])] * model.n_layers)
+    logits, grown = e2e.forward_batch(model, [504, 28], [pre.cache, small])
+    ref_full = model.forward([504], pre.cache, all_logits=False)
+    ref_small = model.forward([28], small, all_logits=False)
+    assert np.max(np.abs(logits[0] - ref_full.logits[-1])) < 1e-3
+    assert np.max(np.abs(logits[1] - ref_small.logits[-1])) < 1e-3
+    assert grown[1].lengths == [6] * model.n_layers and grown[1].next_position == len(ids) + 1
+    assert np.max(np.abs(grown[0].k[5] - ref_full.cache.k[5])) < 1e-4
+
+
+def test_e2e_records_merge_and_report_renders():
+    _need("numpy", "regex")
+    import tempfile
+    import eval_end_to_end as e2e
+    sys.path.insert(0, os.path.join(REPO, "tools", "report"))
+    import quality
+    att = {"part": "attention", "model": "m", "policy": "flashcache", "keep_ratio": 0.2,
+           "options": {"label": "flashcache-global"}, "metric": "attn_rel_err", "value": 0.5}
+    base = dict(att, policy="knorm", options={"label": "knorm"}, value=0.6)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "q.json")
+        with open(path, "w") as f:
+            json.dump({"header": {"attention": {"command": "quality_eval"}}, "records": [att, base]}, f)
+        for nll in (3.0, 2.5):  # the second run replaces the first, the attention part stays
+            recs = [e2e.record("full", {"label": "full"}, 1.0, "nll", 2.0),
+                    e2e.record("flashcache", {"label": "flashcache-global"}, 0.2, "nll", nll),
+                    e2e.record("h2o", {"label": "h2o"}, 0.2, "nll", 2.51)]
+            e2e.merge_into(path, {"command": "e2e"}, recs)
+        with open(path) as f:
+            doc = json.load(f)
+    assert doc["header"]["attention"]["command"] == "quality_eval"
+    assert doc["header"]["end_to_end"]["command"] == "e2e"
+    assert len(doc["records"]) == 5 and doc["records"][-2]["value"] == 2.5
+    text = quality.render(doc)
+    assert "| FlashCache global | **0.500** |" in text
+    # NLL 2.5 vs H2O 2.51: within 0.02 nats, a tie; attention 0.5 vs 0.6: a win.
+    verdicts = text[text.index("### Where FlashCache wins"):].splitlines()
+    row = next(l for l in verdicts if l.startswith("| H2O |"))
+    assert row.split("|")[-2].strip() == "tie", row
+    row = next(l for l in verdicts if l.startswith("| K-norm |"))
+    assert [c.strip() for c in row.split("|")[2:4]] == ["1/0/0", "win"], row
+
+
 # ---- plain-script runner ----------------------------------------------------------------
 
 def _run_plain() -> int:
