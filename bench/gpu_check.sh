@@ -74,7 +74,7 @@ else
   if timeout 120 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_PREFIX_PATH="$DEPS" -DFLASHCACHE_BUILD_CLI=OFF >>"$LOG" 2>&1; then
     say "build (-j$JOBS)"
-    gpu_targets="test_gpu_host test_gpu_f32 test_gpu_f16 test_gpu_bf16 flashcache_bench_gpu flashcache_cuda_example"
+    gpu_targets="test_gpu_host test_gpu_f32 test_gpu_f16 test_gpu_bf16 test_gpu_decode flashcache_bench_gpu flashcache_cuda_example"
     if timeout 360 cmake --build "$BUILD" -j"$JOBS" >>"$LOG" 2>&1; then
       RESULT[build]="cmake: everything"
     elif timeout 240 cmake --build "$BUILD" -j"$JOBS" --target $gpu_targets >>"$LOG" 2>&1; then
@@ -93,7 +93,7 @@ else
     "${NVCC[@]}" "$ROOT/bench/gpu/bench_gpu.cu" -o "$BIN/bench/gpu/flashcache_bench_gpu" -lcufft >>"$LOG" 2>&1 & pids+=($!)
     "${NVCC[@]}" "$ROOT/examples/cuda/compress_gpu.cu" -o "$BIN/examples/cuda/flashcache_cuda_example" -lcufft >>"$LOG" 2>&1 & pids+=($!)
     if [[ -d $DEPS/include/gtest && -d $DEPS/include/eigen3 ]]; then
-      for t in host f32 f16 bf16; do
+      for t in host f32 f16 bf16 decode; do
         "${NVCC[@]}" -I"$ROOT/tests" -I"$DEPS/include" -I"$DEPS/include/eigen3" "$ROOT/tests/gpu/test_gpu_$t.cu" \
           -o "$BIN/tests/gpu/test_gpu_$t" -L"$DEPS/lib/x86_64-linux-gnu" -lgtest_main -lgtest -lcufft -lpthread \
           >>"$LOG" 2>&1 & pids+=($!)
@@ -113,7 +113,7 @@ echo "build: ${RESULT[build]}"
 if [[ $TESTS_BUILT == 1 ]]; then
   say "GPU tests"
   pass=0; fail=0
-  for t in host f32 f16 bf16; do
+  for t in host f32 f16 bf16 decode; do
     exe=$BIN/tests/gpu/test_gpu_$t
     if [[ ! -x $exe ]]; then echo "missing $exe"; fail=$((fail + 1)); continue; fi
     if timeout 240 "$exe" --gtest_brief=1 --gtest_output="json:$OUT_DIR/gpu_tests_$t.json" >>"$LOG" 2>&1; then
@@ -149,6 +149,24 @@ if command -v compute-sanitizer >/dev/null && [[ -x $BIN/tests/gpu/test_gpu_bf16
 else
   RESULT[memcheck]="skipped (no compute-sanitizer or no test binary)"
 fi
+# The decode-attention baseline (bench/gpu/decode_attention.cuh) on its smaller cases.
+if command -v compute-sanitizer >/dev/null && [[ -x $BIN/tests/gpu/test_gpu_decode ]]; then
+  if (( $(elapsed) < 400 )); then
+    exe=$BIN/tests/gpu/test_gpu_decode
+    for spec in "memcheck:*_n7:*_n257:GpuDecodeEdges.*" "racecheck:*_d128_g7_*:GpuDecodeEdges.NoTokens*"; do
+      tool=${spec%%:*}; filter=${spec#*:}
+      if timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" --gtest_filter="$filter" \
+          >"$OUT_DIR/sanitizer_decode_$tool.log" 2>&1; then
+        RESULT[decode_$tool]="clean"
+      else
+        RESULT[decode_$tool]="ISSUES or timeout (exit $?, see sanitizer_decode_$tool.log)"
+      fi
+      echo "  decode $tool: ${RESULT[decode_$tool]}"
+    done
+  else
+    RESULT[decode_memcheck]="skipped (time)"
+  fi
+fi
 
 # ---- example ---------------------------------------------------------------------------
 if [[ -x $BIN/examples/cuda/flashcache_cuda_example ]]; then
@@ -168,8 +186,8 @@ fi
 
 # ---- table ---------------------------------------------------------------------------
 say "summary"
-for key in build tests memcheck racecheck synccheck example bench; do
-  [[ -n "${RESULT[$key]:-}" ]] && printf '  %-10s %s\n' "$key" "${RESULT[$key]}"
+for key in build tests memcheck racecheck synccheck decode_memcheck decode_racecheck example bench; do
+  [[ -n "${RESULT[$key]:-}" ]] && printf '  %-16s %s\n' "$key" "${RESULT[$key]}"
 done
 if [[ -s $JSON ]]; then
   python3 - "$JSON" <<'PY' || cat "$JSON"
@@ -181,6 +199,8 @@ for r in runs:
     by[(name, int(tokens))] = r
 print(f"\n  {'benchmark':<18}{'tokens':>8}{'ms':>10}{'GB moved':>10}{'GB/s':>9}{'% copy':>8}")
 for (name, tokens), r in sorted(by.items(), key=lambda x: (x[0][1], x[0][0])):
+    if name.startswith("decode_attention/"):
+        continue  # their own table below
     copy = by.get(("memcpy_d2d", tokens))
     pct = 100 * r["bytes_per_second"] / copy["bytes_per_second"] if copy else float("nan")
     print(f"  {name:<18}{tokens:>8}{r['real_time']:>10.3f}{r['bytes']/1e9:>10.3f}{r['bytes_per_second']/1e9:>9.0f}{pct:>7.0f}%")
@@ -194,6 +214,27 @@ if b64 is not None and ("memcpy_d2d", 65536) in by:
     checks.append(("blocked 64K >= 60% of copy", pct >= 60, f"{pct:.0f}%"))
 for n, b, g in ((8192, b8, g8), (65536, b64, g64)):
     if b and g: checks.append((f"global <= 3x blocked ({n})", g <= 3 * b, f"{g / b:.2f}x"))
+# Decode attention: the attention step alone, full cache vs compressed (same run).
+decode = sorted((r for r in runs if r["name"].startswith("decode_attention/")),
+                key=lambda r: (r["batch"], r["tokens"], -r["keep_ratio"]))
+if decode:
+    copy64 = by.get(("memcpy_d2d", 65536))
+    print("\n  decode attention, one Qwen2.5-VL-7B layer (28 q / 4 KV heads, d 128, bf16), split-K baseline")
+    print(f"  {'batch':>5}{'tokens':>7}{'keep':>6}{'kept':>7}{'splits':>7}{'ms':>9}{'KV MB':>8}{'GB/s':>7}"
+          f"{'% copy':>7}{'speed-up':>9}{'MB saved':>9}")
+    for r in decode:
+        gbs = r["bytes_per_second"] / 1e9
+        pct = 100 * r["bytes_per_second"] / copy64["bytes_per_second"] if copy64 else float("nan")
+        sp = r.get("speedup_vs_full")
+        print(f"  {r['batch']:>5}{r['tokens']:>7}{r['keep_ratio']:>6.2g}{r['kept_tokens']:>7}{r['splits']:>7}"
+              f"{r['real_time']:>9.4f}{r['kv_bytes']/1e6:>8.1f}{gbs:>7.0f}{pct:>6.0f}%"
+              f"{(f'{sp:.2f}x' if sp is not None else 'n/a'):>9}{r['kv_bytes_saved']/1e6:>9.1f}")
+    target = [r for r in decode if r["batch"] == 16 and r["tokens"] == 32768 and r["keep_ratio"] == 0.2]
+    sp = target[0].get("speedup_vs_full") if target else None
+    if sp is not None:
+        checks.append(("decode 0.2/32K/b16 >= 3x full", sp >= 3, f"{sp:.2f}x"))
+    else:
+        checks.append(("decode 0.2/32K/b16 >= 3x full", False, "not measured"))
 print("\n  targets")
 for what, ok, value in checks:
     print(f"  {'met ' if ok else 'MISS'} {what:<30} {value}")

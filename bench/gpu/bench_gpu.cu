@@ -10,14 +10,23 @@
 //
 // Bytes moved, per run: compress = K and V read once + kept rows written;
 // copy = the same K and V bytes read and written.
+//
+// Decode attention (decode_attention.cuh, FlashDecoding-style split-K) over
+// one layer of the same model (28 query heads over its 4 KV heads), batch
+// {1, 16} x tokens {8K, 32K, 64K}, on the full cache and on a compressed one
+// at keep 0.2 and 0.1 (a dense cache of round(keep * tokens) rows): what the
+// attention step alone gains, beside the KV bytes it reads (and saves).
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdio>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "decode_attention.cuh"
 #include "flashcache/cuda/compress.cuh"
 
 namespace {
@@ -28,24 +37,26 @@ using flashcache::bfloat16_t;
 constexpr int kLayers = 28, kHeads = 4, kHeadDim = 128;
 constexpr double kKeep = 0.2;
 
-#define BENCH_CHECK(expr)                                                                  \
-  do {                                                                                     \
-    const cudaError_t e_ = (expr);                                                         \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_));              \
-      std::exit(1);                                                                        \
-    }                                                                                      \
+#define BENCH_CHECK(expr)                                                     \
+  do {                                                                        \
+    const cudaError_t e_ = (expr);                                            \
+    if (e_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                           \
+    }                                                                         \
   } while (0)
 
 // Smooth-plus-noise bf16 values from a hash, so that no host upload is needed.
 __global__ void fill_kernel(std::uint16_t* out, std::int64_t n, std::uint32_t seed) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
     std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
     h ^= h >> 15;
     h *= 2246822519u;
     h ^= h >> 13;
     const float noise = static_cast<float>(h & 0xffff) / 65536.0f - 0.5f;
-    const float smooth = __sinf(0.001f * static_cast<float>(i / (kHeads * kHeadDim)) + static_cast<float>(i % kHeadDim));
+    const float smooth =
+        __sinf(0.001f * static_cast<float>(i / (kHeads * kHeadDim)) + static_cast<float>(i % kHeadDim));
     out[i] = static_cast<std::uint16_t>(__float_as_uint(smooth + noise) >> 16);
   }
 }
@@ -55,6 +66,7 @@ struct Result {
   std::int64_t tokens;
   double ms;
   double bytes;
+  std::string extra;  // more JSON members, each as ', "key": value'
 };
 
 // Median of `reps` timed runs after `warmup` untimed ones.
@@ -158,29 +170,154 @@ std::vector<Result> bench_tokens(std::int64_t tokens) {
       }
     };
     const double ms = time_ms(run, 2, transform == flashcache::Transform::blocked ? 20 : 5);
-    const flashcache::Status device = fcc::device_status(ws, [&] {
-      fcc::WorkspaceLayout layout;
-      (void)fcc::workspace_layout(cache, opt, plan_ptr, &layout);
-      return layout;
-    }(), nullptr);
+    const flashcache::Status device = fcc::device_status(
+        ws,
+        [&] {
+          fcc::WorkspaceLayout layout;
+          (void)fcc::workspace_layout(cache, opt, plan_ptr, &layout);
+          return layout;
+        }(),
+        nullptr);
     if (!device.ok()) std::fprintf(stderr, "device status: %s\n", device.message().c_str());
     if (ok && device.ok())
-      results.push_back({std::string("compress_") + flashcache::to_string(transform), tokens, ms, compress_bytes});
+      results.push_back({std::string("compress_") + flashcache::to_string(transform), tokens, ms, compress_bytes, ""});
     BENCH_CHECK(cudaFree(ws));
   }
 
   // The bandwidth reference: the same K and V bytes, device to device.
-  const double copy_ms = time_ms([&] {
-    BENCH_CHECK(cudaMemcpyAsync(copy, k, cache_bytes, cudaMemcpyDeviceToDevice));
-    BENCH_CHECK(cudaMemcpyAsync(copy + cache_bytes / 2, v, cache_bytes, cudaMemcpyDeviceToDevice));
-  }, 2, 20);
-  results.push_back({"memcpy_d2d", tokens, copy_ms, static_cast<double>(4 * cache_bytes)});
+  const double copy_ms = time_ms(
+      [&] {
+        BENCH_CHECK(cudaMemcpyAsync(copy, k, cache_bytes, cudaMemcpyDeviceToDevice));
+        BENCH_CHECK(cudaMemcpyAsync(copy + cache_bytes / 2, v, cache_bytes, cudaMemcpyDeviceToDevice));
+      },
+      2, 20);
+  results.push_back({"memcpy_d2d", tokens, copy_ms, static_cast<double>(4 * cache_bytes), ""});
 
   BENCH_CHECK(cudaFree(k));
   BENCH_CHECK(cudaFree(v));
   BENCH_CHECK(cudaFree(k_out));
   BENCH_CHECK(cudaFree(v_out));
   BENCH_CHECK(cudaFree(copy));
+  return results;
+}
+
+// ---- decode attention: full cache vs compressed ------------------------------------------------------------
+
+constexpr int kQueryHeads = 28;
+
+// Decode attention over one layer at each batch, length and keep ratio. The
+// caches are carved out of one pool of random bf16 values; a cache smaller
+// than 4x the L2 cache rotates over enough copies of itself that each timed
+// launch reads from device memory, as a real decode step does.
+std::vector<Result> bench_decode(const cudaDeviceProp& prop) {
+  namespace fg = flashcache::bench::gpu;
+  const std::int64_t batches[] = {1, 16}, lengths[] = {8192, 32768, 65536};
+  const double keeps[] = {1.0, 0.2, 0.1};
+  const std::size_t row_bytes = kHeadDim * sizeof(std::uint16_t);
+  auto kv_bytes = [&](std::int64_t batch, std::int64_t rows) {  // K and V
+    return static_cast<std::size_t>(2 * batch * kHeads * rows) * row_bytes;
+  };
+  const std::size_t rotate = 4 * static_cast<std::size_t>(std::max(prop.l2CacheSize, 1 << 20));
+  const std::size_t pool_bytes = std::max(kv_bytes(16, 65536), rotate);
+  std::uint16_t* pool = nullptr;
+  float *q = nullptr, *out = nullptr;
+  BENCH_CHECK(cudaMalloc(&pool, pool_bytes));
+  fill_kernel<<<4096, 256>>>(pool, static_cast<std::int64_t>(pool_bytes / 2), 3u);
+  BENCH_CHECK(cudaGetLastError());
+  const std::size_t q_elems = static_cast<std::size_t>(16) * kQueryHeads * kHeadDim;
+  std::vector<float> q_host(q_elems);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : q_host) x = normal(rng);
+  BENCH_CHECK(cudaMalloc(&q, q_elems * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&out, q_elems * sizeof(float)));
+  BENCH_CHECK(cudaMemcpy(q, q_host.data(), q_elems * sizeof(float), cudaMemcpyHostToDevice));
+
+  struct Case {
+    std::int64_t batch, tokens, kept;
+    double keep;
+    fg::DecodeShape shape;
+    int splits;
+    std::size_t ws_bytes;
+  };
+  std::vector<Case> cases;
+  std::size_t ws_max = 0;
+  for (std::int64_t batch : batches)
+    for (std::int64_t tokens : lengths)
+      for (double keep : keeps) {
+        const std::int64_t kept =
+            keep == 1.0 ? tokens : static_cast<std::int64_t>(std::llround(keep * static_cast<double>(tokens)));
+        Case c{batch, tokens, kept, keep, {}, 1, 0};
+        c.shape.batch = static_cast<int>(batch);
+        c.shape.query_heads = kQueryHeads;
+        c.shape.kv_heads = kHeads;
+        c.shape.head_dim = kHeadDim;
+        c.shape.tokens = c.kept;
+        BENCH_CHECK(fg::decode_splits<bfloat16_t>(c.shape, 0, &c.splits));
+        c.ws_bytes = fg::decode_workspace_bytes(c.shape, c.splits);
+        ws_max = std::max(ws_max, c.ws_bytes);
+        cases.push_back(c);
+      }
+  void* ws = nullptr;
+  BENCH_CHECK(cudaMalloc(&ws, ws_max));
+
+  std::vector<Result> results;
+  double full_ms = 0;
+  std::size_t full_bytes = 0;
+  for (const Case& c : cases) {
+    const std::size_t bytes = kv_bytes(c.batch, c.kept);
+    const std::size_t stride = (bytes + 255) / 256 * 256;
+    const std::size_t copies = std::min(std::max<std::size_t>(1, (rotate + bytes - 1) / bytes), pool_bytes / stride);
+    std::vector<fg::DecodeArgs<bfloat16_t>> args(copies);
+    for (std::size_t i = 0; i < copies; ++i) {
+      fg::DecodeArgs<bfloat16_t>& a = args[i];
+      a.shape = c.shape;
+      a.q = q;
+      a.out = out;
+      a.k = reinterpret_cast<const bfloat16_t*>(reinterpret_cast<const unsigned char*>(pool) + i * stride);
+      a.v = a.k + bytes / 2 / sizeof(std::uint16_t);
+      a.head_stride = c.kept * kHeadDim;
+      a.seq_stride = kHeads * a.head_stride;
+      a.splits = c.splits;
+    }
+    std::size_t next = 0;
+    const int inner = static_cast<int>(std::max<std::size_t>(copies, 4));  // launches per timed run
+    auto run = [&] {
+      for (int i = 0; i < inner; ++i) {
+        BENCH_CHECK(fg::decode_attention_async(args[next], ws, c.ws_bytes, nullptr));
+        next = (next + 1) % copies;
+      }
+    };
+    BENCH_CHECK(cudaMemset(out, 0xff, q_elems * sizeof(float)));  // NaN: every output must be written
+    const double ms = time_ms(run, 2, 25) / inner;
+    BENCH_CHECK(cudaDeviceSynchronize());
+    std::vector<float> host(static_cast<std::size_t>(c.batch) * kQueryHeads * kHeadDim);
+    BENCH_CHECK(cudaMemcpy(host.data(), out, host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    const bool finite = std::all_of(host.begin(), host.end(), [](float x) { return std::isfinite(x); });
+    if (c.keep == 1.0) {  // the baseline of the rows that follow
+      full_ms = finite ? ms : 0.0;
+      full_bytes = bytes;
+    }
+    if (!finite) {
+      std::fprintf(stderr, "decode attention batch %lld, %lld of %lld tokens: non-finite output\n",
+                   static_cast<long long>(c.batch), static_cast<long long>(c.kept), static_cast<long long>(c.tokens));
+      continue;
+    }
+    char name[96], extra[512], speedup[32] = "null";
+    if (full_ms > 0) std::snprintf(speedup, sizeof speedup, "%.4f", full_ms / ms);
+    std::snprintf(name, sizeof name, "decode_attention/batch:%lld/keep:%g", static_cast<long long>(c.batch), c.keep);
+    std::snprintf(extra, sizeof extra,
+                  ", \"batch\": %lld, \"tokens\": %lld, \"keep_ratio\": %g, \"kept_tokens\": %lld, \"splits\": %d, "
+                  "\"kv_bytes\": %zu, \"kv_bytes_full\": %zu, \"kv_bytes_saved\": %zu, \"speedup_vs_full\": %s, "
+                  "\"rotated_copies\": %zu",
+                  static_cast<long long>(c.batch), static_cast<long long>(c.tokens), c.keep,
+                  static_cast<long long>(c.kept), c.splits, bytes, full_bytes, full_bytes - bytes, speedup, copies);
+    results.push_back({name, c.tokens, ms, static_cast<double>(bytes), extra});
+  }
+  BENCH_CHECK(cudaFree(ws));
+  BENCH_CHECK(cudaFree(q));
+  BENCH_CHECK(cudaFree(out));
+  BENCH_CHECK(cudaFree(pool));
   return results;
 }
 
@@ -199,17 +336,25 @@ int main(int argc, char** argv) {
     const std::vector<Result> r = bench_tokens(tokens);
     all.insert(all.end(), r.begin(), r.end());
   }
-  std::string json = "{\n  \"context\": {\"device\": \"" + std::string(prop.name) +
-                     "\", \"model\": \"Qwen2.5-VL-7B cache: 28 layers, 4 KV heads, head dim 128, bf16\", "
-                     "\"keep_ratio\": 0.2},\n  \"benchmarks\": [\n";
+  {
+    const std::vector<Result> r = bench_decode(prop);
+    all.insert(all.end(), r.begin(), r.end());
+  }
+  std::string json =
+      "{\n  \"context\": {\"device\": \"" + std::string(prop.name) +
+      "\", \"model\": \"Qwen2.5-VL-7B cache: 28 layers, 4 KV heads, head dim 128, bf16\", "
+      "\"keep_ratio\": 0.2, \"decode_attention\": \"one layer: 28 query heads over 4 KV heads, head dim 128, "
+      "bf16, one query token per sequence; keep < 1: a dense cache of round(keep * tokens) rows\"},\n"
+      "  \"benchmarks\": [\n";
   for (std::size_t i = 0; i < all.size(); ++i) {
     const Result& r = all[i];
-    char line[512];
-    std::snprintf(line, sizeof line,
-                  "    {\"name\": \"%s/%lld\", \"run_type\": \"iteration\", \"real_time\": %.6f, \"time_unit\": \"ms\", "
-                  "\"bytes\": %.0f, \"bytes_per_second\": %.6e}%s\n",
-                  r.name.c_str(), static_cast<long long>(r.tokens), r.ms, r.bytes, r.bytes / (r.ms * 1e-3),
-                  i + 1 < all.size() ? "," : "");
+    char line[1024];
+    std::snprintf(
+        line, sizeof line,
+        "    {\"name\": \"%s/%lld\", \"run_type\": \"iteration\", \"real_time\": %.6f, \"time_unit\": \"ms\", "
+        "\"bytes\": %.0f, \"bytes_per_second\": %.6e%s}%s\n",
+        r.name.c_str(), static_cast<long long>(r.tokens), r.ms, r.bytes, r.bytes / (r.ms * 1e-3), r.extra.c_str(),
+        i + 1 < all.size() ? "," : "");
     json += line;
   }
   json += "  ]\n}\n";

@@ -15,21 +15,21 @@
 namespace fcc = flashcache::cuda;
 using flashcache::bfloat16_t;
 
-#define CHECK_CUDA(expr)                                                                        \
-  do {                                                                                          \
-    const cudaError_t e_ = (expr);                                                              \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_));                          \
-      return 1;                                                                                 \
-    }                                                                                           \
+#define CHECK_CUDA(expr)                                               \
+  do {                                                                 \
+    const cudaError_t e_ = (expr);                                     \
+    if (e_ != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_)); \
+      return 1;                                                        \
+    }                                                                  \
   } while (0)
-#define CHECK_STATUS(expr)                                                                      \
-  do {                                                                                          \
-    const flashcache::Status s_ = (expr);                                                       \
-    if (!s_.ok()) {                                                                             \
-      std::fprintf(stderr, "%s: %s\n", #expr, s_.message().c_str());                            \
-      return 1;                                                                                 \
-    }                                                                                           \
+#define CHECK_STATUS(expr)                                           \
+  do {                                                               \
+    const flashcache::Status s_ = (expr);                            \
+    if (!s_.ok()) {                                                  \
+      std::fprintf(stderr, "%s: %s\n", #expr, s_.message().c_str()); \
+      return 1;                                                      \
+    }                                                                \
   } while (0)
 
 int main() {
@@ -72,7 +72,7 @@ int main() {
   cache.v = v_layers;
   cache.heads = kHeads;
   cache.head_dim = kHeadDim;
-  cache.head_stride = kHeadDim;            // NHD
+  cache.head_stride = kHeadDim;  // NHD
   cache.token_stride = kHeads * kHeadDim;
   cache.sequences = 2;
   cache.capacity = tokens;

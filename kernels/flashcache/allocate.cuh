@@ -24,16 +24,16 @@ struct AllocateParams {
   long long count = 0;
   bool dynamic = true;
   double min_layer_ratio = 0;
-  const std::int32_t* len = nullptr;      // [B]
-  const double* energy_ratio = nullptr;   // [L][B]
-  const int* protected_max = nullptr;     // [L][B]
+  const std::int32_t* len = nullptr;     // [B]
+  const double* energy_ratio = nullptr;  // [L][B]
+  const int* protected_max = nullptr;    // [L][B]
   // Scratch, [B][L] each: the contiguous per-sequence arrays allocate_budgets() takes.
   double* scratch_ratio = nullptr;
   std::int64_t* scratch_tokens = nullptr;
   std::int64_t* scratch_floor = nullptr;
   std::int64_t* scratch_out = nullptr;
-  std::int32_t* budget = nullptr;         // [L][B]
-  std::int32_t* kept_indptr = nullptr;    // [L][B+1]
+  std::int32_t* budget = nullptr;       // [L][B]
+  std::int32_t* kept_indptr = nullptr;  // [L][B+1]
   int* status = nullptr;
 };
 
@@ -62,8 +62,7 @@ __global__ void __launch_bounds__(kAllocateThreads) allocate_kernel(AllocatePara
     std::int64_t* tokens = p.scratch_tokens + std::int64_t{b} * L;
     std::int64_t* floor = p.scratch_floor + std::int64_t{b} * L;
     std::int64_t* out = p.scratch_out + std::int64_t{b} * L;
-    const long long total =
-        p.is_ratio ? llround(p.ratio * static_cast<double>(n * L)) : want * L;
+    const long long total = p.is_ratio ? llround(p.ratio * static_cast<double>(n * L)) : want * L;
     const auto min_share = static_cast<std::int64_t>(ceil(p.min_layer_ratio * static_cast<double>(n) - 1e-9));
     long long floor_sum = 0;
     bool ratios_ok = true;

@@ -45,9 +45,7 @@ enum class DeviceErrc : int {
 
 inline constexpr int kStatusWords = 8;
 
-__device__ __forceinline__ bool failed(const int* status) {
-  return *static_cast<const volatile int*>(status) != 0;
-}
+__device__ __forceinline__ bool failed(const int* status) { return *static_cast<const volatile int*>(status) != 0; }
 
 // The same answer for every thread of the CTA (a barrier), so a kernel that
 // returns on it never leaves threads waiting at a later __syncthreads.
@@ -59,7 +57,9 @@ __device__ inline void raise(int* status, DeviceErrc code, long long a = 0, long
                              long long d = 0, long long e = 0) {
   if (atomicCAS(status, 0, static_cast<int>(code)) != 0) return;  // an earlier failure stays
   // Info words are clamped to int; they only feed a message.
-  auto clamp = [](long long x) { return static_cast<int>(x > 2147483647LL ? 2147483647LL : (x < -2147483647LL ? -2147483647LL : x)); };
+  auto clamp = [](long long x) {
+    return static_cast<int>(x > 2147483647LL ? 2147483647LL : (x < -2147483647LL ? -2147483647LL : x));
+  };
   status[1] = clamp(a);
   status[2] = clamp(b);
   status[3] = clamp(c);

@@ -21,7 +21,7 @@ struct CompactParams {
   int head_dim = 0;
   std::int64_t capacity = 0;
   bool vector_ok = false;
-  int stage_rows = 0;  // rows (K and V) per chunk in shared memory
+  int stage_rows = 0;                         // rows (K and V) per chunk in shared memory
   const std::int32_t* budget = nullptr;       // [L][B]
   const std::int32_t* kept = nullptr;         // [L][H][capacity]
   const std::int32_t* kept_indptr = nullptr;  // [L][B+1]

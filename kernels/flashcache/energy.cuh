@@ -16,13 +16,13 @@ struct EnergyParams {
   int sequences = 0;
   int heads = 0;
   std::int64_t slot_count = 0;
-  const std::int32_t* slots = nullptr;        // [B+1]
-  const float4* energy_part = nullptr;        // [L][H][slot_count]
-  const int* protected_part = nullptr;        // [L][H][slot_count]
-  double* energy = nullptr;                   // [L][B][4]
-  double* ratio = nullptr;                    // [L][B]
-  int* protected_max = nullptr;               // [L][B]
-  float* ratio_out = nullptr;                 // optional caller copy, [L][B]
+  const std::int32_t* slots = nullptr;  // [B+1]
+  const float4* energy_part = nullptr;  // [L][H][slot_count]
+  const int* protected_part = nullptr;  // [L][H][slot_count]
+  double* energy = nullptr;             // [L][B][4]
+  double* ratio = nullptr;              // [L][B]
+  int* protected_max = nullptr;         // [L][B]
+  float* ratio_out = nullptr;           // optional caller copy, [L][B]
   int* status = nullptr;
 };
 

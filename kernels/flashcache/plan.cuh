@@ -14,10 +14,10 @@ namespace flashcache::cuda::kernels {
 
 struct PlanParams {
   int sequences = 0;
-  std::int64_t capacity = 0;  // bound on the packed tokens over the batch
-  std::int64_t tile = 1;      // tokens per energy-partial slot
-  const std::int32_t* indptr = nullptr;         // null: one dense sequence of `capacity` tokens
-  const std::int32_t* page_indices = nullptr;   // non-null: paged
+  std::int64_t capacity = 0;                   // bound on the packed tokens over the batch
+  std::int64_t tile = 1;                       // tokens per energy-partial slot
+  const std::int32_t* indptr = nullptr;        // null: one dense sequence of `capacity` tokens
+  const std::int32_t* page_indices = nullptr;  // non-null: paged
   const std::int32_t* last_page_len = nullptr;
   std::int64_t page_size = 0;
   std::int64_t num_pages = 0;
@@ -63,8 +63,10 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanParams p) {
           len = hi - lo;
         } else if (hi > lo) {
           const long long last = p.last_page_len[b];
-          if (last < 1 || last > p.page_size) raise(p.status, DeviceErrc::bad_page, b, last, p.page_size);
-          else len = (hi - lo - 1) * p.page_size + last;
+          if (last < 1 || last > p.page_size)
+            raise(p.status, DeviceErrc::bad_page, b, last, p.page_size);
+          else
+            len = (hi - lo - 1) * p.page_size + last;
         }
       }
     }

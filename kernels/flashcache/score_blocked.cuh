@@ -69,12 +69,12 @@ struct BlockedParams {
   int block_size = 0;
   double gamma = 0.2;
   ProtectRule protect;
-  bool vector_ok = false;      // rows and strides allow 16-byte loads
-  std::int64_t capacity = 0;   // score row length per (layer, head)
-  std::int64_t slot_count = 0; // partial slots per (layer, head)
-  float* scores = nullptr;     // [L][H][capacity]
-  float4* energy_part = nullptr;   // [L][H][slot_count]: K total, K high, V total, V high
-  int* protected_part = nullptr;   // [L][H][slot_count]
+  bool vector_ok = false;         // rows and strides allow 16-byte loads
+  std::int64_t capacity = 0;      // score row length per (layer, head)
+  std::int64_t slot_count = 0;    // partial slots per (layer, head)
+  float* scores = nullptr;        // [L][H][capacity]
+  float4* energy_part = nullptr;  // [L][H][slot_count]: K total, K high, V total, V high
+  int* protected_part = nullptr;  // [L][H][slot_count]
   int* status = nullptr;
 };
 
@@ -139,7 +139,8 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
   int* bad = reinterpret_cast<int*>(smem + lay.bad);
   int* src = reinterpret_cast<int*>(smem + lay.src);
   float* energy = reinterpret_cast<float*>(smem + lay.energy);
-  int* misc = reinterpret_cast<int*>(smem + lay.misc);  // [0] protected count, [1] external row, [2] first good in block
+  int* misc =
+      reinterpret_cast<int*>(smem + lay.misc);  // [0] protected count, [1] external row, [2] first good in block
 
   // 1. Load the block's rows as stored, 16 bytes at a time when allowed.
   if (p.vector_ok) {
@@ -148,8 +149,10 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
     for (int i = tid; i < len * vec_per_row; i += kThreads) {
       const int n = i / vec_per_row, q = i % vec_per_row;
       const std::int64_t off = p.rows.offset(b, head, t0 + n) + std::int64_t{q} * kPerVec;
-      reinterpret_cast<uint4*>(tile_k)[std::int64_t{n} * vec_per_row + q] = *reinterpret_cast<const uint4*>(kbase + off);
-      reinterpret_cast<uint4*>(tile_v)[std::int64_t{n} * vec_per_row + q] = *reinterpret_cast<const uint4*>(vbase + off);
+      reinterpret_cast<uint4*>(tile_k)[std::int64_t{n} * vec_per_row + q] =
+          *reinterpret_cast<const uint4*>(kbase + off);
+      reinterpret_cast<uint4*>(tile_v)[std::int64_t{n} * vec_per_row + q] =
+          *reinterpret_cast<const uint4*>(vbase + off);
     }
   } else {
     for (int i = tid; i < len * d; i += kThreads) {

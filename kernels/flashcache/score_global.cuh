@@ -15,8 +15,8 @@
 //                per-tile energies and protected counts as in the blocked pass
 // The host loops over layers and sequences (lengths come from the GlobalPlan),
 // reusing one z buffer per (layer, sequence), in stream order.
-#include <cub/block/block_scan.cuh>
 #include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
 
 #include "common.cuh"
 #include "score_blocked.cuh"
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kFiniteThreads) finite_kernel(SubstituteParams
   const T* v = p.v[layer];
   for (int r = warp; r < kFiniteRowsPerCta; r += kFiniteThreads / 32) {
     const std::int64_t i = std::int64_t{blockIdx.x} * kFiniteRowsPerCta + r;  // packed token
-    if (i >= total) break;  // per warp; no barrier follows
+    if (i >= total) break;                                                    // per warp; no barrier follows
     const int b = owner_of(p.seq.offset, p.sequences, i);
     const std::int64_t off = p.rows.offset(b, head, i - p.seq.offset[b]);
     const bool ok = row_is_finite(k + off, v + off, p.head_dim, lane);
@@ -115,11 +115,11 @@ struct PackParams {
   RowMap rows;
   int sequence = 0;
   int heads = 0, head_dim = 0;
-  std::int64_t n = 0;           // the plan's length of this sequence
+  std::int64_t n = 0;                 // the plan's length of this sequence
   const std::int32_t* sub = nullptr;  // this layer, head 0, this sequence; heads `capacity` apart
   std::int64_t capacity = 0;
   const std::int32_t* seq_len = nullptr;
-  float2* z = nullptr;          // [heads * head_dim][n]
+  float2* z = nullptr;  // [heads * head_dim][n]
   int* status = nullptr;
 };
 
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(256) pack_kernel(PackParams<T> p) {
 struct LowpassParams {
   float2* z = nullptr;  // [columns][n]
   std::int64_t n = 0;
-  std::int64_t m = 0;   // kept frequencies
+  std::int64_t m = 0;  // kept frequencies
   const int* status = nullptr;
 };
 
@@ -282,7 +282,8 @@ __global__ void __launch_bounds__(256) residual_kernel(ResidualParams<T> p) {
   __syncthreads();
 
   const std::int64_t row = (std::int64_t{p.layer} * p.heads + head) * p.capacity + p.seq.offset[p.sequence];
-  const std::int64_t slot = (std::int64_t{p.layer} * p.heads + head) * p.slot_count + p.seq.slots[p.sequence] + blockIdx.x;
+  const std::int64_t slot =
+      (std::int64_t{p.layer} * p.heads + head) * p.slot_count + p.seq.slots[p.sequence] + blockIdx.x;
   if (warp == 0) {
     float s[4] = {0, 0, 0, 0};
     for (int w = 0; w < 8; ++w)

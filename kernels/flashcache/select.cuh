@@ -22,10 +22,10 @@ struct SelectParams {
   std::int64_t capacity = 0;
   SeqTable seq;
   ProtectRule protect;
-  const float* scores = nullptr;           // [L][H][capacity]
-  const std::int32_t* budget = nullptr;    // [L][B]
+  const float* scores = nullptr;              // [L][H][capacity]
+  const std::int32_t* budget = nullptr;       // [L][B]
   const std::int32_t* kept_indptr = nullptr;  // [L][B+1]
-  std::int32_t* kept = nullptr;            // [L][H][capacity]
+  std::int32_t* kept = nullptr;               // [L][H][capacity]
   int* status = nullptr;
 };
 
@@ -111,9 +111,9 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
     int equal_rank = 0, equal_here = 0;
     Scan(scan_storage).ExclusiveSum(equal ? 1 : 0, equal_rank, equal_here);
     __syncthreads();
-    const bool keep = f || (valid && mode == kAll) ||
-                      (valid && !f && mode == kThreshold &&
-                       (key > threshold || (equal && equal_seen + equal_rank < take_equal)));
+    const bool keep =
+        f || (valid && mode == kAll) ||
+        (valid && !f && mode == kThreshold && (key > threshold || (equal && equal_seen + equal_rank < take_equal)));
     int position = 0, kept_here = 0;
     Scan(scan_storage).ExclusiveSum(keep ? 1 : 0, position, kept_here);
     __syncthreads();

@@ -174,8 +174,7 @@ TYPED_TEST_P(GpuPipeline, CapturesInACudaGraph) {
 REGISTER_TYPED_TEST_SUITE_P(GpuPipeline, BlockedScoresAwkwardLengthsBothLayouts,
                             BlockedEveryCompiledHeadDimAndTheGenericOne, GlobalScoresAwkwardLengths,
                             RaggedBatchWithProtectionNaNsAndDynamicAllocation, PagedCachesCompactInPlace,
-                            BudgetsNoneAllAndCounts, BudgetBelowProtectedIsReported,
-                            CountAboveAShortSequenceIsReported, BlockedScoresAreReproducible,
-                            CapturesInACudaGraph);
+                            BudgetsNoneAllAndCounts, BudgetBelowProtectedIsReported, CountAboveAShortSequenceIsReported,
+                            BlockedScoresAreReproducible, CapturesInACudaGraph);
 
 }  // namespace flashcache::gpu_testing

@@ -33,10 +33,10 @@ inline bool device_available() {
   if (!::flashcache::gpu_testing::device_available()) GTEST_SKIP() << "no CUDA device"
 
 #define FLASHCACHE_CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-#define FLASHCACHE_OK(expr)                          \
-  do {                                               \
-    const ::flashcache::Status fc_s_ = (expr);       \
-    ASSERT_TRUE(fc_s_.ok()) << fc_s_.message();      \
+#define FLASHCACHE_OK(expr)                     \
+  do {                                          \
+    const ::flashcache::Status fc_s_ = (expr);  \
+    ASSERT_TRUE(fc_s_.ok()) << fc_s_.message(); \
   } while (0)
 
 // Owning device array, for tests only.
@@ -85,10 +85,10 @@ struct Case {
   std::int64_t page_size = 0;  // 0: dense
   Options opt;
   Budget budget = Budget::ratio(0.2);
-  int nan_tokens = 0;       // (layer, head, token) rows given a NaN, per layer
-  int mask_every = 0;       // protect every k-th packed token
+  int nan_tokens = 0;  // (layer, head, token) rows given a NaN, per layer
+  int mask_every = 0;  // protect every k-th packed token
   bool gather = true;
-  bool compact = false;     // paged only
+  bool compact = false;  // paged only
   std::uint64_t seed = 1;
 };
 
@@ -129,8 +129,7 @@ struct HostCache {
     const std::int64_t n = c.lengths[b], d = c.head_dim;
     std::vector<T> out(static_cast<std::size_t>(c.heads * n * d));
     for (std::int64_t h = 0; h < c.heads; ++h)
-      for (std::int64_t t = 0; t < n; ++t)
-        std::copy_n(storage.data() + row(b, h, t), d, out.data() + (h * n + t) * d);
+      for (std::int64_t t = 0; t < n; ++t) std::copy_n(storage.data() + row(b, h, t), d, out.data() + (h * n + t) * d);
     return out;
   }
 };
@@ -368,7 +367,8 @@ void run_and_check(const Case& c) {
   fcc::WorkspaceLayout layout;
   FLASHCACHE_OK(fcc::workspace_layout(dc.cache, dc.opt, plan_ptr, &layout));
   std::vector<float> scores(static_cast<std::size_t>(c.layers * H * hc.capacity));
-  FLASHCACHE_CUDA_OK(cudaMemcpy(scores.data(), static_cast<unsigned char*>(static_cast<void*>(ws.get())) + layout.scores,
+  FLASHCACHE_CUDA_OK(cudaMemcpy(scores.data(),
+                                static_cast<unsigned char*>(static_cast<void*>(ws.get())) + layout.scores,
                                 scores.size() * sizeof(float), cudaMemcpyDeviceToHost));
   const std::vector<std::int32_t> kept = dc.kept.download(), kept_indptr = dc.kept_indptr.download();
   const std::vector<float> ratio = dc.ratio.download();
@@ -401,24 +401,28 @@ void run_and_check(const Case& c) {
         for (std::int64_t t = 0; t < n; ++t) {
           const float want = ref.scores[l](h, t);
           if (std::isinf(want)) {
-            if (!std::isinf(gpu[t]) && bad_scores++ < 5) ADD_FAILURE() << "token " << t << " head " << h << ": inf expected, got " << gpu[t];
+            if (!std::isinf(gpu[t]) && bad_scores++ < 5)
+              ADD_FAILURE() << "token " << t << " head " << h << ": inf expected, got " << gpu[t];
           } else if (!(std::abs(gpu[t] - want) <= tol * largest + 1e-30) && bad_scores++ < 5) {
             ADD_FAILURE() << "token " << t << " head " << h << ": score " << gpu[t] << " vs CPU " << want
                           << " (largest " << largest << ")";
           }
         }
         // Kept set: the guarantees, then agreement with the CPU.
-        const std::int32_t* got = kept.data() + (l * H + h) * hc.capacity + kept_indptr[static_cast<std::size_t>(l * (B + 1) + b)];
+        const std::int32_t* got =
+            kept.data() + (l * H + h) * hc.capacity + kept_indptr[static_cast<std::size_t>(l * (B + 1) + b)];
         std::set<std::int32_t> got_set(got, got + budget);
         for (std::int64_t i = 1; i < budget; ++i) ASSERT_LT(got[i - 1], got[i]) << "ascending, head " << h;
         for (std::int64_t i = 0; i < budget; ++i) ASSERT_TRUE(got[i] >= 0 && got[i] < n) << "index in range";
         for (std::int64_t t = 0; t < n; ++t) {
-          const bool forced = base[static_cast<std::size_t>(t)] || (hc.mask[static_cast<std::size_t>(hc.packed[b] + t)] != 0) ||
+          const bool forced = base[static_cast<std::size_t>(t)] ||
+                              (hc.mask[static_cast<std::size_t>(hc.packed[b] + t)] != 0) ||
                               std::isinf(ref.scores[l](h, t));
           if (forced) EXPECT_TRUE(got_set.count(static_cast<std::int32_t>(t))) << "protected token " << t << " kept";
         }
         const std::vector<std::int32_t>& want = ref.kept[l];
-        for (std::int64_t i = 0; i < ref.budgets[l]; ++i) agree += got_set.count(want[static_cast<std::size_t>(h * ref.budgets[l] + i)]);
+        for (std::int64_t i = 0; i < ref.budgets[l]; ++i)
+          agree += got_set.count(want[static_cast<std::size_t>(h * ref.budgets[l] + i)]);
         compared += std::max<std::int64_t>(budget, ref.budgets[l]);
       }
       // Gather: each output row is the source row the GPU kept.
@@ -429,8 +433,10 @@ void run_and_check(const Case& c) {
           for (std::int64_t i = 0; i < budget; ++i) {
             const std::int32_t t = kept[static_cast<std::size_t>((l * H + h) * hc.capacity + first + i)];
             const std::int64_t to = h * dc.out.out_head_stride + (first + i) * d;
-            ASSERT_EQ(0, std::memcmp(ko.data() + to, hc.k[l].data() + hc.row(b, h, t), d * sizeof(T))) << "gathered K row";
-            ASSERT_EQ(0, std::memcmp(vo.data() + to, hc.v[l].data() + hc.row(b, h, t), d * sizeof(T))) << "gathered V row";
+            ASSERT_EQ(0, std::memcmp(ko.data() + to, hc.k[l].data() + hc.row(b, h, t), d * sizeof(T)))
+                << "gathered K row";
+            ASSERT_EQ(0, std::memcmp(vo.data() + to, hc.v[l].data() + hc.row(b, h, t), d * sizeof(T)))
+                << "gathered V row";
           }
       }
     }
@@ -511,10 +517,13 @@ std::string graph_matches_direct(const Case& c) {
   std::string error;
   if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) error = "begin capture";
   if (error.empty()) {
-    const Status s = fcc::compress_async(captured.cache, c.budget, captured.opt, captured.out, ws_graph.get(), bytes, stream);
+    const Status s =
+        fcc::compress_async(captured.cache, c.budget, captured.opt, captured.out, ws_graph.get(), bytes, stream);
     const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-    if (!s.ok()) error = "compress_async under capture: " + s.message();
-    else if (end != cudaSuccess) error = std::string("end capture: ") + cudaGetErrorString(end);
+    if (!s.ok())
+      error = "compress_async under capture: " + s.message();
+    else if (end != cudaSuccess)
+      error = std::string("end capture: ") + cudaGetErrorString(end);
   }
   if (error.empty() && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) error = "instantiate";
   for (int replay = 0; error.empty() && replay < 2; ++replay)

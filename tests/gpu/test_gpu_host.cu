@@ -171,10 +171,10 @@ TEST(GpuWorkspace, RegionsAreAlignedDisjointAndCoverTheProblem) {
   ASSERT_TRUE(fcc::make_layout(s, blocked(64), 0, 0, &w).ok());
   EXPECT_EQ(w.tile, 64);
   EXPECT_EQ(w.slot_count, 1000 / 64 + 5);
-  const std::vector<std::size_t> starts = {w.status, w.seq_len, w.seq_offset, w.seq_slots, w.scores, w.energy_part,
-                                           w.protected_part, w.energy, w.ratio, w.protected_max, w.budget,
-                                           w.scratch_ratio, w.scratch_tokens, w.scratch_floor, w.scratch_out, w.kept,
-                                           w.kept_indptr};
+  const std::vector<std::size_t> starts = {
+      w.status,         w.seq_len,       w.seq_offset,  w.seq_slots,     w.scores,     w.energy_part,
+      w.protected_part, w.energy,        w.ratio,       w.protected_max, w.budget,     w.scratch_ratio,
+      w.scratch_tokens, w.scratch_floor, w.scratch_out, w.kept,          w.kept_indptr};
   for (std::size_t i = 0; i < starts.size(); ++i) {
     EXPECT_EQ(starts[i] % 256, 0u) << "region " << i;
     if (i > 0) EXPECT_GT(starts[i], starts[i - 1]) << "region " << i;
@@ -223,12 +223,13 @@ TEST(GpuWorkspace, EmptyCacheStillHasAWorkspace) {
 TEST(GpuCompressAsync, RefusesAMissingOrShortWorkspaceWithoutTouchingTheDevice) {
   DenseFixture f(1, 2, 64, 64);
   fcc::Outputs<bfloat16_t> out;
-  expect_error(fcc::compress_async(f.cache, Budget::ratio(0.2), blocked(), out, nullptr, 0, nullptr), Errc::invalid_shape,
-               "workspace");
+  expect_error(fcc::compress_async(f.cache, Budget::ratio(0.2), blocked(), out, nullptr, 0, nullptr),
+               Errc::invalid_shape, "workspace");
   std::size_t bytes = 0;
   ASSERT_TRUE(fcc::workspace_size(f.cache, blocked(), &bytes).ok());
-  expect_error(fcc::compress_async(f.cache, Budget::ratio(0.2), blocked(), out, fake<void>(0x100000), bytes - 1, nullptr),
-               Errc::invalid_shape, "workspace");
+  expect_error(
+      fcc::compress_async(f.cache, Budget::ratio(0.2), blocked(), out, fake<void>(0x100000), bytes - 1, nullptr),
+      Errc::invalid_shape, "workspace");
 }
 
 TEST(GpuSharedMemory, CommonShapesFitWithoutOptIn) {

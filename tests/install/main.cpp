@@ -1,5 +1,5 @@
-#include <flashcache/flashcache.hpp>
 #include <cstdio>
+#include <flashcache/flashcache.hpp>
 int main() {
   std::vector<float> k(2 * 50 * 8), v(k.size());
   for (std::size_t i = 0; i < k.size(); ++i) k[i] = std::sin(0.1f * i), v[i] = std::cos(0.07f * i);

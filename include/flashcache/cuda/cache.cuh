@@ -31,7 +31,7 @@ struct Cache {
   int layers = 1;
   T* const* k = nullptr;  // host array of `layers` device pointers (layer l's K base)
   T* const* v = nullptr;
-  std::int64_t heads = 0;     // KV heads
+  std::int64_t heads = 0;  // KV heads
   std::int64_t head_dim = 0;
   std::int64_t head_stride = 0;   // elements
   std::int64_t token_stride = 0;  // elements
@@ -39,8 +39,9 @@ struct Cache {
   // kept rows and the protect mask (Options::protect, a device array).
   int sequences = 1;
   std::int64_t capacity = 0;  // bound on the packed tokens; dense: the token rows of each layer's buffer
-  const std::int32_t* indptr = nullptr;  // dense: [sequences + 1] token row offsets; null: one sequence of `capacity` tokens
-  PageTable pages;                       // set pages.indices (and indptr, last_page_len) for a paged cache
+  const std::int32_t* indptr =
+      nullptr;      // dense: [sequences + 1] token row offsets; null: one sequence of `capacity` tokens
+  PageTable pages;  // set pages.indices (and indptr, last_page_len) for a paged cache
 
   bool paged() const { return pages.indices != nullptr; }
 };

@@ -158,7 +158,8 @@ Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt
   } else if (budget.token_count() < 0) {
     return make_error(Errc::invalid_budget, "keep budget ", budget.token_count(), " is negative");
   } else if (budget.token_count() > c.capacity) {
-    return make_error(Errc::invalid_budget, "keep budget ", budget.token_count(), " > capacity ", c.capacity, " tokens");
+    return make_error(Errc::invalid_budget, "keep budget ", budget.token_count(), " > capacity ", c.capacity,
+                      " tokens");
   }
 
   if (opt.transform == Transform::blocked) {
@@ -236,9 +237,9 @@ template <class T, int kHeadDim, int kTile>
 Status launch_blocked_for(const kernels::BlockedParams<T>& p, dim3 grid, std::int64_t smem, cudaStream_t stream) {
   auto kernel = kernels::score_blocked_kernel<T, kHeadDim, kTile>;
   if (smem > 48 * 1024)
-    FLASHCACHE_RETURN_IF_ERROR(cuda_status(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-        "raising the blocked kernel's shared memory"));
+    FLASHCACHE_RETURN_IF_ERROR(
+        cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+                    "raising the blocked kernel's shared memory"));
   kernel<<<grid, kernels::blocked_threads<kHeadDim>(), static_cast<std::size_t>(smem), stream>>>(p);
   return launched("score_blocked_kernel");
 }
@@ -246,11 +247,16 @@ Status launch_blocked_for(const kernels::BlockedParams<T>& p, dim3 grid, std::in
 template <class T, int kTile>
 Status launch_blocked_tile(const kernels::BlockedParams<T>& p, dim3 grid, std::int64_t smem, cudaStream_t stream) {
   switch (p.head_dim) {  // bounded dispatch: the compiled head dims, else the generic kernel
-    case 64: return launch_blocked_for<T, 64, kTile>(p, grid, smem, stream);
-    case 96: return launch_blocked_for<T, 96, kTile>(p, grid, smem, stream);
-    case 128: return launch_blocked_for<T, 128, kTile>(p, grid, smem, stream);
-    case 256: return launch_blocked_for<T, 256, kTile>(p, grid, smem, stream);
-    default: return launch_blocked_for<T, 0, kTile>(p, grid, smem, stream);
+    case 64:
+      return launch_blocked_for<T, 64, kTile>(p, grid, smem, stream);
+    case 96:
+      return launch_blocked_for<T, 96, kTile>(p, grid, smem, stream);
+    case 128:
+      return launch_blocked_for<T, 128, kTile>(p, grid, smem, stream);
+    case 256:
+      return launch_blocked_for<T, 256, kTile>(p, grid, smem, stream);
+    default:
+      return launch_blocked_for<T, 0, kTile>(p, grid, smem, stream);
   }
 }
 
@@ -308,9 +314,9 @@ Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, 
                                   kernels::kFiniteThreads, 0, stream>>>(p);
       FLASHCACHE_RETURN_IF_ERROR(launched("finite_kernel"));
     }
-    kernels::substitute_kernel<T><<<dim3(static_cast<unsigned>(c.sequences), static_cast<unsigned>(c.heads),
-                                         static_cast<unsigned>(c.layers)),
-                                    kernels::kSubstituteThreads, 0, stream>>>(p);
+    kernels::substitute_kernel<T>
+        <<<dim3(static_cast<unsigned>(c.sequences), static_cast<unsigned>(c.heads), static_cast<unsigned>(c.layers)),
+           kernels::kSubstituteThreads, 0, stream>>>(p);
     FLASHCACHE_RETURN_IF_ERROR(launched("substitute_kernel"));
   }
   const std::int64_t columns = c.heads * c.head_dim;
@@ -380,9 +386,9 @@ Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, 
       rp.energy_part = static_cast<float4*>(ws.energy_part());
       rp.protected_part = ws.protected_part();
       rp.status = ws.status();
-      kernels::residual_kernel<T><<<dim3(static_cast<unsigned>(kernels::ceil_div(n, kernels::kGlobalTile)),
-                                         static_cast<unsigned>(c.heads)),
-                                    256, 0, stream>>>(rp);
+      kernels::residual_kernel<T>
+          <<<dim3(static_cast<unsigned>(kernels::ceil_div(n, kernels::kGlobalTile)), static_cast<unsigned>(c.heads)),
+             256, 0, stream>>>(rp);
       FLASHCACHE_RETURN_IF_ERROR(launched("residual_kernel"));
     }
     packed += n;
@@ -532,7 +538,8 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
     p.head_dim = static_cast<int>(c.head_dim);
     p.capacity = c.capacity;
     p.vector_ok = detail::rows_vectorizable(c);
-    p.stage_rows = static_cast<int>(kernels::kCompactStageBytes / (2 * c.head_dim * static_cast<std::int64_t>(sizeof(T))));
+    p.stage_rows =
+        static_cast<int>(kernels::kCompactStageBytes / (2 * c.head_dim * static_cast<std::int64_t>(sizeof(T))));
     p.budget = ws.budget();
     p.kept = kept;
     p.kept_indptr = kept_indptr;
@@ -569,9 +576,11 @@ Status compress(const Cache<T>& c, const Budget& budget, const Options& opt, con
   WorkspaceLayout layout;
   FLASHCACHE_RETURN_IF_ERROR(workspace_layout(c, opt, plan, &layout));
   void* ws = nullptr;
-  FLASHCACHE_RETURN_IF_ERROR(cuda_status(cudaMalloc(&ws, layout.total > 0 ? layout.total : 1), "allocating the workspace"));
+  FLASHCACHE_RETURN_IF_ERROR(
+      cuda_status(cudaMalloc(&ws, layout.total > 0 ? layout.total : 1), "allocating the workspace"));
   Status s = compress_async(c, budget, opt, out, ws, layout.total, stream, plan);
-  const Status device = s.ok() ? device_status(ws, layout, stream) : cuda_status(cudaStreamSynchronize(stream), "waiting");
+  const Status device =
+      s.ok() ? device_status(ws, layout, stream) : cuda_status(cudaStreamSynchronize(stream), "waiting");
   const Status freed = cuda_status(cudaFree(ws), "freeing the workspace");
   if (!s.ok()) return s;
   if (!device.ok()) return device;

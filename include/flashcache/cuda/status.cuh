@@ -9,9 +9,9 @@
 #include <cuda_runtime.h>
 #include <cufft.h>
 
-#include "flashcache/error.hpp"
-#include "flashcache/cuda/workspace.cuh"
 #include "flashcache/common.cuh"  // kernels/flashcache/: the status word
+#include "flashcache/cuda/workspace.cuh"
+#include "flashcache/error.hpp"
 
 namespace flashcache::cuda {
 
@@ -29,13 +29,13 @@ inline Status cufft_status(cufftResult r, const char* what) {
 inline Status describe_device_status(const int* w) {
   using kernels::DeviceErrc;
   switch (static_cast<DeviceErrc>(w[0])) {
-    case DeviceErrc::ok: return Status::success();
+    case DeviceErrc::ok:
+      return Status::success();
     case DeviceErrc::bad_indptr:
       return make_error(Errc::invalid_shape, "sequence ", w[1], ": indptr runs from ", w[2], " to ", w[3],
                         " (must be >= 0 and non-decreasing)");
     case DeviceErrc::bad_page:
-      if (w[1] < 0)
-        return make_error(Errc::invalid_shape, "page id ", w[2], " is outside [0, ", w[3], ") pages");
+      if (w[1] < 0) return make_error(Errc::invalid_shape, "page id ", w[2], " is outside [0, ", w[3], ") pages");
       return make_error(Errc::invalid_shape, "sequence ", w[1], ": last_page_len ", w[2], " is outside [1, page_size ",
                         w[3], "]");
     case DeviceErrc::capacity_exceeded:

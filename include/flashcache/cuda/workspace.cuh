@@ -101,7 +101,7 @@ class Workspace {
   std::int32_t* seq_len() const { return at<std::int32_t>(layout_.seq_len); }
   std::int32_t* seq_offset() const { return at<std::int32_t>(layout_.seq_offset); }
   std::int32_t* seq_slots() const { return at<std::int32_t>(layout_.seq_slots); }
-  float* scores() const { return at<float>(layout_.scores); }            // [L][H][capacity]
+  float* scores() const { return at<float>(layout_.scores); }  // [L][H][capacity]
   void* energy_part() const { return at<unsigned char>(layout_.energy_part); }
   int* protected_part() const { return at<int>(layout_.protected_part); }
   double* energy() const { return at<double>(layout_.energy); }          // [L][B][4]: K total, K high, V total, V high
