@@ -73,30 +73,14 @@ class Dct {
     };
     for (std::int64_t k = 0; k < n_; ++k)
       set_spectrum(k, coeff(X1, k), coeff(X1, n_ - k), coeff(X2, k), coeff(X2, n_ - k));
-    fft_.inverse(re_.data(), im_.data());
-    const Real inv_n = Real(1) / static_cast<Real>(n_);
-    for (std::int64_t j = 0; j < n_; ++j) {
-      const std::int64_t s = source(j);
-      for (int w = 0; w < W; ++w) {
-        x1[s * W + w] = re_[j * W + w] * inv_n;
-        if (x2) x2[s * W + w] = im_[j * W + w] * inv_n;
-      }
-    }
+    inverse_to(x1, x2);
   }
 
   // Base = C^T diag(k < m) C x for the panels x1 and x2 (x2/base2 may be null).
   void lowpass(const Real* x1, const Real* x2, std::int64_t m, Real* base1, Real* base2) {
     spectrum_of(x1, x2);
     lowpass_spectrum(m);
-    fft_.inverse(re_.data(), im_.data());
-    const Real inv_n = Real(1) / static_cast<Real>(n_);
-    for (std::int64_t j = 0; j < n_; ++j) {
-      const std::int64_t s = source(j);
-      for (int w = 0; w < W; ++w) {
-        base1[s * W + w] = re_[j * W + w] * inv_n;
-        if (base2) base2[s * W + w] = im_[j * W + w] * inv_n;
-      }
-    }
+    inverse_to(base1, base2);
   }
 
   // The scorer's fused form: adds sum_w (x - base)^2 of each token (row) to
@@ -137,6 +121,17 @@ class Dct {
         Out{&im_[j * W]}.setZero();
     }
     fft_.forward(re_.data(), im_.data());
+  }
+
+  // Inverse FFT of the spectrum, undo the permutation and the FFT's factor N.
+  void inverse_to(Real* x1, Real* x2) {
+    fft_.inverse(re_.data(), im_.data());
+    const Real inv_n = Real(1) / static_cast<Real>(n_);
+    for (std::int64_t j = 0; j < n_; ++j) {
+      const std::int64_t s = source(j);
+      Out{x1 + s* W} = In(&re_[j * W]) * inv_n;
+      if (x2) Out{x2 + s* W} = In(&im_[j * W]) * inv_n;
+    }
   }
 
   // Unnormalized coefficients (sum_n x cos(...), no a_k) at k of both inputs, all lanes.
