@@ -67,7 +67,7 @@ struct CompressedModel {
 
 namespace detail {
 
-template <class T, class Real>
+template <class T>
 Status select_and_gather(KVView<const T> k, KVView<const T> v, std::int64_t budget, const Options& opt,
                          LayerScores scores, CompressedLayer<T>* out) {
   out->heads = k.heads;
@@ -98,14 +98,14 @@ CompressedLayer<std::remove_const_t<T>> compress(KVView<T> k, KVView<T> v, Budge
   std::int64_t keep = 0;
   throw_if_error(budget.resolve(k.tokens, &keep));
   CompressedLayer<E> out;
-  throw_if_error(detail::select_and_gather<E, Real>(kc, vc, keep, opt, std::move(scores), &out));
+  throw_if_error(detail::select_and_gather<E>(kc, vc, keep, opt, std::move(scores), &out));
   return out;
 }
 
 namespace detail {
 
 // Allocate, select and gather for a whole model whose layers are scored already.
-template <class T, class Real>
+template <class T>
 CompressedModel<T> compress_scored_model(const std::vector<KVView<const T>>& k, const std::vector<KVView<const T>>& v,
                                          std::vector<LayerScores> scores, Budget budget, const Options& opt) {
   const auto layers = static_cast<int>(k.size());
@@ -135,7 +135,7 @@ CompressedModel<T> compress_scored_model(const std::vector<KVView<const T>>& k, 
 
   model.layers.resize(k.size());
   for (int l = 0; l < layers; ++l) {
-    Status s = select_and_gather<T, Real>(k[l], v[l], model.budgets[l], opt, std::move(scores[l]), &model.layers[l]);
+    Status s = select_and_gather<T>(k[l], v[l], model.budgets[l], opt, std::move(scores[l]), &model.layers[l]);
     if (!s.ok()) throw Error(make_error(s.code(), "layer ", l, ": ", s.message()));
   }
   return model;
@@ -179,7 +179,7 @@ CompressedModel<std::remove_const_t<T>> compress_model(const std::vector<KVView<
     Status s = scorer.score(kc[l], vc[l], opt, &scores[l]);
     if (!s.ok()) throw Error(make_error(s.code(), "layer ", l, ": ", s.message()));
   }
-  return detail::compress_scored_model<E, Real>(kc, vc, std::move(scores), budget, opt);
+  return detail::compress_scored_model<E>(kc, vc, std::move(scores), budget, opt);
 }
 
 }  // namespace flashcache

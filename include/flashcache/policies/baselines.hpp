@@ -207,7 +207,7 @@ CompressedModel<std::remove_const_t<T>> compress_model(Policy p, const std::vect
     Status s = score_with_policy<E, Real>(p, ql, kc[l], vc[l], opt, po, &scores[l]);
     if (!s.ok()) throw Error(make_error(s.code(), "layer ", l, ": ", s.message()));
   }
-  return flashcache::detail::compress_scored_model<E, Real>(kc, vc, std::move(scores), budget, opt);
+  return flashcache::detail::compress_scored_model<E>(kc, vc, std::move(scores), budget, opt);
 }
 
 }  // namespace flashcache::policies
