@@ -322,6 +322,16 @@ void evaluate_energy(const Fixture& f, double gamma, json* records) {
               static_cast<long long>(n), f.token_kind.c_str());
   for (auto variant : {fq::EnergyVariant::raw, fq::EnergyVariant::centered, fq::EnergyVariant::shuffled,
                        fq::EnergyVariant::centered_shuffled}) {
+    const auto energy_options = [&](const char* tensor) {
+      return json{{"tensor", tensor},
+                  {"variant", fq::to_string(variant)},
+                  {"tokens", f.token_kind},
+                  {"gamma", gamma},
+                  {"token_count", n}};
+    };
+    const auto share_of = [](const fc::HeadEnergy& e, const char* tensor) {
+      return tensor[0] == 'K' ? fq::low_share(e.k_high, e.k_total) : fq::low_share(e.v_high, e.v_total);
+    };
     fc::HeadEnergy all;
     std::int64_t k_over_90 = 0, heads_seen = 0;
     for (std::int64_t l = 0; l < f.layers; ++l) {
@@ -350,27 +360,13 @@ void evaluate_energy(const Fixture& f, double gamma, json* records) {
       all.v_high += layer.v_high;
       const int ml = static_cast<std::size_t>(l) < model_layers.size() ? model_layers[static_cast<std::size_t>(l)]
                                                                        : static_cast<int>(l);
-      for (const char* t : {"K", "V"}) {
-        const bool isk = t[0] == 'K';
-        json o = {{"tensor", t},
-                  {"variant", fq::to_string(variant)},
-                  {"tokens", f.token_kind},
-                  {"gamma", gamma},
-                  {"token_count", n}};
-        records->push_back(
-            record("energy", f.name, "none", o, nullptr, "energy_below_cutoff",
-                   isk ? fq::low_share(layer.k_high, layer.k_total) : fq::low_share(layer.v_high, layer.v_total), ml));
-      }
+      for (const char* t : {"K", "V"})
+        records->push_back(record("energy", f.name, "none", energy_options(t), nullptr, "energy_below_cutoff",
+                                  share_of(layer, t), ml));
     }
     for (const char* t : {"K", "V"}) {
-      const bool isk = t[0] == 'K';
-      json o = {{"tensor", t},
-                {"variant", fq::to_string(variant)},
-                {"tokens", f.token_kind},
-                {"gamma", gamma},
-                {"token_count", n}};
-      const double share = isk ? fq::low_share(all.k_high, all.k_total) : fq::low_share(all.v_high, all.v_total);
-      records->push_back(record("energy", f.name, "none", o, nullptr, "energy_below_cutoff", share));
+      const double share = share_of(all, t);
+      records->push_back(record("energy", f.name, "none", energy_options(t), nullptr, "energy_below_cutoff", share));
       std::printf("%s %s %.3f  ", t, fq::to_string(variant), share);
     }
     json o = {{"tensor", "K"}, {"variant", fq::to_string(variant)}, {"tokens", f.token_kind}, {"gamma", gamma}};
