@@ -107,6 +107,14 @@ def _sentence(text: str) -> str:
     return text[0].upper() + text[1:] + ("" if text.endswith(".") else ".")
 
 
+def _lookup(table, model, label, ratio):
+    """A table cell; the full cache is recorded once, at keep ratio 1.0, and fills every column."""
+    v = table.get((model, label, ratio))
+    if v is None and label == "full":
+        v = table.get((model, label, 1.0))
+    return v
+
+
 def _fmt(x: Optional[float], digits: int = 3) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
@@ -122,9 +130,7 @@ def _metric_table(vals: Dict, model: str, ratios, lower_better=True, digits=3, f
     for l in labels:
         cells = []
         for r in ratios:
-            v = vals.get((model, l, r))
-            if v is None and l == "full":
-                v = vals.get((model, l, 1.0))
+            v = _lookup(vals, model, l, r)
             text = fmt(v) if fmt else _fmt(v, digits)
             if bold and v is not None and l != "full" and r in best and abs(v - best[r]) < 1e-12:
                 text = f"**{text}**"
@@ -237,9 +243,7 @@ def render(doc) -> str:
             for l in labels:
                 cells = []
                 for r in e2e_ratios:
-                    v = needle.get((e2e_model, l, r))
-                    if v is None and l == "full":
-                        v = needle.get((e2e_model, l, 1.0))
+                    v = _lookup(needle, e2e_model, l, r)
                     k = kept.get((e2e_model, l, r))
                     cells.append(fmt_needle(l)(v) + (f" ({k:.2f})" if k is not None else ""))
                 rows.append([_name(l)] + cells)
