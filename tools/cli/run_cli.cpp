@@ -1,0 +1,123 @@
+// The `flashcache` command-line tool: argument parsing and error reporting.
+// Every failure is one line on stderr, "flashcache: <what went wrong>", and a
+// non-zero exit: 2 for bad options or input files, 1 when writing failed.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <new>
+#include <string>
+
+#include "cli_error.hpp"
+#include "commands.hpp"
+#include "run_cli.hpp"
+#include "flashcache/error.hpp"
+#include "flashcache/version.hpp"
+
+namespace {
+
+using flashcache::Transform;
+namespace cli = flashcache::cli;
+
+void add_transform_options(CLI::App* cmd, cli::TransformArgs* t) {
+  cmd->add_option("--gamma", t->gamma, "Low-pass ratio in (0, 1]: the lowest ceil(gamma * N) frequencies form the base")
+      ->capture_default_str();
+  cmd->add_option("--transform", "DCT over the whole sequence (global) or over blocks of --block tokens (blocked)")
+      ->check(CLI::IsMember({"global", "blocked"}))
+      ->each([t](const std::string& s) { t->transform = s == "blocked" ? Transform::blocked : Transform::global; })
+      ->default_str("global");
+  cmd->add_option("--block", t->block, "Tokens per block with --transform blocked")->capture_default_str();
+}
+
+// One line, whatever the message holds.
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+int fail(int code, const std::string& message) {
+  std::fprintf(stderr, "flashcache: %s\n", one_line(message).c_str());
+  return code;
+}
+
+}  // namespace
+
+int flashcache::cli::run_cli(int argc, char** argv) {
+  CLI::App app{
+      "Frequency-domain, outlier-aware KV cache compression (FlashCache, arXiv 2511.16786).\n"
+      "K and V are C-order float32 or float16 .npy arrays of shape [L, H, N, d] or [H, N, d].",
+      "flashcache"};
+  app.set_version_flag("--version", FLASHCACHE_VERSION_STRING, "Print the version and exit");
+  app.require_subcommand(1);
+
+  cli::CompressArgs c;
+  CLI::App* compress = app.add_subcommand(
+      "compress",
+      "Keep each layer's outlier tokens; write scores, budgets, kept indices and compact K', V' to --out.\n"
+      "Without --keep-ratio or --keep, keeps 20% (--keep-ratio 0.2, the paper's setting).\n"
+      "The output folder appears complete or not at all; an existing non-empty one is replaced only with --force.");
+  compress->add_option("--k", c.k, "Keys, [L, H, N, d] or [H, N, d]")->required();
+  compress->add_option("--v", c.v, "Values, same shape and dtype as the keys")->required();
+  compress->add_option("--out", c.out, "Output folder")->required();
+  CLI::Option* ratio = compress->add_option(
+      "--keep-ratio", c.keep_ratio,
+      "Keep this fraction of all tokens: round(R * L * N) in total, split across layers by energy (default 0.2)");
+  CLI::Option* keep = compress->add_option("--keep", c.keep, "Keep N tokens per head in every layer (no allocation)");
+  ratio->excludes(keep);
+  compress->add_option("--sink", c.sink, "Always keep the first S tokens")->capture_default_str();
+  compress->add_option("--window", c.window, "Always keep the last W tokens")->capture_default_str();
+  compress->add_option("--protect", c.protect, "Bool or uint8 mask of N tokens; nonzero = always kept");
+  add_transform_options(compress, &c.transform);
+  compress->add_flag("--no-allocate", c.no_allocate,
+                     "With --keep-ratio: every layer keeps round(R * N) instead of an energy-weighted share");
+  compress
+      ->add_option("--policy", c.policy,
+                   "How tokens are scored: flashcache (outliers from the low-pass base), or a baseline: streaming "
+                   "(most recent), knorm (lowest key norm), random, snapkv (attention of the last "
+                   "--observation-window queries), h2o (accumulated attention). Baselines have no energy ratios: "
+                   "with --keep-ratio their total is split in proportion to each layer's tokens")
+      ->check(CLI::IsMember({"flashcache", "streaming", "knorm", "random", "snapkv", "h2o"}))
+      ->capture_default_str();
+  compress->add_option("--q", c.q,
+                       "Queries for snapkv and h2o: [L, Hq, N, d] or [Hq, N, d], same dtype, layers, tokens and "
+                       "head dim as K; Hq a multiple of K's heads (query head j uses KV head j / (Hq / H))");
+  compress->add_option("--seed", c.seed, "Seed of --policy random")->capture_default_str();
+  compress->add_option("--observation-window", c.observation_window, "Queries that vote in --policy snapkv")
+      ->capture_default_str();
+  compress->add_flag("--force", c.force, "Replace --out if it exists and is not empty");
+
+  cli::InspectArgs i;
+  CLI::App* inspect = app.add_subcommand(
+      "inspect", "Print, per layer, the share of K and V energy below the low-pass cutoff and the ratio R_l.");
+  inspect->add_option("--k", i.k, "Keys, [L, H, N, d] or [H, N, d]")->required();
+  inspect->add_option("--v", i.v, "Values, same shape and dtype as the keys")->required();
+  add_transform_options(inspect, &i.transform);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    return fail(cli::kExitUsage, std::string(e.what()) + " (see flashcache --help)");
+  }
+  c.has_keep_ratio = ratio->count() > 0;
+  c.has_keep = keep->count() > 0;
+  c.has_seed = compress->count("--seed") > 0;
+  c.has_observation_window = compress->count("--observation-window") > 0;
+  c.has_transform_option = compress->count("--gamma") + compress->count("--transform") + compress->count("--block") > 0;
+
+  try {
+    if (compress->parsed()) return cli::run_compress(c);
+    return cli::run_inspect(i);
+  } catch (const cli::CliError& e) {
+    return fail(e.code(), e.what());
+  } catch (const flashcache::Error& e) {
+    // Bad input files and options the library refused; its message already starts with "flashcache: ".
+    const std::string what = e.what(), prefix = "flashcache: ";
+    return fail(cli::kExitUsage, what.compare(0, prefix.size(), prefix) == 0 ? what.substr(prefix.size()) : what);
+  } catch (const std::bad_alloc&) {
+    return fail(cli::kExitFailure, "out of memory");
+  } catch (const std::exception& e) {
+    return fail(cli::kExitFailure, std::string("internal error: ") + e.what());
+  }
+}
