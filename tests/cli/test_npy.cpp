@@ -284,6 +284,29 @@ TEST(NpyBadFile, BadShape) {
   expect_refused(npy_file(header("'<f4'", "False", "(5,)"), kSixFloats), "unexpected bytes after the data");
 }
 
+// Sizes come from the header alone and are refused before any allocation:
+// these files are a few hundred bytes but claim gigabytes or more.
+TEST(NpyBadFile, ElementCountPast2To31IsRefusedFromTheHeader) {
+  expect_refused(npy_file(header("'|u1'", "False", "(2147483648,)"), ""), "more than the limit of 2^31 - 1 per array");
+  expect_refused(npy_file(header("'<f4'", "False", "(65536, 32768)"), kSixFloats), "too many elements (2147483648,");
+  expect_refused(npy_file(header("'<f2'", "False", "(28, 8, 131072, 128)"), kSixFloats), "too many elements (3758096384,");
+  // At the limit the header passes and the missing data is what is refused.
+  expect_refused(npy_file(header("'|u1'", "False", "(2147483647,)"), ""), "truncated data");
+  // An empty dimension makes the array empty, whatever the others say.
+  TempDir dir;
+  write_bytes(dir / "empty.npy", npy_file(header("'<f4'", "False", "(0, 4611686018427387904)"), ""));
+  EXPECT_EQ(npy::read(dir / "empty.npy").size(), 0);
+}
+
+TEST(NpyBadFile, ShapeProductOverflowing64BitsIsRefused) {
+  const char* shapes[] = {"(4294967296, 4294967296)", "(9223372036854775807, 2)",
+                          "(3037000500, 3037000500)", "(65536, 65536, 65536, 65536, 2)"};
+  for (const char* shape : shapes) {
+    SCOPED_TRACE(shape);
+    expect_refused(npy_file(header("'<f4'", "False", shape), kSixFloats), "the element count overflows 64 bits");
+  }
+}
+
 TEST(NpyBadFile, MalformedHeader) {
   const std::string bad[] = {
       "",                                                                         // nothing

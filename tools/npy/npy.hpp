@@ -81,6 +81,11 @@ inline std::string shape_string(const std::vector<std::int64_t>& shape) {
   return s + "]";
 }
 
+// The most elements one array read from a file may hold (2^31 - 1): larger
+// counts are refused from the header, so a hostile header cannot make the
+// reader allocate gigabytes, and int32 element indices stay exact.
+constexpr std::int64_t kMaxElements = std::numeric_limits<std::int32_t>::max();
+
 // Number of elements of a shape (1 for a 0-d array); -1 if a dimension is
 // negative or the count overflows int64.
 inline std::int64_t element_count(const std::vector<std::int64_t>& shape) {
@@ -393,10 +398,14 @@ inline Array read(const std::string& path) {
   detail::HeaderParser(header, path).parse(&a.dtype, &fortran, &a.shape);
   a.dtype = detail::check_descr(a.dtype, path);
   if (fortran) fail(path, "Fortran-order arrays are not supported (save a C-order copy, e.g. np.ascontiguousarray)");
+  // Sizes are checked on the header alone, before anything is allocated.
   const std::int64_t count = a.size();
   const std::uint64_t size = itemsize(a.dtype);
-  if (count < 0 || static_cast<std::uint64_t>(count) > std::numeric_limits<std::uint64_t>::max() / size)
-    fail(path, "bad shape " + shape_string(a.shape) + ": too many elements");
+  if (count < 0)
+    fail(path, "bad shape " + shape_string(a.shape) + ": too many elements (the element count overflows 64 bits)");
+  if (count > kMaxElements)
+    fail(path, "bad shape " + shape_string(a.shape) + ": too many elements (" + std::to_string(count) +
+                   ", more than the limit of 2^31 - 1 per array)");
   const std::uint64_t nbytes = static_cast<std::uint64_t>(count) * size;
   const std::uint64_t available = file_size - data_offset;
   if (available < nbytes)
