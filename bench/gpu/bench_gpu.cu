@@ -31,7 +31,7 @@
 
 namespace {
 
-namespace fcc = flashcache::cuda;
+namespace fcc = flashcache::gpu;
 using flashcache::bfloat16_t;
 
 constexpr int kLayers = 28, kHeads = 4, kHeadDim = 128;

@@ -12,7 +12,7 @@
 
 #include "flashcache/cuda/compress.cuh"
 
-namespace fcc = flashcache::cuda;
+namespace fcc = flashcache::gpu;
 using flashcache::bfloat16_t;
 
 #define CHECK_CUDA(expr)                                               \

@@ -14,7 +14,7 @@
 #include "common.cuh"
 #include "flashcache/allocate.hpp"
 
-namespace flashcache::cuda::kernels {
+namespace flashcache::gpu::kernels {
 
 struct AllocateParams {
   int layers = 0;
@@ -39,6 +39,9 @@ struct AllocateParams {
 
 inline constexpr int kAllocateThreads = 256;
 
+// A template (never instantiated with another argument) so that the kernel has
+// vague linkage: any number of translation units may include this header.
+template <int kOneDefinition = 0>
 __global__ void __launch_bounds__(kAllocateThreads) allocate_kernel(AllocateParams p) {
   const int tid = static_cast<int>(threadIdx.x);
   if (stop_requested(p.status)) return;
@@ -97,4 +100,4 @@ __global__ void __launch_bounds__(kAllocateThreads) allocate_kernel(AllocatePara
   }
 }
 
-}  // namespace flashcache::cuda::kernels
+}  // namespace flashcache::gpu::kernels

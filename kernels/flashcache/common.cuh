@@ -12,7 +12,7 @@
 
 #include "flashcache/types.hpp"
 
-namespace flashcache::cuda::kernels {
+namespace flashcache::gpu::kernels {
 
 // Most layers one call handles: per-layer pointers travel as kernel parameters.
 inline constexpr int kMaxLayers = 128;
@@ -133,4 +133,4 @@ __device__ __forceinline__ int owner_of(const std::int32_t* offsets, int count, 
 
 __host__ __device__ constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
-}  // namespace flashcache::cuda::kernels
+}  // namespace flashcache::gpu::kernels

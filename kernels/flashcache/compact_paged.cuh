@@ -11,7 +11,7 @@
 #include "common.cuh"
 #include "gather.cuh"
 
-namespace flashcache::cuda::kernels {
+namespace flashcache::gpu::kernels {
 
 struct CompactParams {
   void* k[kMaxLayers];
@@ -97,4 +97,4 @@ __global__ void __launch_bounds__(kCompactThreads) compact_paged_kernel(CompactP
   }
 }
 
-}  // namespace flashcache::cuda::kernels
+}  // namespace flashcache::gpu::kernels

@@ -10,7 +10,7 @@
 
 #include "common.cuh"
 
-namespace flashcache::cuda::kernels {
+namespace flashcache::gpu::kernels {
 
 struct EnergyParams {
   int sequences = 0;
@@ -28,6 +28,9 @@ struct EnergyParams {
 
 inline constexpr int kEnergyThreads = 128;
 
+// A template (never instantiated with another argument) so that the kernel has
+// vague linkage: any number of translation units may include this header.
+template <int kOneDefinition = 0>
 __global__ void __launch_bounds__(kEnergyThreads) energy_kernel(EnergyParams p) {
   using Reduce = cub::BlockReduce<double, kEnergyThreads>;
   using ReduceInt = cub::BlockReduce<long long, kEnergyThreads>;
@@ -70,4 +73,4 @@ __global__ void __launch_bounds__(kEnergyThreads) energy_kernel(EnergyParams p) 
   }
 }
 
-}  // namespace flashcache::cuda::kernels
+}  // namespace flashcache::gpu::kernels

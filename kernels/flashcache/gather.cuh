@@ -9,7 +9,7 @@
 // and goes to row i of the output.
 #include "common.cuh"
 
-namespace flashcache::cuda::kernels {
+namespace flashcache::gpu::kernels {
 
 template <int kElemBytes>
 struct Element;
@@ -87,4 +87,4 @@ __global__ void __launch_bounds__(kGatherThreads) gather_kernel(GatherParams p) 
   }
 }
 
-}  // namespace flashcache::cuda::kernels
+}  // namespace flashcache::gpu::kernels

@@ -10,7 +10,7 @@
 
 #include "common.cuh"
 
-namespace flashcache::cuda::kernels {
+namespace flashcache::gpu::kernels {
 
 struct PlanParams {
   int sequences = 0;
@@ -29,6 +29,9 @@ struct PlanParams {
 
 inline constexpr int kPlanThreads = 256;
 
+// A template (never instantiated with another argument) so that the kernel has
+// vague linkage: any number of translation units may include this header.
+template <int kOneDefinition = 0>
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanParams p) {
   using Scan = cub::BlockScan<long long, kPlanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
@@ -92,4 +95,4 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanParams p) {
   }
 }
 
-}  // namespace flashcache::cuda::kernels
+}  // namespace flashcache::gpu::kernels

@@ -21,7 +21,7 @@
 
 #include "common.cuh"
 
-namespace flashcache::cuda::kernels {
+namespace flashcache::gpu::kernels {
 
 // Threads per CTA: one per column for the compiled head dims, 128 otherwise.
 template <int kHeadDim>
@@ -339,4 +339,4 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
   if (tid == 0) p.protected_part[slot_index] = misc[0];
 }
 
-}  // namespace flashcache::cuda::kernels
+}  // namespace flashcache::gpu::kernels

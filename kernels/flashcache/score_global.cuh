@@ -21,7 +21,7 @@
 #include "common.cuh"
 #include "score_blocked.cuh"
 
-namespace flashcache::cuda::kernels {
+namespace flashcache::gpu::kernels {
 
 inline constexpr int kGlobalTile = 32;  // tokens per residual CTA and per energy slot
 
@@ -178,6 +178,9 @@ __device__ __forceinline__ float2 twiddle(std::int64_t k, std::int64_t n) {
   return make_float2(c, s);
 }
 
+// A template (never instantiated with another argument) so that the kernel has
+// vague linkage: any number of translation units may include this header.
+template <int kOneDefinition = 0>
 __global__ void __launch_bounds__(256) lowpass_kernel(LowpassParams p) {
   if (failed(p.status)) return;  // no barrier in this kernel
   const std::int64_t k = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
@@ -303,4 +306,4 @@ __global__ void __launch_bounds__(256) residual_kernel(ResidualParams<T> p) {
   if (tid == 0) p.protected_part[slot] = protected_count;
 }
 
-}  // namespace flashcache::cuda::kernels
+}  // namespace flashcache::gpu::kernels

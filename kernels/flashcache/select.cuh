@@ -15,7 +15,7 @@
 
 #include "common.cuh"
 
-namespace flashcache::cuda::kernels {
+namespace flashcache::gpu::kernels {
 
 struct SelectParams {
   int sequences = 0;
@@ -31,6 +31,9 @@ struct SelectParams {
 
 inline constexpr int kSelectThreads = 256;  // also the radix: one bin per thread
 
+// A template (never instantiated with another argument) so that the kernel has
+// vague linkage: any number of translation units may include this header.
+template <int kOneDefinition = 0>
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) {
   using Scan = cub::BlockScan<int, kSelectThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
@@ -123,4 +126,4 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
   }
 }
 
-}  // namespace flashcache::cuda::kernels
+}  // namespace flashcache::gpu::kernels

@@ -20,7 +20,7 @@
 
 namespace flashcache::gpu_testing {
 
-namespace fcc = flashcache::cuda;
+namespace fcc = flashcache::gpu;
 
 inline bool device_available() {
   int count = 0;

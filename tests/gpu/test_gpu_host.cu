@@ -11,7 +11,7 @@
 
 namespace {
 
-namespace fcc = flashcache::cuda;
+namespace fcc = flashcache::gpu;
 using flashcache::bfloat16_t;
 using flashcache::Budget;
 using flashcache::Errc;

@@ -14,7 +14,7 @@
 
 #include "flashcache/types.hpp"
 
-namespace flashcache::cuda {
+namespace flashcache::gpu {
 
 // FlashInfer-style page table, CSR over sequences (device arrays).
 struct PageTable {
@@ -68,4 +68,4 @@ struct Outputs {
   std::int32_t* pages_freed = nullptr;  // [layers][sequences]
 };
 
-}  // namespace flashcache::cuda
+}  // namespace flashcache::gpu

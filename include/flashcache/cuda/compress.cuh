@@ -38,7 +38,7 @@
 #include "flashcache/types.hpp"
 #include "flashcache/view.hpp"
 
-namespace flashcache::cuda {
+namespace flashcache::gpu {
 
 inline constexpr int kMaxLayers = kernels::kMaxLayers;
 inline constexpr int kMaxBlockSize = 128;
@@ -116,7 +116,7 @@ inline Status launched(const char* kernel) { return cuda_status(cudaGetLastError
 template <class T>
 Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out = {},
                      const GlobalPlan* plan = nullptr) {
-  static_assert(detail::is_element_v<T>, "flashcache::cuda: elements are float, half_t or bfloat16_t");
+  static_assert(detail::is_element_v<T>, "flashcache::gpu: elements are float, half_t or bfloat16_t");
   FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
   if (c.layers < 1 || c.layers > kMaxLayers)
     return make_error(Errc::unsupported, c.layers, " layers: one call takes 1 to ", kMaxLayers);
@@ -361,7 +361,7 @@ Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, 
         lp.n = n;
         lp.m = lowpass_cutoff(n, opt.gamma);
         lp.status = ws.status();
-        kernels::lowpass_kernel<<<dim3(static_cast<unsigned>(kernels::ceil_div(n / 2 + 1, 256)),
+        kernels::lowpass_kernel<><<<dim3(static_cast<unsigned>(kernels::ceil_div(n / 2 + 1, 256)),
                                        static_cast<unsigned>(columns)),
                                   256, 0, stream>>>(lp);
         FLASHCACHE_RETURN_IF_ERROR(launched("lowpass_kernel"));
@@ -433,7 +433,7 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
     p.offset = ws.seq_offset();
     p.slots = ws.seq_slots();
     p.status = ws.status();
-    kernels::plan_kernel<<<1, kernels::kPlanThreads, 0, stream>>>(p);
+    kernels::plan_kernel<><<<1, kernels::kPlanThreads, 0, stream>>>(p);
     FLASHCACHE_RETURN_IF_ERROR(detail::launched("plan_kernel"));
   }
   const kernels::SeqTable seq{ws.seq_len(), ws.seq_offset(), ws.seq_slots()};
@@ -457,7 +457,7 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
     p.protected_max = ws.protected_max();
     p.ratio_out = out.energy_ratio;
     p.status = ws.status();
-    kernels::energy_kernel<<<dim3(B, L), kernels::kEnergyThreads, 0, stream>>>(p);
+    kernels::energy_kernel<><<<dim3(B, L), kernels::kEnergyThreads, 0, stream>>>(p);
     FLASHCACHE_RETURN_IF_ERROR(detail::launched("energy_kernel"));
   }
   {  // 2. allocate
@@ -479,7 +479,7 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
     p.budget = ws.budget();
     p.kept_indptr = kept_indptr;
     p.status = ws.status();
-    kernels::allocate_kernel<<<1, kernels::kAllocateThreads, 0, stream>>>(p);
+    kernels::allocate_kernel<><<<1, kernels::kAllocateThreads, 0, stream>>>(p);
     FLASHCACHE_RETURN_IF_ERROR(detail::launched("allocate_kernel"));
   }
   {  // 3. select
@@ -493,7 +493,7 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
     p.kept_indptr = kept_indptr;
     p.kept = kept;
     p.status = ws.status();
-    kernels::select_kernel<<<dim3(B, H, L), kernels::kSelectThreads, 0, stream>>>(p);
+    kernels::select_kernel<><<<dim3(B, H, L), kernels::kSelectThreads, 0, stream>>>(p);
     FLASHCACHE_RETURN_IF_ERROR(detail::launched("select_kernel"));
   }
   const kernels::RowMap rows = detail::row_map(c.head_stride, c.token_stride, c.indptr, c.pages, c.paged());
@@ -587,4 +587,4 @@ Status compress(const Cache<T>& c, const Budget& budget, const Options& opt, con
   return freed;
 }
 
-}  // namespace flashcache::cuda
+}  // namespace flashcache::gpu

@@ -16,7 +16,7 @@
 #include "flashcache/cuda/status.cuh"
 #include "flashcache/error.hpp"
 
-namespace flashcache::cuda {
+namespace flashcache::gpu {
 
 class GlobalPlan {
  public:
@@ -93,4 +93,4 @@ class GlobalPlan {
   std::size_t work_bytes_ = 0;
 };
 
-}  // namespace flashcache::cuda
+}  // namespace flashcache::gpu

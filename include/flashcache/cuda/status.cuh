@@ -13,7 +13,7 @@
 #include "flashcache/cuda/workspace.cuh"
 #include "flashcache/error.hpp"
 
-namespace flashcache::cuda {
+namespace flashcache::gpu {
 
 inline Status cuda_status(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status::success();
@@ -70,4 +70,4 @@ inline Status device_status(const void* workspace, const WorkspaceLayout& layout
   return describe_device_status(words);
 }
 
-}  // namespace flashcache::cuda
+}  // namespace flashcache::gpu

@@ -8,7 +8,7 @@
 #include "flashcache/error.hpp"
 #include "flashcache/options.hpp"
 
-namespace flashcache::cuda {
+namespace flashcache::gpu {
 
 // The sizes the workspace depends on.
 struct Shape {
@@ -128,4 +128,4 @@ class Workspace {
   WorkspaceLayout layout_;
 };
 
-}  // namespace flashcache::cuda
+}  // namespace flashcache::gpu
