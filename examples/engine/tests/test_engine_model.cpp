@@ -1,0 +1,253 @@
+// The engine against the numpy reference (tools/extract/extract_llm.py) on the
+// real SmolLM2 model: token ids, logits, greedy tokens with the full cache, and
+// decoding over a compressed cache. Expected values: data/reference.json, written
+// once by make_reference.py. Skips when the model package is not installed.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <memory>
+
+#include "compress_cache.hpp"
+#include "find_model.hpp"
+#include "generate.hpp"
+#include "tokenizer.hpp"
+
+namespace {
+
+using nlohmann::json;
+
+constexpr int kThreads = 2;
+
+struct Loaded {
+  engine::GgufFile gguf;
+  std::unique_ptr<engine::Model> model;
+  std::unique_ptr<engine::Tokenizer> tok;
+  json ref;
+};
+
+// Loaded once for all tests; null when the model package is absent.
+const Loaded* loaded() {
+  static std::unique_ptr<Loaded> cached = [] {
+    const std::string path = engine::find_default_model();
+    if (path.empty()) return std::unique_ptr<Loaded>();
+    auto l = std::make_unique<Loaded>();
+    l->gguf = engine::load_gguf(path);
+    l->model = std::make_unique<engine::Model>(l->gguf);
+    l->tok = std::make_unique<engine::Tokenizer>(l->gguf);
+    std::ifstream in(ENGINE_TEST_DATA "/reference.json");
+    l->ref = json::parse(in);
+    return l;
+  }();
+  return cached.get();
+}
+
+#define REQUIRE_MODEL()                                                                         \
+  const Loaded* L = loaded();                                                                   \
+  if (L == nullptr) GTEST_SKIP() << "the SmolLM2 model is not installed; " << engine::model_install_hint()
+
+// |engine - numpy| <= 1e-3 relative (to max(1, |numpy|)) on the reference's top-20 logits.
+double worst_relative_error(const std::vector<float>& logits, const json& top) {
+  double worst = 0;
+  for (std::size_t j = 0; j < top["ids"].size(); ++j) {
+    const double want = top["logits"][j].get<double>();
+    const double got = logits[top["ids"][j].get<std::size_t>()];
+    worst = std::max(worst, std::abs(got - want) / std::max(1.0, std::abs(want)));
+  }
+  return worst;
+}
+
+std::vector<int> prompt_ids(const Loaded& L) { return L.ref["prompt_ids"].get<std::vector<int>>(); }
+
+TEST(EngineTokenizer, SameIdsAsPythonOnAwkwardStrings) {
+  REQUIRE_MODEL();
+  for (const auto& c : L->ref["tokenizer"]) {
+    const auto text = c["text"].get<std::string>();
+    EXPECT_EQ(L->tok->encode(text), c["ids"].get<std::vector<int>>()) << "text: " << text;
+    EXPECT_EQ(L->tok->decode(L->tok->encode(text)), text);
+  }
+}
+
+TEST(EngineTokenizer, SameIdsAsTheFixturePrompt) {
+  REQUIRE_MODEL();
+  std::ifstream in(ENGINE_FIXTURES "/smollm2_prompt/meta.json");
+  const json meta = json::parse(in);
+  const auto ids = L->tok->encode(meta["prompt"].get<std::string>());
+  const auto want = meta["token_ids"].get<std::vector<int>>();
+  const auto n = meta["prompt_range"][1].get<std::size_t>();
+  ASSERT_EQ(ids.size(), n);
+  EXPECT_TRUE(std::equal(ids.begin(), ids.end(), want.begin()));
+  // The chat template comes from the GGUF: its default system prompt is the fixture's.
+  EXPECT_EQ(meta["prompt"].get<std::string>().rfind(L->tok->chat("").substr(0, 60), 0), 0u);
+}
+
+TEST(EngineTokenizer, RefusesInvalidUtf8) {
+  REQUIRE_MODEL();
+  EXPECT_THROW(L->tok->encode(std::string("ok \xC3\x28 bad")), std::invalid_argument);
+  EXPECT_THROW(L->tok->encode(std::string("\xED\xA0\x80")), std::invalid_argument);  // a surrogate
+}
+
+// Prefill in pieces that end at each reference position; each piece's last logits are checked.
+TEST(EngineModel, LogitsMatchNumpy) {
+  REQUIRE_MODEL();
+  const auto ids = prompt_ids(*L);
+  engine::KVCache cache(L->model->config(), static_cast<std::int64_t>(ids.size()));
+  engine::Workspace ws;
+  std::vector<float> logits(static_cast<std::size_t>(L->model->config().vocab));
+  std::int64_t done = 0;
+  for (const auto& at : L->ref["logits"]) {
+    const auto p = at["position"].get<std::int64_t>();
+    L->model->forward(ids.data() + done, p + 1 - done, cache, ws, kThreads, logits.data());
+    done = p + 1;
+    const double err = worst_relative_error(logits, at);
+    EXPECT_LE(err, 1e-3) << "position " << p;
+    std::printf("position %lld: max relative logit error %.2e\n", static_cast<long long>(p), err);
+  }
+}
+
+TEST(EngineModel, GreedyTokensMatchNumpyWithTheFullCache) {
+  REQUIRE_MODEL();
+  const auto ids = prompt_ids(*L);
+  const auto want = L->ref["greedy_full"].get<std::vector<int>>();
+  engine::KVCache cache(L->model->config(), static_cast<std::int64_t>(ids.size() + want.size()));
+  engine::Workspace ws;
+  const auto logits = engine::prefill(*L->model, ids, cache, ws, kThreads, 100);
+  EXPECT_EQ(engine::greedy(*L->model, logits, static_cast<int>(want.size()), cache, ws, kThreads), want);
+}
+
+// The library's streaming policy keeps the same tokens as the numpy reference's
+// hand-made cache (first `sink`, last budget - sink); decoding over both agrees.
+TEST(EngineModel, CompressedDecodeMatchesNumpyGather) {
+  REQUIRE_MODEL();
+  const auto ids = prompt_ids(*L);
+  const json& c = L->ref["compressed"];
+  const auto budget = c["budget"].get<std::int64_t>();
+  const auto want_kept = c["kept"].get<std::vector<int>>();
+  const auto want_tokens = c["tokens"].get<std::vector<int>>();
+  engine::KVCache cache(L->model->config(), static_cast<std::int64_t>(ids.size()));
+  engine::Workspace ws;
+  const auto logits = engine::prefill(*L->model, ids, cache, ws, kThreads);
+
+  engine::CompressSettings s;
+  s.policy = "streaming";
+  s.keep_ratio = static_cast<double>(budget) / static_cast<double>(ids.size());
+  s.sink = c["sink"].get<std::int64_t>();
+  s.uniform = true;
+  s.room = static_cast<std::int64_t>(want_tokens.size());
+  const auto budgets = engine::compress_cache(cache, s);
+  ASSERT_EQ(budgets, std::vector<std::int64_t>(budgets.size(), budget));
+  for (int l = 0; l < cache.layers(); ++l)
+    for (int h = 0; h < cache.kv_heads(); ++h)
+      for (std::int64_t j = 0; j < budget; ++j)
+        ASSERT_EQ(cache.position(l, h, j), want_kept[static_cast<std::size_t>(j)]) << l << " " << h << " " << j;
+  EXPECT_EQ(cache.next_position, static_cast<std::int64_t>(ids.size()));
+
+  std::vector<std::vector<float>> chosen_by;
+  const auto tokens = engine::greedy(*L->model, logits, static_cast<int>(want_tokens.size()), cache, ws, kThreads, {},
+                                     &chosen_by);
+  EXPECT_EQ(tokens, want_tokens);
+  for (std::size_t step = 0; step < chosen_by.size(); ++step)
+    EXPECT_LE(worst_relative_error(chosen_by[step], c["logits"][step]), 1e-3) << "step " << step;
+}
+
+// FlashCache's per-head selection: decoding over the cache compress_cache builds
+// equals decoding over a cache gathered here, row by row, from the full one.
+TEST(EngineModel, FlashcacheDecodeEqualsAHandGatheredCache) {
+  REQUIRE_MODEL();
+  const auto ids = prompt_ids(*L);
+  constexpr int kSteps = 6;
+  engine::KVCache full(L->model->config(), static_cast<std::int64_t>(ids.size()));
+  engine::Workspace ws;
+  const auto logits = engine::prefill(*L->model, ids, full, ws, kThreads);
+  engine::KVCache compact = full;
+  engine::CompressSettings s;
+  s.keep_ratio = 0.3;
+  s.sink = 4;
+  s.window = 16;
+  s.room = kSteps;
+  const auto budgets = engine::compress_cache(compact, s);
+
+  std::vector<std::int64_t> capacity;
+  for (auto b : budgets) capacity.push_back(b + kSteps);
+  engine::KVCache gathered(L->model->config(), capacity);
+  bool heads_differ = false;
+  for (int l = 0; l < full.layers(); ++l) {
+    for (int h = 0; h < full.kv_heads(); ++h)
+      for (std::int64_t j = 0; j < budgets[static_cast<std::size_t>(l)]; ++j) {
+        const int t = compact.position(l, h, j);
+        ASSERT_TRUE(t >= 0 && t < static_cast<int>(ids.size()));
+        if (j > 0) {
+          ASSERT_LT(compact.position(l, h, j - 1), t);
+        }
+        heads_differ = heads_differ || t != compact.position(l, 0, j);
+        std::copy_n(full.k(l, h, t), full.head_dim(), gathered.k(l, h, j));
+        std::copy_n(full.v(l, h, t), full.head_dim(), gathered.v(l, h, j));
+        gathered.position(l, h, j) = t;
+      }
+    gathered.set_length(l, budgets[static_cast<std::size_t>(l)]);
+  }
+  gathered.next_position = full.next_position;
+  EXPECT_TRUE(heads_differ) << "every KV head kept the same tokens: per-head selection untested";
+  EXPECT_LT(compact.bytes_in_use(), full.bytes_in_use() * 31 / 100 + 1);
+
+  std::vector<std::vector<float>> a, b;
+  const auto ta = engine::greedy(*L->model, logits, kSteps, compact, ws, kThreads, {}, &a);
+  const auto tb = engine::greedy(*L->model, logits, kSteps, gathered, ws, kThreads, {}, &b);
+  EXPECT_EQ(ta, tb);
+  EXPECT_EQ(a, b);
+}
+
+TEST(EngineModel, TeacherForcedNllEqualsStepwiseDecoding) {
+  REQUIRE_MODEL();
+  const std::vector<int> ids = {1, 9690, 198, 2683, 359};
+  const std::vector<int> cont = {253, 5356, 281, 216};
+  engine::KVCache a(L->model->config(), 16), b(L->model->config(), 16);
+  engine::Workspace ws;
+  const auto logits = engine::prefill(*L->model, ids, a, ws, kThreads);
+  engine::prefill(*L->model, ids, b, ws, kThreads);
+  const auto nll = engine::continuation_nll(*L->model, logits, cont, a, ws, kThreads);
+  std::vector<float> step = logits;
+  for (std::size_t i = 0; i < cont.size(); ++i) {
+    double sum = 0;
+    const float mx = *std::max_element(step.begin(), step.end());
+    for (float x : step) sum += std::exp(static_cast<double>(x - mx));
+    EXPECT_NEAR(nll[i], std::log(sum) - (step[static_cast<std::size_t>(cont[i])] - mx), 1e-4);
+    L->model->forward(&cont[i], 1, b, ws, kThreads, step.data());
+  }
+}
+
+TEST(EngineModel, FullCacheAndBadRequestsAreRefused) {
+  REQUIRE_MODEL();
+  engine::KVCache cache(L->model->config(), 2);
+  engine::Workspace ws;
+  std::vector<float> logits(static_cast<std::size_t>(L->model->config().vocab));
+  const int ids[3] = {1, 2, 3};
+  EXPECT_THROW(L->model->forward(ids, 3, cache, ws, 1, logits.data()), std::length_error);
+  const int bad = L->model->config().vocab;
+  EXPECT_THROW(L->model->forward(&bad, 1, cache, ws, 1, logits.data()), std::out_of_range);
+  L->model->forward(ids, 2, cache, ws, 1, logits.data());
+  engine::CompressSettings s;
+  s.policy = "snapkv";
+  EXPECT_THROW(engine::compress_cache(cache, s), flashcache::Error);
+  s.policy = "nope";
+  EXPECT_THROW(engine::compress_cache(cache, s), flashcache::Error);
+}
+
+TEST(EngineModel, TruncatedModelFileIsRefusedByName) {
+  REQUIRE_MODEL();
+  std::ifstream in(engine::find_default_model(), std::ios::binary);
+  std::vector<std::uint8_t> head(1 << 20);
+  in.read(reinterpret_cast<char*>(head.data()), static_cast<std::streamsize>(head.size()));
+  try {
+    engine::parse_gguf(head.data(), head.size());
+    FAIL() << "a 1 MiB prefix of the model parsed";
+  } catch (const engine::GgufError& e) {
+    EXPECT_TRUE(e.code() == engine::GgufErrc::truncated || e.code() == engine::GgufErrc::absurd_count ||
+                e.code() == engine::GgufErrc::tensor_out_of_range)
+        << e.what();
+  }
+}
+
+}  // namespace
