@@ -13,6 +13,7 @@
 // the kept-row offsets of each layer.
 #include "common.cuh"
 #include "flashcache/allocate.hpp"
+#include "flashcache/rules.hpp"
 
 namespace flashcache::gpu::kernels {
 
@@ -48,10 +49,8 @@ __global__ void __launch_bounds__(kAllocateThreads) allocate_kernel(AllocatePara
   const int L = p.layers, B = p.sequences;
   for (int b = tid; b < B; b += kAllocateThreads) {
     const long long n = p.len[b];
-    long long want = p.count;
-    if (p.is_ratio) {
-      want = llround(p.ratio * static_cast<double>(n));
-    } else if (want > n) {
+    long long want = flashcache::rules::layer_budget(p.is_ratio, p.ratio, p.count, n);
+    if (!p.is_ratio && want > n) {
       raise(p.status, DeviceErrc::budget_exceeds_tokens, b, want, n);
       want = n;
     }
@@ -65,8 +64,7 @@ __global__ void __launch_bounds__(kAllocateThreads) allocate_kernel(AllocatePara
     std::int64_t* tokens = p.scratch_tokens + std::int64_t{b} * L;
     std::int64_t* floor = p.scratch_floor + std::int64_t{b} * L;
     std::int64_t* out = p.scratch_out + std::int64_t{b} * L;
-    const long long total = p.is_ratio ? llround(p.ratio * static_cast<double>(n * L)) : want * L;
-    const auto min_share = static_cast<std::int64_t>(ceil(p.min_layer_ratio * static_cast<double>(n) - 1e-9));
+    const long long total = flashcache::rules::model_total(p.is_ratio, p.ratio, want, n * L, L);
     long long floor_sum = 0;
     bool ratios_ok = true;
     for (int l = 0; l < L; ++l) {
@@ -77,7 +75,7 @@ __global__ void __launch_bounds__(kAllocateThreads) allocate_kernel(AllocatePara
         ratios_ok = false;
       }
       tokens[l] = n;
-      floor[l] = p.protected_max[at] > min_share ? p.protected_max[at] : min_share;
+      floor[l] = flashcache::rules::layer_floor(p.protected_max[at], p.min_layer_ratio, n);
       floor_sum += floor[l];
     }
     if (!ratios_ok) continue;

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "flashcache/options.hpp"
+#include "flashcache/rules.hpp"
 
 #include "flashcache/types.hpp"
 
@@ -41,6 +42,7 @@ enum class DeviceErrc : int {
   bad_energy_ratio,        // info: layer, sequence
   output_capacity,         // info: layer, kept rows, output capacity
   length_mismatch,         // info: sequence, device length, plan length
+  shared_page,             // info: page id, position in the page table
 };
 
 inline constexpr int kStatusWords = 8;
@@ -113,7 +115,7 @@ struct ProtectRule {
   const std::uint8_t* mask = nullptr;  // packed token order, may be null
 
   __device__ __forceinline__ bool operator()(std::int64_t t, std::int64_t n, std::int64_t packed) const {
-    return t < sink || t >= n - window || (mask != nullptr && mask[packed] != 0);
+    return flashcache::rules::is_protected(t, n, sink, window, mask != nullptr && mask[packed] != 0);
   }
 };
 
@@ -130,6 +132,14 @@ __device__ __forceinline__ int owner_of(const std::int32_t* offsets, int count, 
   }
   return lo;
 }
+
+// Scan operators for cub.
+struct MaxOf {
+  __device__ int operator()(int a, int b) const { return a > b ? a : b; }
+};
+struct MinOf {
+  __device__ int operator()(int a, int b) const { return a < b ? a : b; }
+};
 
 __host__ __device__ constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 

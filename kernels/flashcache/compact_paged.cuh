@@ -8,6 +8,14 @@
 // is overwritten before it is read, in place and without a second buffer.
 // Each (layer, sequence) reports its new length and the pages it frees
 // (the trailing ones); the caller owns the page table and updates it.
+//
+// Supported layouts: one page table for all layers (FlashInfer's CSR
+// indptr / indices / last_page_len; vLLM's block table rewritten as CSR), each
+// page owned by one sequence. Refused by name: a page id that appears twice
+// (prefix sharing, beam search: compacting would overwrite another sequence's
+// rows; checked on the device by page_owner_kernel, before any move) and, on
+// the host, dynamic allocation over several layers (each layer would keep its
+// own length, which one shared table cannot describe).
 #include "common.cuh"
 #include "gather.cuh"
 
@@ -94,6 +102,31 @@ __global__ void __launch_bounds__(kCompactThreads) compact_paged_kernel(CompactP
       }
     }
     __syncthreads();  // the stage is refilled next chunk
+  }
+}
+
+// ---- every page owned once ---------------------------------------------------
+struct PageOwnerParams {
+  int sequences = 0;
+  const std::int32_t* page_indptr = nullptr;   // [B+1], validated by the plan kernel
+  const std::int32_t* page_indices = nullptr;  // ids validated in [0, num_pages) by the plan kernel
+  std::uint32_t* owners = nullptr;             // ceil(num_pages / 32) words, zeroed before the launch
+  int* status = nullptr;
+};
+
+inline constexpr int kPageOwnerThreads = 256;
+inline constexpr int kPageOwnerCtas = 64;
+
+// Marks each page's bit; a bit already set is a page listed twice.
+template <int kOneDefinition = 0>
+__global__ void __launch_bounds__(kPageOwnerThreads) page_owner_kernel(PageOwnerParams p) {
+  if (failed(p.status)) return;  // no barrier in this kernel
+  const long long total = p.page_indptr[p.sequences];
+  for (long long i = std::int64_t{blockIdx.x} * kPageOwnerThreads + threadIdx.x; i < total;
+       i += std::int64_t{kPageOwnerCtas} * kPageOwnerThreads) {
+    const int page = p.page_indices[i];
+    const std::uint32_t bit = 1u << (page & 31);
+    if (atomicOr(&p.owners[page >> 5], bit) & bit) raise(p.status, DeviceErrc::shared_page, page, i);
   }
 }
 

@@ -42,13 +42,11 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanParams p) {
   __syncthreads();
 
   const bool paged = p.page_indices != nullptr;
-  if (paged) {  // page ids must name pages of the pool
-    const long long first = p.indptr[0], last = p.indptr[p.sequences];
-    for (long long i = first + tid; i < last; i += kPlanThreads) {
-      const int page = p.page_indices[i];
-      if (page < 0 || page >= p.num_pages) raise(p.status, DeviceErrc::bad_page, -1, page, p.num_pages);
-    }
-  }
+  // Paged: indptr starts at 0 (FlashInfer's convention), and no sequence has
+  // more pages than the capacity could fill; with the capacity check on the
+  // total below, this bounds every page-id read that follows.
+  const long long max_pages = paged ? ceil_div(p.capacity, p.page_size) : 0;
+  if (paged && tid == 0 && p.indptr[0] != 0) raise(p.status, DeviceErrc::bad_indptr, 0, p.indptr[0], p.indptr[1]);
 
   long long token_carry = 0, slot_carry = 0;
   for (int base = 0; base < p.sequences; base += kPlanThreads) {
@@ -64,6 +62,8 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanParams p) {
         } else if (!paged) {
           if (hi > p.capacity) raise(p.status, DeviceErrc::capacity_exceeded, hi, p.capacity);
           len = hi - lo;
+        } else if (hi - lo > max_pages) {
+          raise(p.status, DeviceErrc::bad_indptr, b, lo, hi);
         } else if (hi > lo) {
           const long long last = p.last_page_len[b];
           if (last < 1 || last > p.page_size)
@@ -92,6 +92,17 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanParams p) {
     if (token_carry > p.capacity) raise(p.status, DeviceErrc::capacity_exceeded, token_carry, p.capacity);
     p.offset[p.sequences] = static_cast<std::int32_t>(token_carry > p.capacity ? p.capacity : token_carry);
     p.slots[p.sequences] = static_cast<std::int32_t>(slot_carry);
+  }
+  // Page ids are read only through an indptr found valid above (every thread
+  // sees the status after the barrier), so a garbage indptr is reported, not
+  // an illegal address.
+  __syncthreads();
+  if (paged && !failed(p.status)) {  // page ids must name pages of the pool
+    const long long last = p.indptr[p.sequences];
+    for (long long i = tid; i < last; i += kPlanThreads) {
+      const int page = p.page_indices[i];
+      if (page < 0 || page >= p.num_pages) raise(p.status, DeviceErrc::bad_page, -1, page, p.num_pages);
+    }
   }
 }
 

@@ -16,10 +16,23 @@
 // Non-finite tokens score +inf; for the transform their rows are replaced by
 // the nearest finite row before them in the sequence (after it for leading
 // ones, zeros if the sequence has none), exactly as score.hpp does on the CPU.
-// A block that starts with such rows looks outside itself for that row.
+// A block that starts with such rows needs a row from outside itself, which
+// only the other blocks know. So the kernel runs twice around a small scan:
+//   pass 0 (every block)  scores the blocks that begin with a finite row, and
+//                         records each block's first and last finite token;
+//   blocked_edges_kernel  per (layer, head, sequence), a scan over the blocks:
+//                         which row stands in for each deferred block's
+//                         leading non-finite rows (O(blocks), whatever the run);
+//   pass 1 (resolve)      only the deferred blocks, with that row; the others
+//                         return after reading one int.
+// The decision to defer or to resolve comes from memory written before a
+// barrier (or by an earlier kernel), so every thread of a CTA takes it alike.
+#include <cub/block/block_scan.cuh>
+
 #include <cstdint>
 
 #include "common.cuh"
+#include "flashcache/rules.hpp"
 
 namespace flashcache::gpu::kernels {
 
@@ -70,8 +83,13 @@ struct BlockedParams {
   double gamma = 0.2;
   ProtectRule protect;
   bool vector_ok = false;         // rows and strides allow 16-byte loads
+  bool resolve = false;           // pass 1: only the blocks pass 0 deferred
   std::int64_t capacity = 0;      // score row length per (layer, head)
   std::int64_t slot_count = 0;    // partial slots per (layer, head)
+  // [L][H][slot_count] each, token indices within the sequence, -1 for none:
+  std::int32_t* first_good = nullptr;    // pass 0: the block's first finite token
+  std::int32_t* last_good = nullptr;     // pass 0: the block's last finite token
+  const std::int32_t* source = nullptr;  // edges: stand-in for leading non-finite rows (see kSource*)
   float* scores = nullptr;        // [L][H][capacity]
   float4* energy_part = nullptr;  // [L][H][slot_count]: K total, K high, V total, V high
   int* protected_part = nullptr;  // [L][H][slot_count]
@@ -98,11 +116,32 @@ __device__ __forceinline__ void transpose_reduce(float (&x)[kN], int lane) {
   transpose_reduce_step<kN, kN / 2, 16>(x, lane);
 }
 
-// Finite test of a K/V row pair in global memory, by one warp.
+// What blocked_edges_kernel leaves in `source` for a block (besides a token
+// index >= 0: the nearest finite row before the block, or after it when
+// neither the block nor anything before it has one).
+inline constexpr std::int32_t kSourceNone = -3;        // the block starts finite: nothing to resolve
+inline constexpr std::int32_t kSourceFirstInBlock = -2;  // leading rows take the block's first finite row
+inline constexpr std::int32_t kSourceZeros = -1;       // the sequence has no finite row for this head
+
+// Is every element of a K/V row pair finite? One warp; all loads are issued
+// unconditionally (no short-circuit chain of dependent loads), 16 bytes at a
+// time when the row allows it.
 template <class T>
-__device__ bool row_is_finite(const T* k, const T* v, int head_dim, int lane) {
+__device__ bool row_is_finite(const T* k, const T* v, int head_dim, int lane, bool vector_ok) {
   bool ok = true;
-  for (int c = lane; c < head_dim; c += 32) ok = ok && isfinite(load_float(k[c])) && isfinite(load_float(v[c]));
+  if (vector_ok) {
+    constexpr int kPerVec = 16 / sizeof(T);
+    for (int q = lane; q < head_dim / kPerVec; q += 32) {
+      const uint4 a = reinterpret_cast<const uint4*>(k)[q];
+      const uint4 b = reinterpret_cast<const uint4*>(v)[q];
+      const T* ea = reinterpret_cast<const T*>(&a);
+      const T* eb = reinterpret_cast<const T*>(&b);
+#pragma unroll
+      for (int i = 0; i < kPerVec; ++i) ok &= isfinite(load_float(ea[i])) & isfinite(load_float(eb[i]));
+    }
+  } else {
+    for (int c = lane; c < head_dim; c += 32) ok &= isfinite(load_float(k[c])) & isfinite(load_float(v[c]));
+  }
   return __all_sync(0xffffffffu, ok);
 }
 
@@ -117,6 +156,8 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
   const int head = static_cast<int>(blockIdx.y), layer = static_cast<int>(blockIdx.z);
   const std::int64_t slot = blockIdx.x;
   if (slot >= p.seq.slots[p.sequences]) return;
+  const std::int64_t slot_index = (std::int64_t{layer} * gridDim.y + head) * p.slot_count + slot;
+  if (p.resolve && p.source[slot_index] == kSourceNone) return;  // written by an earlier kernel: uniform
   const int b = owner_of(p.seq.slots, p.sequences, slot);
   const std::int64_t n_seq = p.seq.len[b];
   const std::int64_t t0 = (slot - p.seq.slots[b]) * p.block_size;
@@ -140,7 +181,7 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
   int* src = reinterpret_cast<int*>(smem + lay.src);
   float* energy = reinterpret_cast<float*>(smem + lay.energy);
   int* misc =
-      reinterpret_cast<int*>(smem + lay.misc);  // [0] protected count, [1] external row, [2] first good in block
+      reinterpret_cast<int*>(smem + lay.misc);  // [0] protected count, [2] first finite row of the block
 
   // 1. Load the block's rows as stored, 16 bytes at a time when allowed.
   if (p.vector_ok) {
@@ -172,8 +213,8 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
   __syncthreads();
 
   // 3. Where each row's values come from: itself, an earlier finite row of the
-  // block, or (rows before the block's first finite one) a row outside it.
-  //    src >= 0: that row of the tile; -1: zeros; -2: the external row.
+  // block, or (rows before the block's first finite one) a stand-in.
+  //    src >= 0: that row of the tile; -1: zeros; -2: the external row; -3: a stand-in, resolved below.
   if (tid == 0) {
     int last_good = -1, first_good = -1;
     for (int n = 0; n < len; ++n) {
@@ -182,39 +223,31 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
         last_good = n;
         if (first_good < 0) first_good = n;
       } else {
-        src[n] = last_good >= 0 ? last_good : -3;  // -3: resolved below
+        src[n] = last_good >= 0 ? last_good : -3;
       }
     }
-    misc[1] = -1;
     misc[2] = first_good;
+    if (!p.resolve) {
+      p.first_good[slot_index] = first_good >= 0 ? static_cast<std::int32_t>(t0 + first_good) : -1;
+      p.last_good[slot_index] = last_good >= 0 ? static_cast<std::int32_t>(t0 + last_good) : -1;
+    }
   }
   __syncthreads();
-  if (len > 0 && src[0] == -3) {  // uniform: the block begins with non-finite rows
-    if (warp == 0) {
-      // The nearest finite row before the block, else (only if the block has
-      // none) the first finite row after it.
-      std::int64_t found = -1;
-      for (std::int64_t t = t0 - 1; t >= 0 && found < 0; --t) {
-        const std::int64_t off = p.rows.offset(b, head, t);
-        if (row_is_finite(kbase + off, vbase + off, d, lane)) found = t;
+  // bad[0] was written before the barrier above and is never rewritten: every thread agrees.
+  const bool leading_bad = len > 0 && bad[0] != 0;
+  if (!p.resolve && leading_bad) return;  // deferred to pass 1, once the stand-in is known
+  if (p.resolve) {
+    const std::int32_t stand_in = p.source[slot_index];
+    if (stand_in >= 0) {
+      const std::int64_t off = p.rows.offset(b, head, stand_in);
+      for (int c = tid; c < d; c += kThreads) {
+        ext_k[c] = kbase[off + c];
+        ext_v[c] = vbase[off + c];
       }
-      if (found < 0 && misc[2] < 0)
-        for (std::int64_t t = t0 + len; t < n_seq && found < 0; ++t) {
-          const std::int64_t off = p.rows.offset(b, head, t);
-          if (row_is_finite(kbase + off, vbase + off, d, lane)) found = t;
-        }
-      if (found >= 0) {
-        const std::int64_t off = p.rows.offset(b, head, found);
-        for (int c = lane; c < d; c += 32) {
-          ext_k[c] = kbase[off + c];
-          ext_v[c] = vbase[off + c];
-        }
-      }
-      __syncwarp();
-      if (lane == 0) {
-        const int lead = found >= 0 ? -2 : (misc[2] >= 0 ? misc[2] : -1);
-        for (int n = 0; n < len && src[n] == -3; ++n) src[n] = lead;
-      }
+    }
+    if (tid == 0) {
+      const int lead = stand_in >= 0 ? -2 : (stand_in == kSourceFirstInBlock ? misc[2] : -1);
+      for (int n = 0; n < len && src[n] == -3; ++n) src[n] = lead;
     }
     __syncthreads();
   }
@@ -325,18 +358,87 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
       rk += part_k[w * kTile + n];
       rv += part_v[w * kTile + n];
     }
-    p.scores[row + n] = bad[n] ? __int_as_float(0x7f800000) : rk * inv_d + rv * inv_d;
-    protected_here += (bad[n] || p.protect(t0 + n, n_seq, packed + n)) ? 1 : 0;
+    const float score = bad[n] ? __int_as_float(0x7f800000) : rk * inv_d + rv * inv_d;
+    p.scores[row + n] = score;
+    protected_here += (flashcache::rules::always_kept_score(score) || p.protect(t0 + n, n_seq, packed + n)) ? 1 : 0;
   }
   if (protected_here) atomicAdd(&misc[0], protected_here);  // integer sum: order does not matter
   __syncthreads();
-  const std::int64_t slot_index = (std::int64_t{layer} * gridDim.y + head) * p.slot_count + slot;
   if (tid < 4) {
     float s = 0.0f;
     for (int i = 0; i < kThreads; ++i) s += energy[tid * kThreads + i];
     reinterpret_cast<float*>(&p.energy_part[slot_index])[tid] = s;
   }
   if (tid == 0) p.protected_part[slot_index] = misc[0];
+}
+
+// ---- stand-ins for deferred blocks ---------------------------------------------
+struct EdgeParams {
+  int sequences = 0;
+  int block_size = 0;
+  std::int64_t slot_count = 0;
+  const std::int32_t* slots = nullptr;       // [B+1]
+  const std::int32_t* first_good = nullptr;  // [L][H][slot_count], from pass 0
+  const std::int32_t* last_good = nullptr;
+  std::int32_t* source = nullptr;  // [L][H][slot_count]: a token, or kSourceNone / FirstInBlock / Zeros
+  int* status = nullptr;
+};
+
+inline constexpr int kEdgeThreads = 256;
+
+// One CTA per (sequence, head, layer): an exclusive max-scan of the blocks'
+// last finite tokens (the nearest finite row before each block), then an
+// exclusive min-scan from the right of their first finite tokens (the first
+// after it), in chunks of kEdgeThreads blocks with a carry.
+template <int kOneDefinition = 0>
+__global__ void __launch_bounds__(kEdgeThreads) blocked_edges_kernel(EdgeParams p) {
+  using Scan = cub::BlockScan<int, kEdgeThreads>;
+  __shared__ typename Scan::TempStorage storage;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (stop_requested(p.status)) return;
+  const int b = static_cast<int>(blockIdx.x), head = static_cast<int>(blockIdx.y), layer = static_cast<int>(blockIdx.z);
+  const std::int64_t base = (std::int64_t{layer} * gridDim.y + head) * p.slot_count;
+  const std::int64_t s0 = p.slots[b], s1 = p.slots[b + 1];
+  constexpr int kNone = 0x7fffffff;
+
+  // Forward: the last finite token before each block, parked in `source`.
+  int carry = -1;
+  for (std::int64_t c = s0; c < s1; c += kEdgeThreads) {
+    const std::int64_t s = c + tid;
+    const int last = s < s1 ? p.last_good[base + s] : -1;
+    int before = -1, chunk = -1;
+    Scan(storage).ExclusiveScan(last, before, -1, MaxOf{}, chunk);
+    __syncthreads();  // the scan storage is reused next chunk
+    if (s < s1) p.source[base + s] = before > carry ? before : carry;
+    if (chunk > carry) carry = chunk;
+  }
+  __syncthreads();  // the forward results are read by other threads below
+
+  // Backward: the first finite token after each block, and the decision.
+  int after_carry = kNone;
+  for (std::int64_t c = s1 - 1; c >= s0; c -= kEdgeThreads) {
+    const std::int64_t s = c - tid;  // thread 0 takes the last block of the chunk
+    const int first = s >= s0 ? p.first_good[base + s] : -1;
+    int after = kNone, chunk = kNone;
+    Scan(storage).ExclusiveScan(first >= 0 ? first : kNone, after, kNone, MinOf{}, chunk);
+    __syncthreads();
+    if (s >= s0) {
+      if (after_carry < after) after = after_carry;
+      const std::int32_t before = p.source[base + s];
+      const std::int64_t t0 = (s - s0) * p.block_size;
+      std::int32_t decision;
+      if (first == t0)
+        decision = kSourceNone;
+      else if (before >= 0)
+        decision = before;
+      else if (first >= 0)
+        decision = kSourceFirstInBlock;
+      else
+        decision = after != kNone ? after : kSourceZeros;
+      p.source[base + s] = decision;
+    }
+    if (chunk < after_carry) after_carry = chunk;
+  }
 }
 
 }  // namespace flashcache::gpu::kernels

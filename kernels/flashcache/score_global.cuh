@@ -38,6 +38,7 @@ struct SubstituteParams {
   SeqTable seq;
   int sequences = 0;
   int head_dim = 0;
+  bool vector_ok = false;  // rows allow 16-byte loads
   std::int64_t capacity = 0;
   std::int32_t* sub = nullptr;  // [L][H][capacity]: flags (1 finite), then the source token or -1 (zeros)
   int* status = nullptr;
@@ -60,19 +61,12 @@ __global__ void __launch_bounds__(kFiniteThreads) finite_kernel(SubstituteParams
     if (i >= total) break;                                                    // per warp; no barrier follows
     const int b = owner_of(p.seq.offset, p.sequences, i);
     const std::int64_t off = p.rows.offset(b, head, i - p.seq.offset[b]);
-    const bool ok = row_is_finite(k + off, v + off, p.head_dim, lane);
+    const bool ok = row_is_finite(k + off, v + off, p.head_dim, lane, p.vector_ok);
     if (lane == 0) flags[i] = ok ? 1 : 0;
   }
 }
 
 inline constexpr int kSubstituteThreads = 256;
-
-struct MaxOf {
-  __device__ int operator()(int a, int b) const { return a > b ? a : b; }
-};
-struct MinOf {
-  __device__ int operator()(int a, int b) const { return a < b ? a : b; }
-};
 
 template <class T>
 __global__ void __launch_bounds__(kSubstituteThreads) substitute_kernel(SubstituteParams<T> p) {
@@ -107,6 +101,28 @@ __global__ void __launch_bounds__(kSubstituteThreads) substitute_kernel(Substitu
     for (int t = tid; t < n && t < first_good; t += kSubstituteThreads) sub[t] = first_good;
 }
 
+// ---- the plan's lengths against the device's ------------------------------------
+// Every sequence, zero-length ones included, before any pass uses the plan's
+// lengths: a mismatch stops the run (and names the sequence) instead of
+// letting packed offsets drift. The plan's lengths travel as kernel
+// parameters, kLengthsPerCheck at a time (no device copy, no allocation).
+inline constexpr int kLengthsPerCheck = 256;
+
+struct LengthCheckParams {
+  const std::int32_t* seq_len = nullptr;  // the device's, from the plan kernel
+  int first = 0, count = 0;               // sequences [first, first + count)
+  std::int32_t expected[kLengthsPerCheck];
+  int* status = nullptr;
+};
+
+template <int kOneDefinition = 0>
+__global__ void __launch_bounds__(kLengthsPerCheck) check_lengths_kernel(LengthCheckParams p) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i >= p.count || failed(p.status)) return;  // no barrier in this kernel
+  const int b = p.first + i;
+  if (p.seq_len[b] != p.expected[i]) raise(p.status, DeviceErrc::length_mismatch, b, p.seq_len[b], p.expected[i]);
+}
+
 // ---- pack --------------------------------------------------------------------
 template <class T>
 struct PackParams {
@@ -116,9 +132,9 @@ struct PackParams {
   int sequence = 0;
   int heads = 0, head_dim = 0;
   std::int64_t n = 0;                 // the plan's length of this sequence
-  const std::int32_t* sub = nullptr;  // this layer, head 0, this sequence; heads `capacity` apart
+  const std::int32_t* sub = nullptr;  // this layer, head 0, packed token 0; heads `capacity` apart
   std::int64_t capacity = 0;
-  const std::int32_t* seq_len = nullptr;
+  SeqTable seq;                       // the device's lengths and packed offsets
   float2* z = nullptr;  // [heads * head_dim][n]
   int* status = nullptr;
 };
@@ -130,11 +146,12 @@ __global__ void __launch_bounds__(256) pack_kernel(PackParams<T> p) {
   __shared__ float2 tile[32][33];
   const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
   if (stop_requested(p.status)) return;
-  if (p.seq_len[p.sequence] != p.n) {
+  if (p.seq.len[p.sequence] != p.n) {  // check_lengths_kernel has reported it; stay clear of the buffers
     if (blockIdx.x == 0 && blockIdx.y == 0 && tx == 0 && ty == 0)
-      raise(p.status, DeviceErrc::length_mismatch, p.sequence, p.seq_len[p.sequence], p.n);
+      raise(p.status, DeviceErrc::length_mismatch, p.sequence, p.seq.len[p.sequence], p.n);
     return;
   }
+  const std::int32_t* sub = p.sub + p.seq.offset[p.sequence];
   const std::int64_t columns = std::int64_t{p.heads} * p.head_dim;
   const std::int64_t j0 = std::int64_t{blockIdx.x} * 32, col0 = std::int64_t{blockIdx.y} * 32;
   for (int r = ty; r < 32; r += 8) {
@@ -143,7 +160,7 @@ __global__ void __launch_bounds__(256) pack_kernel(PackParams<T> p) {
     if (j < p.n && col < columns) {
       const std::int64_t token = 2 * j < p.n ? 2 * j : 2 * (p.n - 1 - j) + 1;
       const int h = static_cast<int>(col / p.head_dim), c = static_cast<int>(col % p.head_dim);
-      const int s = p.sub[h * p.capacity + token];
+      const int s = sub[h * p.capacity + token];
       if (s >= 0) {
         const std::int64_t off = p.rows.offset(p.sequence, h, s) + c;
         value = make_float2(load_float(p.k[off]), load_float(p.v[off]));
@@ -220,7 +237,7 @@ struct ResidualParams {
   std::int64_t n = 0;
   std::int64_t capacity = 0, slot_count = 0;
   ProtectRule protect;
-  const std::int32_t* sub = nullptr;  // this layer, head 0, sequence start; heads `capacity` apart
+  const std::int32_t* sub = nullptr;  // this layer, head 0, packed token 0; heads `capacity` apart
   const float2* z = nullptr;          // [heads * head_dim][n], after the inverse FFT
   float* scores = nullptr;            // [L][H][capacity]
   float4* energy_part = nullptr;      // [L][H][slot_count]
@@ -240,7 +257,8 @@ __global__ void __launch_bounds__(256) residual_kernel(ResidualParams<T> p) {
   const int head = static_cast<int>(blockIdx.y);
   const std::int64_t n0 = std::int64_t{blockIdx.x} * kGlobalTile;
   const int d = p.head_dim;
-  const std::int32_t* sub = p.sub + head * p.capacity;
+  if (p.seq.len[p.sequence] != p.n) return;  // reported by check_lengths_kernel; uniform
+  const std::int32_t* sub = p.sub + head * p.capacity + p.seq.offset[p.sequence];
   const float inv_n = 1.0f / static_cast<float>(p.n);
 
   float rk = 0, rv = 0, ek = 0, ev = 0;  // this lane's token, this warp's columns
@@ -293,8 +311,10 @@ __global__ void __launch_bounds__(256) residual_kernel(ResidualParams<T> p) {
       for (int q = 0; q < 4; ++q) s[q] += part[q][w][lane];
     if (token_ok) {
       const float inv_d = 1.0f / static_cast<float>(d);
-      p.scores[row + token] = good ? s[0] * inv_d + s[1] * inv_d : __int_as_float(0x7f800000);
-      if (!good || p.protect(token, p.n, p.seq.offset[p.sequence] + token)) atomicAdd(&protected_count, 1);
+      const float score = good ? s[0] * inv_d + s[1] * inv_d : __int_as_float(0x7f800000);
+      p.scores[row + token] = score;
+      if (flashcache::rules::always_kept_score(score) || p.protect(token, p.n, p.seq.offset[p.sequence] + token))
+        atomicAdd(&protected_count, 1);
     }
     // Energies over finite tokens, reduced in a fixed order across the warp.
     float e[4] = {good ? s[2] : 0.0f, good ? s[0] : 0.0f, good ? s[3] : 0.0f, good ? s[1] : 0.0f};

@@ -2,7 +2,7 @@
 // Stage 3, select: which tokens each (layer, sequence, head) keeps.
 //
 // One CTA of 256 threads per segment. The guarantees of select.hpp hold:
-//   - protected tokens (sink, window, mask, score +inf) are always kept, and a
+//   - protected tokens (sink, window, mask, score +inf or NaN) are always kept, and a
 //     budget below them is reported through the status word;
 //   - the rest are the highest scores, ties to the lower token index;
 //   - the output is ascending.
@@ -50,8 +50,9 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
   const float* score = p.scores + (std::int64_t{layer} * heads + head) * p.capacity + packed;
   std::int32_t* out = p.kept + (std::int64_t{layer} * heads + head) * p.capacity +
                       p.kept_indptr[std::int64_t{layer} * (p.sequences + 1) + b];
-  const float inf = __int_as_float(0x7f800000);
-  auto forced = [&](std::int64_t t) { return score[t] == inf || p.protect(t, n, packed + t); };
+  auto forced = [&](std::int64_t t) {
+    return flashcache::rules::always_kept_score(score[t]) || p.protect(t, n, packed + t);
+  };
 
   // 1. The protected set, and how many of the rest to take.
   if (tid == 0) forced_total = 0;

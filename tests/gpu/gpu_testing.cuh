@@ -90,6 +90,14 @@ struct Case {
   bool gather = true;
   bool compact = false;  // paged only
   std::uint64_t seed = 1;
+  // Fixed non-finite placements: K[column 0] of (sequence, head, token) set to value.
+  struct BadRow {
+    int sequence = 0;
+    std::int64_t head = 0, first = 0, last = 0;  // tokens [first, last]
+    float value = std::numeric_limits<float>::quiet_NaN();
+  };
+  std::vector<BadRow> bad_rows;
+  std::int64_t token_pad = 0;  // dense only: elements of padding after each token row (unaligned strides)
 };
 
 inline Options blocked(std::int64_t block) {
@@ -165,9 +173,9 @@ HostCache<T> make_cache(const Case& c) {
     hc.indptr.assign(1, 0);
     for (int b = 0; b < B; ++b) hc.indptr.push_back(static_cast<std::int32_t>(hc.indptr.back() + c.lengths[b]));
     hc.capacity = hc.indptr.back() + 5;  // slack rows after the batch
-    hc.head_stride = c.nhd ? d : hc.capacity * d;
-    hc.token_stride = c.nhd ? H * d : d;
-    storage = hc.capacity * H * d;
+    hc.head_stride = c.nhd ? d : hc.capacity * (d + c.token_pad);
+    hc.token_stride = c.nhd ? H * d + c.token_pad : d + c.token_pad;
+    storage = hc.capacity * H * (d + c.token_pad) + c.token_pad;
   }
   // Smooth along tokens plus noise, so that scores spread out; a few outliers.
   std::normal_distribution<double> noise(0.0, 0.3);
@@ -195,6 +203,8 @@ HostCache<T> make_cache(const Case& c) {
       const std::int64_t j = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(d));
       (i % 2 ? vs : ks)[hc.row(b, h, t) + j] = from_float<T>(std::numeric_limits<float>::quiet_NaN());
     }
+    for (const Case::BadRow& r : c.bad_rows)
+      for (std::int64_t t = r.first; t <= r.last; ++t) ks[hc.row(r.sequence, r.head, t)] = from_float<T>(r.value);
     hc.k.push_back(std::move(ks));
     hc.v.push_back(std::move(vs));
   }

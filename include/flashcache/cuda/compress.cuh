@@ -31,6 +31,7 @@
 #include "flashcache/error.hpp"
 #include "flashcache/gather.cuh"
 #include "flashcache/options.hpp"
+#include "flashcache/rules.hpp"
 #include "flashcache/plan.cuh"
 #include "flashcache/score_blocked.cuh"
 #include "flashcache/score_global.cuh"
@@ -41,8 +42,9 @@
 namespace flashcache::gpu {
 
 inline constexpr int kMaxLayers = kernels::kMaxLayers;
-inline constexpr int kMaxBlockSize = 128;
-// Shared memory a CTA may use on sm_90 (H100/H200) after opting in.
+inline constexpr int kMaxBlockSize = static_cast<int>(rules::kMaxGpuBlockSize);
+// Shared memory a CTA may use after opting in, when no device can be asked:
+// sm_90's (H100/H200). With a device, can_implement() asks it.
 inline constexpr std::int64_t kMaxSharedBytes = 227 * 1024;
 static_assert(kGlobalSlotTokens == kernels::kGlobalTile, "the workspace's global slots are the residual pass's tiles");
 // Head dims with a compiled kernel; any other head dim takes the generic one.
@@ -71,8 +73,10 @@ inline std::int64_t blocked_smem_bytes(std::int64_t head_dim, std::int64_t elem_
   return s.total;
 }
 
-inline Shape shape_of(int layers, std::int64_t heads, std::int64_t head_dim, int sequences, std::int64_t capacity) {
+inline Shape shape_of(int layers, std::int64_t heads, std::int64_t head_dim, int sequences, std::int64_t capacity,
+                      std::int64_t num_pages) {
   Shape s;
+  s.num_pages = num_pages;
   s.layers = layers;
   s.heads = heads;
   s.head_dim = head_dim;
@@ -107,6 +111,17 @@ inline kernels::RowMap row_map(std::int64_t head_stride, std::int64_t token_stri
 }
 
 inline Status launched(const char* kernel) { return cuda_status(cudaGetLastError(), kernel); }
+
+// The shared memory one CTA may opt in to on the current device, or
+// kMaxSharedBytes (sm_90) when there is no device to ask (host-only checks).
+inline std::int64_t max_shared_bytes() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess && bytes > 0)
+    return bytes;
+  (void)cudaGetLastError();  // the failed query's error is not the caller's
+  return kMaxSharedBytes;
+}
 
 }  // namespace detail
 
@@ -163,14 +178,15 @@ Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt
   }
 
   if (opt.transform == Transform::blocked) {
-    if (opt.block_size > kMaxBlockSize)
-      return make_error(Errc::unsupported, "block_size ", opt.block_size, ": the GPU blocked transform takes 1 to ",
-                        kMaxBlockSize);
+    if (!rules::block_size_ok(opt.block_size, true))
+      return make_error(Errc::unsupported, "block_size ", opt.block_size, ": the GPU blocked transform takes ",
+                        rules::kMinBlockSize, " to ", rules::kMaxGpuBlockSize);
     const std::int64_t smem = detail::blocked_smem_bytes(c.head_dim, sizeof(T), opt);
-    if (smem > kMaxSharedBytes)
+    const std::int64_t limit = detail::max_shared_bytes();
+    if (smem > limit)
       return make_error(Errc::unsupported, "block_size ", opt.block_size, " with head_dim ", c.head_dim, " ",
-                        to_string(dtype_of<T>::value), " needs ", smem, " bytes of shared memory > ", kMaxSharedBytes,
-                        "; use a smaller block_size");
+                        to_string(dtype_of<T>::value), " needs ", smem, " bytes of shared memory > ", limit,
+                        " this device allows; use a smaller block_size");
   } else {
     if (plan == nullptr) return make_error(Errc::invalid_option, "the global transform needs a GlobalPlan");
     if (plan->heads() != c.heads || plan->head_dim() != c.head_dim ||
@@ -203,6 +219,11 @@ Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt
     if (!c.paged()) return make_error(Errc::invalid_option, "compact_in_place needs a paged cache");
     if (out.new_len == nullptr || out.pages_freed == nullptr)
       return make_error(Errc::invalid_shape, "compact_in_place: new_len and pages_freed are required");
+    if (c.layers > 1 && opt.allocation == Allocation::dynamic)
+      return make_error(Errc::unsupported,
+                        "compact_in_place with Allocation::dynamic: each layer would keep its own number of tokens, "
+                        "which one page table shared by all layers (FlashInfer, vLLM) cannot describe; use "
+                        "Allocation::uniform, or a dense output (k_out / v_out)");
     if (2 * c.head_dim * static_cast<std::int64_t>(sizeof(T)) > kernels::kCompactStageBytes)
       return make_error(Errc::unsupported, "compact_in_place: head_dim ", c.head_dim, " rows exceed the ",
                         kernels::kCompactStageBytes, "-byte staging buffer");
@@ -214,7 +235,8 @@ Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt
 
 template <class T>
 Status workspace_layout(const Cache<T>& c, const Options& opt, const GlobalPlan* plan, WorkspaceLayout* layout) {
-  const Shape shape = detail::shape_of(c.layers, c.heads, c.head_dim, c.sequences, c.capacity);
+  const Shape shape =
+      detail::shape_of(c.layers, c.heads, c.head_dim, c.sequences, c.capacity, c.paged() ? c.pages.num_pages : 0);
   if (opt.transform == Transform::global) {
     if (plan == nullptr) return make_error(Errc::invalid_option, "the global transform needs a GlobalPlan");
     return make_layout(shape, opt, plan->max_length(), plan->work_bytes(), layout);
@@ -241,7 +263,7 @@ Status launch_blocked_for(const kernels::BlockedParams<T>& p, dim3 grid, std::in
         cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                     "raising the blocked kernel's shared memory"));
   kernel<<<grid, kernels::blocked_threads<kHeadDim>(), static_cast<std::size_t>(smem), stream>>>(p);
-  return launched("score_blocked_kernel");
+  return launched(p.resolve ? "score_blocked_kernel (resolve)" : "score_blocked_kernel");
 }
 
 template <class T, int kTile>
@@ -283,6 +305,9 @@ Status score_blocked(const Cache<T>& c, const Options& opt, const Workspace& ws,
   p.vector_ok = rows_vectorizable(c);
   p.capacity = c.capacity;
   p.slot_count = ws.layout().slot_count;
+  p.first_good = ws.first_good();
+  p.last_good = ws.last_good();
+  p.source = ws.source();
   p.scores = ws.scores();
   p.energy_part = static_cast<float4*>(ws.energy_part());
   p.protected_part = ws.protected_part();
@@ -290,14 +315,46 @@ Status score_blocked(const Cache<T>& c, const Options& opt, const Workspace& ws,
   const dim3 grid(static_cast<unsigned>(ws.layout().slot_count), static_cast<unsigned>(c.heads),
                   static_cast<unsigned>(c.layers));
   const std::int64_t smem = blocked_smem_bytes(c.head_dim, sizeof(T), opt);
-  if (blocked_tile(opt.block_size) == 64) return launch_blocked_tile<T, 64>(p, grid, smem, stream);
-  return launch_blocked_tile<T, 128>(p, grid, smem, stream);
+  auto pass = [&](bool resolve) {
+    p.resolve = resolve;
+    if (blocked_tile(opt.block_size) == 64) return launch_blocked_tile<T, 64>(p, grid, smem, stream);
+    return launch_blocked_tile<T, 128>(p, grid, smem, stream);
+  };
+  // Pass 0 scores the blocks that start with a finite row; the scan finds the
+  // stand-in row of the others; pass 1 scores those (see score_blocked.cuh).
+  FLASHCACHE_RETURN_IF_ERROR(pass(false));
+  kernels::EdgeParams e;
+  e.sequences = c.sequences;
+  e.block_size = static_cast<int>(opt.block_size);
+  e.slot_count = ws.layout().slot_count;
+  e.slots = seq.slots;
+  e.first_good = ws.first_good();
+  e.last_good = ws.last_good();
+  e.source = ws.source();
+  e.status = ws.status();
+  kernels::blocked_edges_kernel<><<<dim3(static_cast<unsigned>(c.sequences), static_cast<unsigned>(c.heads),
+                                         static_cast<unsigned>(c.layers)),
+                                    kernels::kEdgeThreads, 0, stream>>>(e);
+  FLASHCACHE_RETURN_IF_ERROR(launched("blocked_edges_kernel"));
+  return pass(true);
 }
 
 template <class T>
 Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, const kernels::SeqTable& seq,
                     const GlobalPlan& plan, cudaStream_t stream) {
   const kernels::RowMap rows = row_map(c.head_stride, c.token_stride, c.indptr, c.pages, c.paged());
+  // The plan's lengths against the device's, every sequence, before anything uses them.
+  for (int first = 0; first < c.sequences; first += kernels::kLengthsPerCheck) {
+    kernels::LengthCheckParams check{};
+    check.seq_len = seq.len;
+    check.first = first;
+    check.count = c.sequences - first < kernels::kLengthsPerCheck ? c.sequences - first : kernels::kLengthsPerCheck;
+    for (int i = 0; i < check.count; ++i)
+      check.expected[i] = static_cast<std::int32_t>(plan.lengths()[static_cast<std::size_t>(first + i)]);
+    check.status = ws.status();
+    kernels::check_lengths_kernel<><<<1, kernels::kLengthsPerCheck, 0, stream>>>(check);
+    FLASHCACHE_RETURN_IF_ERROR(launched("check_lengths_kernel"));
+  }
   {
     kernels::SubstituteParams<T> p{};
     fill_layer_pointers(c, p.k, p.v);
@@ -305,6 +362,7 @@ Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, 
     p.seq = seq;
     p.sequences = c.sequences;
     p.head_dim = static_cast<int>(c.head_dim);
+    p.vector_ok = rows_vectorizable(c);
     p.capacity = c.capacity;
     p.sub = ws.substitutes();
     p.status = ws.status();
@@ -322,21 +380,18 @@ Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, 
   const std::int64_t columns = c.heads * c.head_dim;
   auto* z = static_cast<float2*>(ws.spectrum());
   auto* zc = static_cast<cufftComplex*>(ws.spectrum());
-  // The packed offset of each sequence, as the plan kernel computes it on the device.
-  std::int64_t packed = 0;
+  // Packed offsets come from the device (seq.offset), never from the plan:
+  // the plan only says how long each transform is, and the check above stops
+  // the run if that differs from what the device found.
   for (int b = 0; b < c.sequences; ++b) {
     const std::int64_t n = plan.lengths()[static_cast<std::size_t>(b)];
-    if (n == 0) continue;
+    if (n == 0) continue;  // compared on the device above; nothing to transform
     // One token: the DCT, the low-pass (m = 1) and the inverse are the identity,
     // so pack feeds the residual pass directly and cuFFT is not involved.
     const bool transform = n > 1;
     const cufftHandle fft = transform ? plan.handle(n) : cufftHandle{};
-    if (transform) {
-      FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftSetStream(fft, stream), "cufftSetStream"));
-      FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftSetWorkArea(fft, ws.fft_work()), "cufftSetWorkArea"));
-    }
     for (int l = 0; l < c.layers; ++l) {
-      const std::int32_t* sub = ws.substitutes() + static_cast<std::int64_t>(l) * c.heads * c.capacity + packed;
+      const std::int32_t* sub = ws.substitutes() + static_cast<std::int64_t>(l) * c.heads * c.capacity;
       kernels::PackParams<T> pack{};
       pack.k = c.k[l];
       pack.v = c.v[l];
@@ -347,7 +402,7 @@ Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, 
       pack.n = n;
       pack.sub = sub;
       pack.capacity = c.capacity;
-      pack.seq_len = seq.len;
+      pack.seq = seq;
       pack.z = z;
       pack.status = ws.status();
       kernels::pack_kernel<T><<<dim3(static_cast<unsigned>(kernels::ceil_div(n, 32)),
@@ -391,7 +446,6 @@ Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, 
              256, 0, stream>>>(rp);
       FLASHCACHE_RETURN_IF_ERROR(launched("residual_kernel"));
     }
-    packed += n;
   }
   return Status::success();
 }
@@ -412,6 +466,8 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
     return make_error(Errc::invalid_shape, "workspace of ", workspace_bytes, " bytes < ", layout.total, " needed");
   if (!detail::aligned16(workspace)) return make_error(Errc::invalid_shape, "workspace must be 16-byte aligned");
   const Workspace ws(workspace, layout);
+  // Before anything is enqueued: the plan serves one stream and workspace (global_plan.cuh).
+  if (opt.transform == Transform::global) FLASHCACHE_RETURN_IF_ERROR(plan->bind(stream, ws.fft_work()));
   const unsigned L = static_cast<unsigned>(c.layers), H = static_cast<unsigned>(c.heads),
                  B = static_cast<unsigned>(c.sequences);
   std::int32_t* kept = out.kept != nullptr ? out.kept : ws.kept();
@@ -527,7 +583,18 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
       kernels::gather_kernel<4><<<grid, kernels::kGatherThreads, 0, stream>>>(p);
     FLASHCACHE_RETURN_IF_ERROR(detail::launched("gather_kernel"));
   }
-  if (out.compact_in_place) {  // 4b. compact
+  if (out.compact_in_place) {  // 4b. compact, once every page is known to belong to one sequence
+    const std::size_t owner_bytes = (static_cast<std::size_t>(c.pages.num_pages) + 31) / 32 * 4;
+    FLASHCACHE_RETURN_IF_ERROR(
+        cuda_status(cudaMemsetAsync(ws.page_owners(), 0, owner_bytes, stream), "clearing the page bitmap"));
+    kernels::PageOwnerParams owners;
+    owners.sequences = c.sequences;
+    owners.page_indptr = c.pages.indptr;
+    owners.page_indices = c.pages.indices;
+    owners.owners = ws.page_owners();
+    owners.status = ws.status();
+    kernels::page_owner_kernel<><<<kernels::kPageOwnerCtas, kernels::kPageOwnerThreads, 0, stream>>>(owners);
+    FLASHCACHE_RETURN_IF_ERROR(detail::launched("page_owner_kernel"));
     kernels::CompactParams p{};
     for (int l = 0; l < c.layers; ++l) {
       p.k[l] = c.k[l];
@@ -578,9 +645,14 @@ Status compress(const Cache<T>& c, const Budget& budget, const Options& opt, con
   void* ws = nullptr;
   FLASHCACHE_RETURN_IF_ERROR(
       cuda_status(cudaMalloc(&ws, layout.total > 0 ? layout.total : 1), "allocating the workspace"));
-  Status s = compress_async(c, budget, opt, out, ws, layout.total, stream, plan);
+  // The plan is bound to this workspace for this call only (refused if another caller holds it).
+  const bool global = opt.transform == Transform::global;
+  const Status bound = global ? plan->bind(stream, Workspace(ws, layout).fft_work()) : Status::success();
+  const bool bound_here = global && bound.ok();
+  const Status s = bound.ok() ? compress_async(c, budget, opt, out, ws, layout.total, stream, plan) : bound;
   const Status device =
       s.ok() ? device_status(ws, layout, stream) : cuda_status(cudaStreamSynchronize(stream), "waiting");
+  if (bound_here) plan->release_binding();  // the run has finished: the workspace goes away
   const Status freed = cuda_status(cudaFree(ws), "freeing the workspace");
   if (!s.ok()) return s;
   if (!device.ok()) return device;

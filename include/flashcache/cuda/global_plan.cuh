@@ -5,11 +5,20 @@
 // One batched C2C plan per distinct sequence length (batch = heads x
 // head_dim columns, K in the real part and V in the imaginary part). Plans
 // are made with auto-allocation off: their work area is a region of the
-// caller's workspace, set at each run together with the stream.
+// caller's workspace.
+//
+// cuFFT keeps the stream and the work area inside each plan, so one plan
+// shared by two streams (or by two captured graphs over two workspaces)
+// would run on whichever was set last. A GlobalPlan therefore serves one
+// (stream, workspace) pair: the first run binds it, and a run with another
+// stream or workspace is refused with a message. Create one plan per stream;
+// release_binding() rebinds, once no run that uses the plan is in flight.
+#include <cuda_runtime.h>
 #include <cufft.h>
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -33,6 +42,10 @@ class GlobalPlan {
       head_dim_ = o.head_dim_;
       work_bytes_ = o.work_bytes_;
       o.plans_.clear();
+      bound_ = o.bound_;
+      stream_ = o.stream_;
+      work_ = o.work_;
+      o.bound_ = false;
     }
     return *this;
   }
@@ -82,6 +95,32 @@ class GlobalPlan {
   // The plan for sequences of n tokens (n must be one of lengths()).
   cufftHandle handle(std::int64_t n) const { return plans_.at(n); }
 
+  // Binds every cuFFT plan to `stream` and the work area `work` on first use;
+  // later calls must pass the same pair. Thread-safe.
+  Status bind(cudaStream_t stream, void* work) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (bound_) {
+      if (stream == stream_ && work == work_) return Status::success();
+      return make_error(Errc::invalid_option, "GlobalPlan is bound to another ",
+                        stream != stream_ ? "stream" : "workspace",
+                        ": cuFFT keeps one stream and work area per plan, so use one GlobalPlan per stream and "
+                        "workspace (or release_binding() once its runs have finished)");
+    }
+    for (const auto& entry : plans_) {
+      FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftSetStream(entry.second, stream), "cufftSetStream"));
+      FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftSetWorkArea(entry.second, work), "cufftSetWorkArea"));
+    }
+    bound_ = true;
+    stream_ = stream;
+    work_ = work;
+    return Status::success();
+  }
+  // Forgets the binding. Only when no run that uses this plan is in flight.
+  void release_binding() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    bound_ = false;
+  }
+
  private:
   void release() {
     for (auto& entry : plans_) cufftDestroy(entry.second);
@@ -91,6 +130,11 @@ class GlobalPlan {
   std::map<std::int64_t, cufftHandle> plans_;
   std::int64_t heads_ = 0, head_dim_ = 0;
   std::size_t work_bytes_ = 0;
+  // The binding: what cuFFT holds inside the plans (see bind()).
+  mutable std::mutex mutex_;
+  mutable bool bound_ = false;
+  mutable cudaStream_t stream_ = nullptr;
+  mutable void* work_ = nullptr;
 };
 
 }  // namespace flashcache::gpu

@@ -33,7 +33,8 @@ inline Status describe_device_status(const int* w) {
       return Status::success();
     case DeviceErrc::bad_indptr:
       return make_error(Errc::invalid_shape, "sequence ", w[1], ": indptr runs from ", w[2], " to ", w[3],
-                        " (must be >= 0 and non-decreasing)");
+                        " (must be >= 0 and non-decreasing; paged: start at 0, and no sequence may hold more pages "
+                        "than the capacity fills)");
     case DeviceErrc::bad_page:
       if (w[1] < 0) return make_error(Errc::invalid_shape, "page id ", w[2], " is outside [0, ", w[3], ") pages");
       return make_error(Errc::invalid_shape, "sequence ", w[1], ": last_page_len ", w[2], " is outside [1, page_size ",
@@ -53,6 +54,10 @@ inline Status describe_device_status(const int* w) {
                         ": the energy ratio is not finite (overflowing K or V values?)");
     case DeviceErrc::output_capacity:
       return make_error(Errc::invalid_shape, "layer ", w[1], ": ", w[2], " kept rows do not fit out_capacity ", w[3]);
+    case DeviceErrc::shared_page:
+      return make_error(Errc::unsupported, "page id ", w[1], " appears again at position ", w[2],
+                        " of the page table (a shared prefix or beam?): compact_in_place needs every page owned by "
+                        "one sequence; copy shared pages first, or use a dense output");
     case DeviceErrc::length_mismatch:
       return make_error(Errc::invalid_shape, "sequence ", w[1], " has ", w[2], " tokens on the device but ", w[3],
                         " in the GlobalPlan");

@@ -17,6 +17,7 @@ struct Shape {
   std::int64_t head_dim = 0;
   int sequences = 0;
   std::int64_t capacity = 0;  // packed tokens bound
+  std::int64_t num_pages = 0;  // paged caches: the pool's pages (the ownership bitmap); 0 otherwise
 };
 
 // Byte offsets of every region; 0-sized regions still get an (unused) offset.
@@ -29,6 +30,8 @@ struct WorkspaceLayout {
   std::size_t scratch_ratio = 0, scratch_tokens = 0, scratch_floor = 0, scratch_out = 0;
   std::size_t kept = 0, kept_indptr = 0;
   std::size_t substitutes = 0, spectrum = 0, fft_work = 0;  // global transform only
+  std::size_t first_good = 0, last_good = 0, source = 0;    // blocked transform only: [L][H][slot_count]
+  std::size_t page_owners = 0;                              // paged only: one bit per page of the pool
   std::size_t total = 0;
 };
 
@@ -86,7 +89,12 @@ inline Status make_layout(const Shape& s, const Options& opt, std::int64_t max_l
     w.substitutes = detail::take(&at, L * H * N * 4);
     w.spectrum = detail::take(&at, H * static_cast<std::size_t>(s.head_dim) * static_cast<std::size_t>(max_length) * 8);
     w.fft_work = detail::take(&at, fft_work_bytes);
+  } else {
+    w.first_good = detail::take(&at, L * H * slots * 4);
+    w.last_good = detail::take(&at, L * H * slots * 4);
+    w.source = detail::take(&at, L * H * slots * 4);
   }
+  w.page_owners = detail::take(&at, (static_cast<std::size_t>(s.num_pages) + 31) / 32 * 4);
   w.total = at;
   *out = w;
   return Status::success();
@@ -117,6 +125,10 @@ class Workspace {
   std::int32_t* substitutes() const { return at<std::int32_t>(layout_.substitutes); }
   void* spectrum() const { return at<unsigned char>(layout_.spectrum); }
   void* fft_work() const { return at<unsigned char>(layout_.fft_work); }
+  std::int32_t* first_good() const { return at<std::int32_t>(layout_.first_good); }
+  std::int32_t* last_good() const { return at<std::int32_t>(layout_.last_good); }
+  std::int32_t* source() const { return at<std::int32_t>(layout_.source); }
+  std::uint32_t* page_owners() const { return at<std::uint32_t>(layout_.page_owners); }
   const WorkspaceLayout& layout() const { return layout_; }
 
  private:

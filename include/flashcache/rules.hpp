@@ -1,0 +1,56 @@
+#pragma once
+// Rules the CPU and the GPU paths must agree on, one definition each,
+// callable from host and device code (as lowpass_cutoff() in options.hpp and
+// allocate_budgets() in allocate.hpp already are). A change here changes both
+// back ends at once; tests on either side hold them to it.
+#include <cmath>
+#include <cstdint>
+
+#include "flashcache/config.hpp"
+
+namespace flashcache::rules {
+
+// A token is always kept when its score is +inf (a NaN or infinity in its K
+// or V row) or NaN (finite values whose residual overflowed): such a score
+// cannot be ranked, so the token is never dropped. !(s <= max) is true for
+// exactly +inf and NaN (scores are sums of squares, never -inf).
+FLASHCACHE_INLINE bool always_kept_score(float s) { return !(s <= 3.402823466e+38f); }
+FLASHCACHE_INLINE bool always_kept_score(double s) { return !(s <= 1.7976931348623157e+308); }
+
+// The caller's protected set: the first `sink` tokens, the last `window`
+// tokens of a sequence of n, and tokens the caller's mask marks.
+FLASHCACHE_INLINE bool is_protected(std::int64_t t, std::int64_t n, std::int64_t sink, std::int64_t window,
+                                    bool masked) {
+  return t < sink || t >= n - window || masked;
+}
+
+// Tokens a layer keeps per head for a per-layer budget: round(ratio * n),
+// halves away from zero, or the count as given (the caller checks count <= n).
+FLASHCACHE_INLINE std::int64_t layer_budget(bool is_ratio, double ratio, std::int64_t count, std::int64_t n) {
+  return is_ratio ? static_cast<std::int64_t>(llround(ratio * static_cast<double>(n))) : count;
+}
+
+// The model-wide total that dynamic allocation splits over `layers` layers of
+// `tokens_sum` tokens in all: round(ratio * sum N_l), or count per layer.
+FLASHCACHE_INLINE std::int64_t model_total(bool is_ratio, double ratio, std::int64_t count, std::int64_t tokens_sum,
+                                           std::int64_t layers) {
+  return is_ratio ? static_cast<std::int64_t>(llround(ratio * static_cast<double>(tokens_sum))) : count * layers;
+}
+
+// The least budget a layer of n tokens may receive: its protected count (the
+// largest over its heads), and at least ceil(min_layer_ratio * n). The 1e-9
+// slack keeps products such as 0.1 * 30 = 3.0000000000000004 at 3.
+FLASHCACHE_INLINE std::int64_t layer_floor(std::int64_t protected_count, double min_layer_ratio, std::int64_t n) {
+  const auto share = static_cast<std::int64_t>(ceil(min_layer_ratio * static_cast<double>(n) - 1e-9));
+  return protected_count > share ? protected_count : share;
+}
+
+// Block sizes of Transform::blocked: at least one token everywhere; the GPU
+// kernel holds a block's column in registers, so it takes at most 128.
+inline constexpr std::int64_t kMinBlockSize = 1;
+inline constexpr std::int64_t kMaxGpuBlockSize = 128;
+FLASHCACHE_INLINE bool block_size_ok(std::int64_t block_size, bool gpu) {
+  return block_size >= kMinBlockSize && (!gpu || block_size <= kMaxGpuBlockSize);
+}
+
+}  // namespace flashcache::rules
