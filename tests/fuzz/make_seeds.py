@@ -98,7 +98,97 @@ def compress_seeds():
             write("fuzz_compress", bytes(rng.randrange(256) for _ in range(n)))
 
 
+class Gguf:
+    """GGUF bytes field by field (little-endian), as the engine's reader expects them."""
+    U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
+
+    def __init__(self):
+        self.b = b""
+
+    def put(self, fmt, *v):
+        self.b += struct.pack("<" + fmt, *v)
+        return self
+
+    def str(self, s):
+        data = s.encode("utf-8")
+        return self.put("Q", len(data)).raw(data)
+
+    def raw(self, data):
+        self.b += data
+        return self
+
+    def key(self, k, t):
+        return self.str(k).put("I", t)
+
+    def strings(self, k, items):
+        self.key(k, self.ARR).put("I", self.STR).put("Q", len(items))
+        for it in items:
+            self.str(it)
+        return self
+
+    def ints(self, k, items):
+        self.key(k, self.ARR).put("I", self.I32).put("Q", len(items))
+        return self.put("%di" % len(items), *items)
+
+    def align(self, a):
+        self.b += b"\0" * (-len(self.b) % a)
+        return self
+
+
+def gguf_file(with_tokenizer=True, version=3):
+    # Tensors: F32 [4, 2], F16 [8], BF16 [2, 2], Q8_0 [32], Q4_0 [32], Q4_1 [32, 2].
+    tensors = [("f32", [4, 2], 0, struct.pack("<8f", *[0.5 * i for i in range(8)])),
+               ("f16", [8], 1, struct.pack("<8e", *[i - 4.0 for i in range(8)])),
+               ("bf16", [2, 2], 30, struct.pack("<4H", 0x3F80, 0xBF80, 0x4000, 0)),
+               ("q8", [32], 8, struct.pack("<e", 0.5) + bytes(range(32))),
+               ("q4", [32], 2, struct.pack("<e", 0.25) + bytes(range(16))),
+               ("q41", [32, 2], 3, (struct.pack("<ee", 0.5, -1.0) + bytes(range(16, 32))) * 2)]
+    # A byte-level vocabulary: the 256 byte characters, a few merges, ChatML specials.
+    byte_chars = []
+    extra = 0
+    for b in range(256):
+        printable = ord("!") <= b <= ord("~") or 0xA1 <= b <= 0xAC or 0xAE <= b <= 0xFF
+        byte_chars.append(chr(b if printable else 256 + extra))
+        extra += 0 if printable else 1
+    merges = ["H e", "l l", "He ll", "o ,", "\u0120 w"]
+    vocab = byte_chars + ["He", "ll", "Hell", "o,", "\u0120w", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+    types = [1] * (len(vocab) - 3) + [3, 3, 3]
+    meta = [("general.architecture", lambda g: g.key("general.architecture", g.STR).str("llama")),
+            ("general.alignment", lambda g: g.key("general.alignment", g.U32).put("I", 32)),
+            ("llama.context_length", lambda g: g.key("llama.context_length", g.U64).put("Q", 2048)),
+            ("llama.rope.freq_base", lambda g: g.key("llama.rope.freq_base", g.F32).put("f", 10000.0))]
+    if with_tokenizer:
+        meta += [("m", lambda g: g.key("tokenizer.ggml.model", g.STR).str("gpt2")),
+                 ("t", lambda g: g.strings("tokenizer.ggml.tokens", vocab)),
+                 ("y", lambda g: g.ints("tokenizer.ggml.token_type", types)),
+                 ("r", lambda g: g.strings("tokenizer.ggml.merges", merges)),
+                 ("e", lambda g: g.key("tokenizer.ggml.eos_token_id", g.U32).put("I", len(vocab) - 2)),
+                 ("c", lambda g: g.key("tokenizer.chat_template", g.STR).str(
+                     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                     "{% endfor %}You are a helpful AI assistant"))]
+    g = Gguf().raw(b"GGUF").put("I", version).put("Q", len(tensors)).put("Q", len(meta))
+    for _, write_kv in meta:
+        write_kv(g)
+    offset = 0
+    offsets = []
+    for name, dims, ttype, data in tensors:
+        offsets.append(offset)
+        g.str(name).put("I", len(dims)).put("%dQ" % len(dims), *dims).put("I", ttype).put("Q", offset)
+        offset += (len(data) + 31) // 32 * 32
+    g.align(32)
+    for (_, _, _, data), off in zip(tensors, offsets):
+        g.raw(data).align(32)
+    return g.b
+
+
+def gguf_seeds():
+    write("fuzz_gguf", gguf_file(True, 3))
+    write("fuzz_gguf", gguf_file(False, 2))
+    write("fuzz_gguf", Gguf().raw(b"GGUF").put("I", 3).put("Q", 0).put("Q", 0).b)
+
+
 if __name__ == "__main__":
     npy_seeds()
     cli_seeds()
     compress_seeds()
+    gguf_seeds()
