@@ -53,3 +53,37 @@ TEST(Budget, ResolvesCountsAndRatios) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Options, PaperPresetIsThePaperExactly) {
+  const fc::Options p = fc::Options::paper();
+  EXPECT_DOUBLE_EQ(p.gamma, 0.2);
+  EXPECT_EQ(p.transform, fc::Transform::global);
+  EXPECT_EQ(p.sink, 0);
+  EXPECT_EQ(p.window, 0);
+  EXPECT_EQ(p.window_share, 0.0);
+  EXPECT_EQ(p.base_share, 0.0);
+  EXPECT_FALSE(p.normalize_terms);
+  EXPECT_FALSE(p.rope.derotate);
+  EXPECT_EQ(p.allocation, fc::Allocation::dynamic);
+  EXPECT_TRUE(fc::check_options(p).ok());
+}
+
+TEST(Options, SharesAndRopeAreCheckedByName) {
+  fc::Options o;
+  o.window_share = 1.5;
+  EXPECT_NE(fc::check_options(o).message().find("window_share 1.5"), std::string::npos);
+  o = {};
+  o.base_share = -0.1;
+  EXPECT_NE(fc::check_options(o).message().find("base_share -0.1"), std::string::npos);
+  o = {};
+  o.rope.derotate = true;
+  o.rope.theta = 0.5;
+  EXPECT_NE(fc::check_options(o).message().find("rope theta 0.5"), std::string::npos);
+  o.rope.theta = 1e4;
+  o.rope.first_position = -3;
+  EXPECT_NE(fc::check_options(o).message().find("first_position -3"), std::string::npos);
+}
+
+}  // namespace

@@ -194,3 +194,69 @@ TEST(Score, BadInputThrowsNamedError) {
 }
 
 }  // namespace
+
+namespace {
+
+// normalize_terms: each term divided by its mean over the head's tokens.
+TEST(Score, NormalizedTermsAreDividedByTheirHeadMeans) {
+  const std::int64_t heads = 2, n = 57, dim = 6;
+  const Layer l = random_layer(heads, n, dim, 99);
+  fc::Options opt;
+  opt.normalize_terms = true;
+  const auto kv = fc::hnd(l.k.data(), heads, n, dim), vv = fc::hnd(l.v.data(), heads, n, dim);
+  const fc::LayerScores s = fc::score_layer<double>(kv, vv, opt);
+  for (std::int64_t h = 0; h < heads; ++h) {
+    // The reference's score is the sum of both terms: rebuild each from K alone and V alone.
+    const auto zeros = std::vector<double>(static_cast<std::size_t>(n * dim), 0.0);
+    const auto ref_k = naive_score(l.head_rows(l.k, h), zeros, n, dim, opt.gamma, 0);
+    const auto ref_v = naive_score(zeros, l.head_rows(l.v, h), n, dim, opt.gamma, 0);
+    double mean_k = 0, mean_v = 0;
+    for (std::int64_t t = 0; t < n; ++t) mean_k += ref_k.score[t] / n, mean_v += ref_v.score[t] / n;
+    for (std::int64_t t = 0; t < n; ++t)
+      EXPECT_NEAR(s(h, t), ref_k.score[t] / mean_k + ref_v.score[t] / mean_v, 1e-5) << h << " " << t;
+  }
+}
+
+// Keys rotated by RoPE and scored with derotate score as the unrotated keys do.
+TEST(Score, DerotatedKeysScoreAsBeforeRope) {
+  const std::int64_t heads = 2, n = 83, dim = 8, first = 11;
+  const Layer l = random_layer(heads, n, dim, 5);
+  for (fc::RopeLayout layout : {fc::RopeLayout::half, fc::RopeLayout::interleaved}) {
+    std::vector<float> rotated = l.k;
+    const double theta = 10000.0;
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t t = 0; t < n; ++t) {
+        float* row = rotated.data() + (h * n + t) * dim;
+        for (std::int64_t i = 0; i < dim / 2; ++i) {
+          const std::int64_t a = layout == fc::RopeLayout::half ? i : 2 * i;
+          const std::int64_t b = layout == fc::RopeLayout::half ? i + dim / 2 : 2 * i + 1;
+          const double angle = static_cast<double>(first + t) * std::pow(theta, -2.0 * i / dim);
+          const double x = row[a], y = row[b];
+          row[a] = static_cast<float>(x * std::cos(angle) - y * std::sin(angle));
+          row[b] = static_cast<float>(y * std::cos(angle) + x * std::sin(angle));
+        }
+      }
+    fc::Options opt;
+    opt.rope.derotate = true;
+    opt.rope.theta = theta;
+    opt.rope.layout = layout;
+    opt.rope.first_position = first;
+    const float* rot = rotated.data();
+    const auto vv = fc::hnd(l.v.data(), heads, n, dim);
+    const auto plain = fc::score_layer<double>(fc::hnd(l.k.data(), heads, n, dim), vv, fc::Options{});
+    const auto derotated = fc::score_layer<double>(fc::hnd(rot, heads, n, dim), vv, opt);
+    const auto as_cached = fc::score_layer<double>(fc::hnd(rot, heads, n, dim), vv, fc::Options{});
+    double changed = 0;
+    for (std::int64_t i = 0; i < heads * n; ++i) {
+      EXPECT_NEAR(derotated.score[i], plain.score[i], 1e-5 * (1 + std::fabs(plain.score[i])));
+      changed = std::max(changed, static_cast<double>(std::fabs(as_cached.score[i] - plain.score[i])));
+    }
+    EXPECT_GT(changed, 1e-3) << "the rotation should change the scores of the keys as cached";
+  }
+  fc::Options odd;
+  odd.rope.derotate = true;
+  std::vector<float> x(3 * 5, 1.0f);
+  EXPECT_THROW(fc::score_layer(fc::hnd(x.data(), 1, 3, 5), fc::hnd(x.data(), 1, 3, 5), odd), fc::Error);
+}
+
+}  // namespace

@@ -129,3 +129,66 @@ TEST(Select, ProtectedCountIsTheLargestHeadsSet) {
 }
 
 }  // namespace
+
+namespace {
+
+// window_share: after the protected tokens, the newest round(share * B) tokens.
+TEST(Select, WindowShareKeepsTheNewestShareOfTheBudget) {
+  const auto s = random_scores(2, 50, 7);
+  fc::Options opt;
+  opt.window_share = 0.25;
+  const auto kept = select(s, 20, opt);  // 5 of 20 go to the recent window
+  for (std::int64_t h = 0; h < 2; ++h) {
+    const std::set<std::int32_t> heads(kept.begin() + h * 20, kept.begin() + (h + 1) * 20);
+    for (std::int32_t t = 45; t < 50; ++t) EXPECT_TRUE(heads.count(t)) << "head " << h << " token " << t;
+  }
+  // The fixed window and the share do not add up: the larger applies.
+  opt.window = 8;
+  EXPECT_EQ(fc::window_tokens(opt, 20), 8);
+  opt.window = 2;
+  EXPECT_EQ(fc::window_tokens(opt, 20), 5);
+}
+
+TEST(Select, WindowShareNeverExceedsTheBudget) {
+  const auto s = random_scores(1, 30, 3);
+  fc::Options opt;
+  opt.sink = 4;
+  opt.window_share = 1.0;  // the whole budget, but the sink comes first
+  const auto kept = select(s, 10, opt);
+  const std::vector<std::int32_t> want = {0, 1, 2, 3, 24, 25, 26, 27, 28, 29};
+  EXPECT_EQ(kept, want);
+}
+
+TEST(Select, BaseShareSpreadsTokensEvenly) {
+  // Scores that rise with the index: the outliers are all at the end.
+  std::vector<float> rising(100);
+  for (int t = 0; t < 100; ++t) rising[t] = static_cast<float>(t);
+  const auto s = scores_from(1, 100, rising);
+  fc::Options opt;
+  opt.base_share = 0.5;
+  const auto kept = select(s, 10, opt);
+  // 5 evenly spaced among the 100 free tokens: ranks (2j + 1) * 100 / 10 = 10, 30, 50, 70, 90;
+  // then the 5 highest of the rest: 95..99.
+  const std::vector<std::int32_t> want = {10, 30, 50, 70, 90, 95, 96, 97, 98, 99};
+  EXPECT_EQ(kept, want);
+}
+
+TEST(Select, BaseShareSkipsTokensAlreadyKept) {
+  const auto s = random_scores(3, 41, 11);
+  fc::Options opt;
+  opt.sink = 3;
+  opt.window_share = 0.25;
+  opt.base_share = 0.5;
+  for (std::int64_t budget : {3, 4, 12, 20, 41}) {
+    const auto kept = select(s, budget, opt);
+    ASSERT_EQ(kept.size(), static_cast<std::size_t>(3 * budget));
+    for (std::int64_t h = 0; h < 3; ++h) {
+      const auto first = kept.begin() + h * budget, last = first + budget;
+      EXPECT_TRUE(std::is_sorted(first, last));
+      EXPECT_EQ(std::set<std::int32_t>(first, last).size(), static_cast<std::size_t>(budget)) << "duplicates";
+      for (std::int32_t t = 0; t < 3; ++t) EXPECT_TRUE(std::count(first, last, t)) << "sink token " << t;
+    }
+  }
+}
+
+}  // namespace

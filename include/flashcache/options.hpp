@@ -25,6 +25,24 @@ enum class Allocation {
 
 inline const char* to_string(Allocation a) { return a == Allocation::dynamic ? "dynamic" : "uniform"; }
 
+// Which dimensions a rotary position embedding pairs up.
+enum class RopeLayout {
+  half,        // dimension i with i + d/2 (Hugging Face "rotate_half"; vLLM, transformers)
+  interleaved  // dimension 2i with 2i + 1 (GPT-J style; llama.cpp's permuted GGUF weights)
+};
+
+inline const char* to_string(RopeLayout r) { return r == RopeLayout::half ? "half" : "interleaved"; }
+
+// Engines cache keys after RoPE, whose fast-rotating dimensions oscillate along
+// the token axis. With `derotate`, the scorer undoes the rotation (token t at
+// position `first_position + t`, angle pos * theta^(-2i/d)) before the DCT.
+struct RopeOptions {
+  bool derotate = false;
+  double theta = 10000.0;
+  RopeLayout layout = RopeLayout::half;
+  std::int64_t first_position = 0;
+};
+
 struct Options {
   // Low-pass ratio: frequencies k < max(1, ceil(gamma * N)) form the Base KV.
   // The paper's ablation was best at 0.2.
@@ -37,6 +55,19 @@ struct Options {
   // Always-kept tokens; they count toward the budget. 0 keeps the pure algorithm.
   std::int64_t sink = 0;    // the first `sink` tokens
   std::int64_t window = 0;  // the last `window` tokens
+  // A recent window that scales with the budget: after the always-kept tokens,
+  // the last round(window_share * B) tokens are kept (B = the layer's budget
+  // per head), newest first while the budget lasts.
+  double window_share = 0.0;
+  // Base + outliers: round(base_share * B) of what is left after the protected
+  // tokens and the window goes to evenly spaced tokens, a regular sample of the
+  // smooth base the outlier score discards; the rest to the highest scores.
+  double base_share = 0.0;
+  // Divide the K and V terms of the score each by its head's mean over the
+  // tokens, so that neither dominates by scale (the paper sums them unweighted).
+  bool normalize_terms = false;
+  // Score keys in their pre-RoPE form (see RopeOptions).
+  RopeOptions rope;
   // Optional caller mask of `tokens` bytes, nonzero = always kept (e.g. text
   // tokens, so that only visual tokens are compressed). Shared by all heads.
   const std::uint8_t* protect = nullptr;
@@ -44,6 +75,22 @@ struct Options {
   // layer's share as a fraction of its tokens.
   Allocation allocation = Allocation::dynamic;
   double min_layer_ratio = 0.0;
+
+  // The paper's algorithm exactly: no sink, no window, no base sample, K and V
+  // terms unweighted, keys as cached, global DCT, gamma 0.2, dynamic allocation.
+  static Options paper() {
+    Options o;
+    o.gamma = 0.2;
+    o.transform = Transform::global;
+    o.sink = 0;
+    o.window = 0;
+    o.window_share = 0.0;
+    o.base_share = 0.0;
+    o.normalize_terms = false;
+    o.rope = RopeOptions{};
+    o.allocation = Allocation::dynamic;
+    return o;
+  }
 };
 
 // Number of low frequencies kept: m = max(1, ceil(gamma * n)), at most n.
@@ -62,6 +109,14 @@ inline Status check_options(const Options& o) {
     return make_error(Errc::invalid_option, "block_size ", o.block_size, " must be at least 1");
   if (o.sink < 0) return make_error(Errc::invalid_option, "sink ", o.sink, " is negative");
   if (o.window < 0) return make_error(Errc::invalid_option, "window ", o.window, " is negative");
+  if (!(o.window_share >= 0.0 && o.window_share <= 1.0))
+    return make_error(Errc::invalid_option, "window_share ", o.window_share, " is outside [0, 1]");
+  if (!(o.base_share >= 0.0 && o.base_share <= 1.0))
+    return make_error(Errc::invalid_option, "base_share ", o.base_share, " is outside [0, 1]");
+  if (o.rope.derotate && !(o.rope.theta > 1.0 && std::isfinite(o.rope.theta)))
+    return make_error(Errc::invalid_option, "rope theta ", o.rope.theta, " must be finite and > 1");
+  if (o.rope.derotate && o.rope.first_position < 0)
+    return make_error(Errc::invalid_option, "rope first_position ", o.rope.first_position, " is negative");
   if (!(o.min_layer_ratio >= 0.0 && o.min_layer_ratio <= 1.0))
     return make_error(Errc::invalid_option, "min_layer_ratio ", o.min_layer_ratio, " is outside [0, 1]");
   return Status::success();

@@ -88,6 +88,8 @@ class Scorer {
     out->energy.assign(static_cast<std::size_t>(heads), HeadEnergy{});
     out->nonfinite = 0;
     if (k.empty()) return Status::success();
+    if (opt.rope.derotate && k.head_dim % 2 != 0)
+      return make_error(Errc::invalid_option, "rope derotate needs an even head_dim, got ", k.head_dim);
 
     residual_k_.resize(static_cast<std::size_t>(n));
     residual_v_.resize(static_cast<std::size_t>(n));
@@ -96,17 +98,16 @@ class Scorer {
       std::fill(residual_k_.begin(), residual_k_.end(), Real(0));
       std::fill(residual_v_.begin(), residual_v_.end(), Real(0));
       HeadEnergy& e = out->energy[static_cast<std::size_t>(h)];
-      if (opt.transform == Transform::global)
-        residuals_global(k, v, h, opt.gamma, &e);
-      else
-        residuals_blocked(k, v, h, opt.gamma, opt.block_size, &e);
-      float* score = out->score.data() + h * n;
-      const Real inv_d = Real(1) / static_cast<Real>(k.head_dim);
-      for (std::int64_t t = 0; t < n; ++t)
-        score[t] = source_[static_cast<std::size_t>(t)] != t
-                       ? std::numeric_limits<float>::infinity()
-                       : static_cast<float>(residual_k_[static_cast<std::size_t>(t)] * inv_d +
-                                            residual_v_[static_cast<std::size_t>(t)] * inv_d);
+      if (opt.rope.derotate) {
+        // The transform reads one de-rotated head from float buffers instead.
+        derotated_head(k, v, h, opt.rope);
+        const KVView<const float> kh = hnd(derotated_k_.data(), 1, n, k.head_dim);
+        const KVView<const float> vh = hnd(derotated_v_.data(), 1, n, k.head_dim);
+        residuals(kh, vh, 0, opt, &e);
+      } else {
+        residuals(k, v, h, opt, &e);
+      }
+      write_scores(opt.normalize_terms, k.head_dim, out->score.data() + h * n);
     }
     return Status::success();
   }
@@ -144,6 +145,72 @@ class Scorer {
   template <class T>
   static Real element(KVView<const T> x, std::int64_t h, std::int64_t src, std::int64_t c) {
     return src < 0 ? Real(0) : static_cast<Real>(to_float(x(h, src, c)));
+  }
+
+  template <class T>
+  void residuals(KVView<const T> k, KVView<const T> v, std::int64_t h, const Options& opt, HeadEnergy* e) {
+    if (opt.transform == Transform::global)
+      residuals_global(k, v, h, opt.gamma, e);
+    else
+      residuals_blocked(k, v, h, opt.gamma, opt.block_size, e);
+  }
+
+  // score[t] = MSE_K + MSE_V of token t, +inf for a non-finite token. With
+  // `normalize`, each term is divided by its mean over the head's finite tokens.
+  void write_scores(bool normalize, std::int64_t head_dim, float* score) const {
+    const auto n = static_cast<std::int64_t>(source_.size());
+    Real scale_k = Real(1) / static_cast<Real>(head_dim), scale_v = scale_k;
+    if (normalize) {
+      double sum_k = 0, sum_v = 0;
+      std::int64_t finite = 0;
+      for (std::int64_t t = 0; t < n; ++t)
+        if (source_[static_cast<std::size_t>(t)] == t) {
+          sum_k += static_cast<double>(residual_k_[static_cast<std::size_t>(t)]);
+          sum_v += static_cast<double>(residual_v_[static_cast<std::size_t>(t)]);
+          ++finite;
+        }
+      // An all-smooth term (mean 0) stays 0 rather than becoming 0/0.
+      scale_k = sum_k > 0 ? static_cast<Real>(static_cast<double>(finite) / sum_k) : Real(0);
+      scale_v = sum_v > 0 ? static_cast<Real>(static_cast<double>(finite) / sum_v) : Real(0);
+    }
+    for (std::int64_t t = 0; t < n; ++t)
+      score[t] = source_[static_cast<std::size_t>(t)] != t
+                     ? std::numeric_limits<float>::infinity()
+                     : static_cast<float>(residual_k_[static_cast<std::size_t>(t)] * scale_k +
+                                          residual_v_[static_cast<std::size_t>(t)] * scale_v);
+  }
+
+  // Head h of K rotated back to its pre-RoPE form and V, both as float rows.
+  // Token t sits at position first_position + t; pair (i, i + d/2) (half) or
+  // (2i, 2i + 1) (interleaved) turned by -pos * theta^(-2i/d). A non-finite row
+  // stays non-finite; map_nonfinite_rows() has already routed around it.
+  template <class T>
+  void derotated_head(KVView<const T> k, KVView<const T> v, std::int64_t h, const RopeOptions& rope) {
+    const std::int64_t n = k.tokens, d = k.head_dim, half = d / 2;
+    derotated_k_.resize(static_cast<std::size_t>(n * d));
+    derotated_v_.resize(static_cast<std::size_t>(n * d));
+    inv_freq_.resize(static_cast<std::size_t>(half));
+    for (std::int64_t i = 0; i < half; ++i)
+      inv_freq_[static_cast<std::size_t>(i)] =
+          std::pow(rope.theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+    for (std::int64_t t = 0; t < n; ++t) {
+      float* kr = derotated_k_.data() + t * d;
+      float* vr = derotated_v_.data() + t * d;
+      for (std::int64_t c = 0; c < d; ++c) {
+        kr[c] = to_float(k(h, t, c));
+        vr[c] = to_float(v(h, t, c));
+      }
+      const double pos = static_cast<double>(rope.first_position + t);
+      for (std::int64_t i = 0; i < half; ++i) {
+        const std::int64_t a = rope.layout == RopeLayout::half ? i : 2 * i;
+        const std::int64_t b = rope.layout == RopeLayout::half ? i + half : 2 * i + 1;
+        const double angle = pos * inv_freq_[static_cast<std::size_t>(i)];
+        const double c = std::cos(angle), s = std::sin(angle);
+        const double x = kr[a], y = kr[b];
+        kr[a] = static_cast<float>(x * c + y * s);
+        kr[b] = static_cast<float>(y * c - x * s);
+      }
+    }
   }
 
   template <class T>
@@ -229,6 +296,8 @@ class Scorer {
   }
 
   std::vector<std::int64_t> source_;
+  std::vector<float> derotated_k_, derotated_v_;
+  std::vector<double> inv_freq_;
   std::vector<Real> residual_k_, residual_v_, total_k_, total_v_;
   Panel xk_, xv_;
   Block block_k_, block_v_, coeff_, base_;

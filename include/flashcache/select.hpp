@@ -45,6 +45,43 @@ inline std::int64_t protected_count(const LayerScores& s, const std::vector<std:
   return most;
 }
 
+// The recent window of a layer whose heads keep `budget` tokens: the fixed
+// `window` or round(window_share * budget), whichever is larger.
+inline std::int64_t window_tokens(const Options& opt, std::int64_t budget) {
+  return std::max(opt.window, static_cast<std::int64_t>(std::llround(opt.window_share * static_cast<double>(budget))));
+}
+
+// Evenly spaced tokens of the base sample for a layer budget.
+inline std::int64_t base_tokens(const Options& opt, std::int64_t budget) {
+  return static_cast<std::int64_t>(std::llround(opt.base_share * static_cast<double>(budget)));
+}
+
+// Marks the newest not-yet-kept tokens among the last `window`, at most
+// `room` of them; returns how many it marked.
+inline std::int64_t keep_recent(std::int64_t n, std::int64_t window, std::int64_t room, std::uint8_t* keep) {
+  std::int64_t marked = 0;
+  for (std::int64_t t = n - 1; t >= std::max<std::int64_t>(0, n - window) && marked < room; --t)
+    if (!keep[t]) keep[t] = 1, ++marked;
+  return marked;
+}
+
+// Marks `count` of the not-yet-kept tokens, spread evenly over them: the
+// j-th pick is the free token at rank floor((j + 1/2) * free / count).
+inline std::int64_t keep_evenly_spaced(std::int64_t n, std::int64_t count, std::uint8_t* keep) {
+  std::int64_t free = 0;
+  for (std::int64_t t = 0; t < n; ++t) free += !keep[t];
+  count = std::min(count, free);
+  if (count <= 0) return 0;
+  std::int64_t j = 0, rank = 0;
+  for (std::int64_t t = 0; t < n && j < count; ++t) {
+    if (keep[t]) continue;
+    // (2j + 1) * free / (2 count) is the rank of pick j; ranks grow strictly, since free >= count.
+    if (rank == ((2 * j + 1) * free) / (2 * count)) keep[t] = 1, ++j;
+    ++rank;
+  }
+  return j;
+}
+
 // Writes kept[h * budget + i], i < budget, ascending per head.
 inline Status select_tokens(const LayerScores& s, std::int64_t budget, const Options& opt,
                             std::vector<std::int32_t>* kept) {
@@ -62,15 +99,11 @@ inline Status select_tokens(const LayerScores& s, std::int64_t budget, const Opt
   candidates.reserve(static_cast<std::size_t>(n));
   for (std::int64_t h = 0; h < s.heads; ++h) {
     const float* score = s.head(h);
-    candidates.clear();
     std::int64_t forced = 0;
     for (std::int64_t t = 0; t < n; ++t) {
       const bool f = base[static_cast<std::size_t>(t)] || is_forced_score(score[t]);
       keep[static_cast<std::size_t>(t)] = f;
-      if (f)
-        ++forced;
-      else
-        candidates.push_back(static_cast<std::int32_t>(t));
+      forced += f;
     }
     if (forced > budget) {
       std::int64_t masked = 0, nonfinite = 0;
@@ -82,9 +115,15 @@ inline Status select_tokens(const LayerScores& s, std::int64_t budget, const Opt
                         " (sink ", std::min(opt.sink, n), ", window ", std::min(opt.window, n), ", mask ", masked,
                         ", non-finite ", nonfinite, "; overlaps counted once)");
     }
+    std::int64_t taken = forced;
+    taken += keep_recent(n, window_tokens(opt, budget), budget - taken, keep.data());
+    taken += keep_evenly_spaced(n, std::min(base_tokens(opt, budget), budget - taken), keep.data());
+    candidates.clear();
+    for (std::int64_t t = 0; t < n; ++t)
+      if (!keep[static_cast<std::size_t>(t)]) candidates.push_back(static_cast<std::int32_t>(t));
     // Highest score first, ties to the lower index: a strict weak order, so
     // nth_element picks the same set on every platform.
-    const auto rest = static_cast<std::ptrdiff_t>(budget - forced);
+    const auto rest = static_cast<std::ptrdiff_t>(budget - taken);
     auto higher = [score](std::int32_t a, std::int32_t b) {
       return score[a] > score[b] || (score[a] == score[b] && a < b);
     };
