@@ -153,3 +153,40 @@ TEST(Policies, NanScoresAreKeptNotMisordered) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Policies, KeydiffScoresAreMinusCosineToTheMeanUnitKey) {
+  const std::int64_t heads = 2, n = 37, d = 5;
+  std::mt19937_64 rng(17);
+  std::normal_distribution<float> nd(0.5f, 1.0f);
+  std::vector<float> k(static_cast<std::size_t>(heads * n * d));
+  for (auto& x : k) x = nd(rng);
+  std::fill(k.begin() + 3 * d, k.begin() + 4 * d, 0.0f);  // a zero key in head 0 scores 0
+  fc::LayerScores s;
+  ASSERT_TRUE(fp::keydiff_scores(fc::KVView<const float>(fc::hnd(k.data(), heads, n, d)), &s).ok());
+  for (std::int64_t h = 0; h < heads; ++h) {
+    std::vector<double> anchor(d, 0.0);
+    for (std::int64_t t = 0; t < n; ++t) {
+      const float* r = k.data() + (h * n + t) * d;
+      double norm = 0;
+      for (std::int64_t c = 0; c < d; ++c) norm += double(r[c]) * r[c];
+      if (norm > 0)
+        for (std::int64_t c = 0; c < d; ++c) anchor[c] += r[c] / std::sqrt(norm);
+    }
+    for (std::int64_t t = 0; t < n; ++t) {
+      const float* r = k.data() + (h * n + t) * d;
+      double dot = 0, nk = 0, na = 0;
+      for (std::int64_t c = 0; c < d; ++c) dot += anchor[c] * r[c], nk += double(r[c]) * r[c], na += anchor[c] * anchor[c];
+      const double want = nk > 0 ? -dot / std::sqrt(nk * na) : 0.0;
+      EXPECT_NEAR(s(h, t), want, 1e-5) << h << " " << t;
+    }
+  }
+  EXPECT_EQ(s(0, 3), 0.0f);
+  fp::Policy p;
+  ASSERT_TRUE(fp::parse_policy("keydiff", &p).ok());
+  EXPECT_EQ(p, fp::Policy::keydiff);
+  EXPECT_FALSE(fp::needs_queries(p));
+}
+
+}  // namespace

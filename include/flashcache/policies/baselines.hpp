@@ -6,6 +6,8 @@
 //
 //   streaming  StreamingLLM: the most recent tokens (plus Options::sink)
 //   knorm      keys of lowest L2 norm first
+//   keydiff    KeyDiff: keys least similar in direction to the head's mean
+//              (normalised) key first; attention-free, like knorm
 //   random     seeded uniform scores
 //   snapkv     SnapKV: attention of the last `observation_window` queries,
 //              summed, max-pooled over `pool_kernel` tokens; the window is kept
@@ -21,7 +23,7 @@
 
 namespace flashcache::policies {
 
-enum class Policy { flashcache, streaming, knorm, random, snapkv, h2o };
+enum class Policy { flashcache, streaming, knorm, keydiff, random, snapkv, h2o };
 
 inline const char* to_string(Policy p) {
   switch (p) {
@@ -31,6 +33,8 @@ inline const char* to_string(Policy p) {
       return "streaming";
     case Policy::knorm:
       return "knorm";
+    case Policy::keydiff:
+      return "keydiff";
     case Policy::random:
       return "random";
     case Policy::snapkv:
@@ -42,13 +46,14 @@ inline const char* to_string(Policy p) {
 }
 
 inline Status parse_policy(const std::string& name, Policy* out) {
-  for (Policy p : {Policy::flashcache, Policy::streaming, Policy::knorm, Policy::random, Policy::snapkv, Policy::h2o})
+  for (Policy p : {Policy::flashcache, Policy::streaming, Policy::knorm, Policy::keydiff, Policy::random, Policy::snapkv,
+                   Policy::h2o})
     if (name == to_string(p)) {
       *out = p;
       return Status::success();
     }
   return make_error(Errc::invalid_option, "unknown policy '", name,
-                    "' (flashcache, streaming, knorm, random, snapkv, h2o)");
+                    "' (flashcache, streaming, knorm, keydiff, random, snapkv, h2o)");
 }
 
 inline bool needs_queries(Policy p) { return p == Policy::snapkv || p == Policy::h2o; }
@@ -92,6 +97,36 @@ Status knorm_scores(KVView<const T> k, LayerScores* out) {
   return Status::success();
 }
 
+// KeyDiff: score = -cos(k_t, a), a = the mean of the head's unit keys, so the
+// keys pointing away from the common direction are kept. A zero key scores 0.
+template <class T>
+Status keydiff_scores(KVView<const T> k, LayerScores* out) {
+  FLASHCACHE_RETURN_IF_ERROR(check_view(k, "K"));
+  detail::reset(out, k.heads, k.tokens);
+  std::vector<double> anchor(static_cast<std::size_t>(k.head_dim)), norm(static_cast<std::size_t>(k.tokens));
+  for (std::int64_t h = 0; h < k.heads; ++h) {
+    std::fill(anchor.begin(), anchor.end(), 0.0);
+    for (std::int64_t t = 0; t < k.tokens; ++t) {
+      double sq = 0;
+      for (std::int64_t c = 0; c < k.head_dim; ++c) sq += static_cast<double>(to_float(k(h, t, c))) * to_float(k(h, t, c));
+      norm[static_cast<std::size_t>(t)] = std::sqrt(sq);
+      if (sq > 0)
+        for (std::int64_t c = 0; c < k.head_dim; ++c)
+          anchor[static_cast<std::size_t>(c)] += to_float(k(h, t, c)) / norm[static_cast<std::size_t>(t)];
+    }
+    double anchor_norm = 0;
+    for (double a : anchor) anchor_norm += a * a;
+    anchor_norm = std::sqrt(anchor_norm);
+    for (std::int64_t t = 0; t < k.tokens; ++t) {
+      double dot = 0;
+      for (std::int64_t c = 0; c < k.head_dim; ++c) dot += anchor[static_cast<std::size_t>(c)] * to_float(k(h, t, c));
+      const double denom = anchor_norm * norm[static_cast<std::size_t>(t)];
+      out->score[static_cast<std::size_t>(h * k.tokens + t)] = static_cast<float>(denom > 0 ? -dot / denom : 0.0);
+    }
+  }
+  return Status::success();
+}
+
 inline void random_scores(std::int64_t heads, std::int64_t tokens, std::uint64_t seed, LayerScores* out) {
   detail::reset(out, heads, tokens);
   std::mt19937_64 rng(seed);
@@ -110,15 +145,11 @@ Status snapkv_scores(KVView<const T> q, KVView<const T> k, const PolicyOptions& 
   const std::int64_t n = k.tokens, group = k.heads ? q.heads / k.heads : 1;
   detail::reset(out, k.heads, n);
   const std::int64_t first = std::max<std::int64_t>(0, n - po.observation_window);
-  std::vector<double> votes(static_cast<std::size_t>(n)), probs;
+  std::vector<double> votes(static_cast<std::size_t>(n));
   for (std::int64_t h = 0; h < k.heads; ++h) {
     std::fill(votes.begin(), votes.end(), 0.0);
-    for (std::int64_t g = 0; g < group; ++g)
-      for (std::int64_t i = first; i < n; ++i) {
-        causal_attention_row(q, k, h * group + g, h, i, &probs);
-        for (std::int64_t j = 0; j <= i; ++j)
-          votes[static_cast<std::size_t>(j)] += probs[static_cast<std::size_t>(j)] / static_cast<double>(group);
-      }
+    for (std::int64_t g = 0; g < group; ++g) add_causal_attention(q, k, h * group + g, h, first, n, votes.data());
+    for (double& x : votes) x /= static_cast<double>(group);
     // Max-pool the prefix's votes so that neighbours of a hit come along; the window itself ranks first.
     const std::int64_t half = po.pool_kernel / 2;
     for (std::int64_t t = 0; t < n; ++t) {
@@ -141,14 +172,10 @@ Status h2o_scores(KVView<const T> q, KVView<const T> k, LayerScores* out) {
   FLASHCACHE_RETURN_IF_ERROR(check_queries(q, k));
   const std::int64_t n = k.tokens, group = k.heads ? q.heads / k.heads : 1;
   detail::reset(out, k.heads, n);
-  std::vector<double> acc(static_cast<std::size_t>(n)), probs;
+  std::vector<double> acc(static_cast<std::size_t>(n));
   for (std::int64_t h = 0; h < k.heads; ++h) {
     std::fill(acc.begin(), acc.end(), 0.0);
-    for (std::int64_t g = 0; g < group; ++g)
-      for (std::int64_t i = 0; i < n; ++i) {
-        causal_attention_row(q, k, h * group + g, h, i, &probs);
-        for (std::int64_t j = 0; j <= i; ++j) acc[static_cast<std::size_t>(j)] += probs[static_cast<std::size_t>(j)];
-      }
+    for (std::int64_t g = 0; g < group; ++g) add_causal_attention(q, k, h * group + g, h, 0, n, acc.data());
     for (std::int64_t t = 0; t < n; ++t)
       out->score[static_cast<std::size_t>(h * n + t)] =
           static_cast<float>(acc[static_cast<std::size_t>(t)] / static_cast<double>(group));
@@ -173,6 +200,8 @@ Status score_with_policy(Policy p, KVView<const T> q, KVView<const T> k, KVView<
       return Status::success();
     case Policy::knorm:
       return knorm_scores(k, out);
+    case Policy::keydiff:
+      return keydiff_scores(k, out);
     case Policy::random:
       random_scores(k.heads, k.tokens, po.seed, out);
       return Status::success();
