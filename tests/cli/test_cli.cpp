@@ -457,6 +457,47 @@ TEST_F(CliTest, PolicyStreamingKeepsTheMostRecentTokens) {
   EXPECT_EQ(o.energy_ratio, (std::vector<double>{0.0, 0.0}));
 }
 
+TEST_F(CliTest, WindowShareAndBaseShareAreRecorded) {
+  const Result r = run_cli(compress({"--keep", "8", "--sink", "1", "--window-share", "0.25", "--base-share", "0.5"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Outputs o = check_outputs(out, k, v);
+  for (std::size_t l = 0; l < 2; ++l)
+    for (std::int64_t h = 0; h < 2; ++h) {
+      const auto row = kept_row(o.kept[l], h);
+      // sink 0, the newest round(0.25 * 8) = 2 tokens, then round(0.5 * 8) = 4 evenly spaced ones.
+      EXPECT_EQ(row.front(), 0);
+      EXPECT_EQ(std::vector<std::int32_t>(row.end() - 2, row.end()), (std::vector<std::int32_t>{35, 36}));
+    }
+  EXPECT_EQ(o.summary["options"]["window_share"], 0.25);
+  EXPECT_EQ(o.summary["options"]["base_share"], 0.5);
+  EXPECT_EQ(o.summary["options"]["paper"], false);
+}
+
+TEST_F(CliTest, PaperIsThePapersAlgorithm) {
+  const Result r = run_cli(compress({"--paper", "--keep-ratio", "0.3"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Outputs o = check_outputs(out, k, v);
+  const auto& opt = o.summary["options"];
+  EXPECT_EQ(opt["paper"], true);
+  EXPECT_EQ(opt["sink"], 0);
+  EXPECT_EQ(opt["window"], 0);
+  EXPECT_EQ(opt["window_share"], 0.0);
+  EXPECT_EQ(opt["base_share"], 0.0);
+  EXPECT_EQ(opt["normalize_terms"], false);
+  EXPECT_TRUE(opt["rope_theta"].is_null());
+  EXPECT_EQ(opt["gamma"], 0.2);
+  EXPECT_EQ(opt["transform"], "global");
+  EXPECT_EQ(opt["allocation"], "dynamic");
+}
+
+TEST_F(CliTest, PolicyKeydiffRuns) {
+  const Result r = run_cli(compress({"--policy", "keydiff", "--keep", "6", "--sink", "2"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Outputs o = check_outputs(out, k, v);
+  EXPECT_EQ(o.summary["options"]["policy"], "keydiff");
+  for (std::size_t l = 0; l < 2; ++l) EXPECT_EQ(kept_row(o.kept[l], 0).front(), 0);
+}
+
 TEST_F(CliTest, PolicyKnormKeepsTheLowestKeyNorms) {
   const Result r = run_cli(compress({"--policy", "knorm", "--keep", "6"}));
   ASSERT_EQ(r.code, 0) << r.err;
@@ -826,7 +867,43 @@ TEST_F(CliTest, BadInputIsOneLineExitTwoAndNoOutput) {
        [](CliTest&) {
          return std::vector<std::string>{"--policy", "streaming", "--gamma", "0.3"};
        },
-       "--gamma, --transform and --block are used only by --policy flashcache, not streaming"},
+       "--gamma, --transform, --block, --normalize-terms, --rope-* and --paper are used only by --policy "
+       "flashcache, not streaming"},
+      {"paper for a baseline",
+       [](CliTest&) {
+         return std::vector<std::string>{"--policy", "knorm", "--paper"};
+       },
+       "are used only by --policy flashcache, not knorm"},
+      {"paper with a sink",
+       [](CliTest&) {
+         return std::vector<std::string>{"--paper", "--sink", "4"};
+       },
+       "--sink excludes --paper"},
+      {"paper with gamma",
+       [](CliTest&) {
+         return std::vector<std::string>{"--paper", "--gamma", "0.3"};
+       },
+       "--paper fixes --gamma, --transform and --block"},
+      {"window share above 1",
+       [](CliTest&) {
+         return std::vector<std::string>{"--window-share", "1.5"};
+       },
+       "--window-share 1.5 is outside [0, 1]"},
+      {"base share negative",
+       [](CliTest&) {
+         return std::vector<std::string>{"--base-share", "-0.25"};
+       },
+       "--base-share -0.25 is outside [0, 1]"},
+      {"rope layout without theta",
+       [](CliTest&) {
+         return std::vector<std::string>{"--rope-layout", "interleaved"};
+       },
+       "--rope-theta is required"},
+      {"rope theta 1",
+       [](CliTest&) {
+         return std::vector<std::string>{"--rope-theta", "1"};
+       },
+       "must be > 1"},
       {"out under a file",
        [](CliTest& t) {
          test::write_bytes(t.dir / "file", "x");

@@ -17,20 +17,26 @@ struct TransformArgs {
 
 struct CompressArgs {
   std::string k, v, out, protect;        // protect: empty for none
-  std::string policy = "flashcache";     // flashcache, streaming, knorm, random, snapkv, h2o
+  std::string policy = "flashcache";     // flashcache, streaming, knorm, keydiff, random, snapkv, h2o
   std::string q;                         // queries for snapkv / h2o; empty for none
   std::uint64_t seed = 0;                // random
   std::int64_t observation_window = 32;  // snapkv
   bool has_keep_ratio = false, has_keep = false;
   double keep_ratio = 0.2;  // also the default when neither --keep-ratio nor --keep is given
   std::int64_t keep = 0;
-  std::int64_t sink = 0, window = 0;
+  std::int64_t sink = Options{}.sink, window = Options{}.window;
+  double window_share = Options{}.window_share, base_share = Options{}.base_share;
+  bool normalize_terms = Options{}.normalize_terms;
+  double rope_theta = 0;  // > 0: score keys de-rotated with this RoPE base
+  std::string rope_layout = "half";
+  std::int64_t rope_first_position = 0;
+  bool paper = false;  // Options::paper(): the paper's algorithm exactly
   TransformArgs transform;
   bool no_allocate = false;
   bool force = false;
   // Which of the policy-specific options were given on the command line, so
   // that one meant for another policy is refused rather than ignored.
-  bool has_seed = false, has_observation_window = false, has_transform_option = false;
+  bool has_seed = false, has_observation_window = false, has_transform_option = false, has_rope_option = false;
 };
 
 struct InspectArgs {

@@ -39,8 +39,21 @@ void check_args(const CompressArgs& a) {
     usage_error("--observation-window is used only by --policy snapkv");
   if (a.observation_window < 1)
     usage_error("--observation-window " + std::to_string(a.observation_window) + " must be at least 1");
-  if (a.has_transform_option && p != policies::Policy::flashcache)
-    usage_error("--gamma, --transform and --block are used only by --policy flashcache, not " + a.policy);
+  if ((a.has_transform_option || a.has_rope_option || a.paper) && p != policies::Policy::flashcache)
+    usage_error(
+        "--gamma, --transform, --block, --normalize-terms, --rope-* and --paper are used only by --policy flashcache, "
+        "not " +
+        a.policy);
+  if (!(a.window_share >= 0.0 && a.window_share <= 1.0))
+    usage_error("--window-share " + num(a.window_share) + " is outside [0, 1]");
+  if (!(a.base_share >= 0.0 && a.base_share <= 1.0))
+    usage_error("--base-share " + num(a.base_share) + " is outside [0, 1]");
+  if (a.has_rope_option && !(a.rope_theta > 1.0 && std::isfinite(a.rope_theta)))
+    usage_error("--rope-theta is required with --rope-layout / --rope-first-position and must be > 1, got " +
+                num(a.rope_theta));
+  if (a.rope_first_position < 0)
+    usage_error("--rope-first-position " + std::to_string(a.rope_first_position) + " is negative");
+  if (a.paper && a.has_transform_option) usage_error("--paper fixes --gamma, --transform and --block; give neither");
 }
 
 struct Plan {
@@ -63,9 +76,20 @@ Plan make_plan(const CompressArgs& a, const KVCache& cache) {
   throw_if_error(policies::parse_policy(a.policy, &p.policy));
   p.policy_options.seed = a.seed;
   p.policy_options.observation_window = a.observation_window;
-  p.options = to_options(a.transform);
-  p.options.sink = a.sink;
-  p.options.window = a.window;
+  if (a.paper) {
+    p.options = Options::paper();
+  } else {
+    p.options = to_options(a.transform);
+    p.options.sink = a.sink;
+    p.options.window = a.window;
+    p.options.window_share = a.window_share;
+    p.options.base_share = a.base_share;
+    p.options.normalize_terms = a.normalize_terms;
+    p.options.rope.derotate = a.rope_theta > 0;
+    p.options.rope.theta = a.rope_theta > 0 ? a.rope_theta : p.options.rope.theta;
+    p.options.rope.layout = a.rope_layout == "interleaved" ? RopeLayout::interleaved : RopeLayout::half;
+    p.options.rope.first_position = a.rope_first_position;
+  }
   if (!a.protect.empty()) p.mask = load_mask(a.protect, cache.tokens);
   if (a.has_keep) {
     if (a.keep > cache.tokens)
@@ -111,6 +135,14 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
                   {"gamma", fc ? nlohmann::ordered_json(o.gamma) : null},
                   {"sink", o.sink},
                   {"window", o.window},
+                  {"window_share", o.window_share},
+                  {"base_share", o.base_share},
+                  {"normalize_terms", fc ? nlohmann::ordered_json(o.normalize_terms) : null},
+                  {"rope_theta", fc && o.rope.derotate ? nlohmann::ordered_json(o.rope.theta) : null},
+                  {"rope_layout", fc && o.rope.derotate ? nlohmann::ordered_json(to_string(o.rope.layout)) : null},
+                  {"rope_first_position",
+                   fc && o.rope.derotate ? nlohmann::ordered_json(o.rope.first_position) : null},
+                  {"paper", a.paper},
                   {"transform", fc ? nlohmann::ordered_json(to_string(o.transform)) : null},
                   {"block", fc ? nlohmann::ordered_json(o.block_size) : null},
                   {"protected_by_mask", masked}};

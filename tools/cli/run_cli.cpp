@@ -65,8 +65,37 @@ int flashcache::cli::run_cli(int argc, char** argv) {
       "Keep this fraction of all tokens: round(R * L * N) in total, split across layers by energy (default 0.2)");
   CLI::Option* keep = compress->add_option("--keep", c.keep, "Keep N tokens per head in every layer (no allocation)");
   ratio->excludes(keep);
-  compress->add_option("--sink", c.sink, "Always keep the first S tokens")->capture_default_str();
-  compress->add_option("--window", c.window, "Always keep the last W tokens")->capture_default_str();
+  CLI::Option* sink = compress->add_option("--sink", c.sink, "Always keep the first S tokens")->capture_default_str();
+  CLI::Option* window =
+      compress->add_option("--window", c.window, "Always keep the last W tokens")->capture_default_str();
+  CLI::Option* window_share =
+      compress
+          ->add_option("--window-share", c.window_share,
+                       "Then keep the last round(S * B) tokens, B the layer's budget per head (the larger of this "
+                       "and --window applies)")
+          ->capture_default_str();
+  CLI::Option* base_share =
+      compress
+          ->add_option("--base-share", c.base_share,
+                       "Spend round(S * B) of the rest on evenly spaced tokens (a sample of the smooth base)")
+          ->capture_default_str();
+  CLI::Option* normalize =
+      compress
+          ->add_flag("--normalize-terms,!--no-normalize-terms", c.normalize_terms,
+                     "flashcache: divide the K and V terms of the score each by its head's mean")
+          ->capture_default_str();
+  CLI::Option* rope = compress->add_option(
+      "--rope-theta", c.rope_theta, "flashcache: score keys rotated back to their pre-RoPE form, with this RoPE base");
+  compress->add_option("--rope-layout", c.rope_layout, "With --rope-theta: pairs (i, i + d/2) or (2i, 2i + 1)")
+      ->check(CLI::IsMember({"half", "interleaved"}))
+      ->capture_default_str();
+  compress->add_option("--rope-first-position", c.rope_first_position, "With --rope-theta: position of token 0")
+      ->capture_default_str();
+  CLI::Option* paper = compress->add_flag(
+      "--paper", c.paper,
+      "The paper's algorithm exactly (Options::paper(): no sink, window or base sample, unweighted terms, keys as "
+      "cached, global DCT, gamma 0.2)");
+  for (CLI::Option* o : {sink, window, window_share, base_share, normalize, rope}) paper->excludes(o);
   compress->add_option("--protect", c.protect, "Bool or uint8 mask of N tokens; nonzero = always kept");
   add_transform_options(compress, &c.transform);
   compress->add_flag("--no-allocate", c.no_allocate,
@@ -74,10 +103,10 @@ int flashcache::cli::run_cli(int argc, char** argv) {
   compress
       ->add_option("--policy", c.policy,
                    "How tokens are scored: flashcache (outliers from the low-pass base), or a baseline: streaming "
-                   "(most recent), knorm (lowest key norm), random, snapkv (attention of the last "
+                   "(most recent), knorm (lowest key norm), keydiff (keys least aligned with the mean key), random, snapkv (attention of the last "
                    "--observation-window queries), h2o (accumulated attention). Baselines have no energy ratios: "
                    "with --keep-ratio their total is split in proportion to each layer's tokens")
-      ->check(CLI::IsMember({"flashcache", "streaming", "knorm", "random", "snapkv", "h2o"}))
+      ->check(CLI::IsMember({"flashcache", "streaming", "knorm", "keydiff", "random", "snapkv", "h2o"}))
       ->capture_default_str();
   compress->add_option("--q", c.q,
                        "Queries for snapkv and h2o: [L, Hq, N, d] or [Hq, N, d], same dtype, layers, tokens and "
@@ -104,7 +133,12 @@ int flashcache::cli::run_cli(int argc, char** argv) {
   c.has_keep = keep->count() > 0;
   c.has_seed = compress->count("--seed") > 0;
   c.has_observation_window = compress->count("--observation-window") > 0;
-  c.has_transform_option = compress->count("--gamma") + compress->count("--transform") + compress->count("--block") > 0;
+  c.has_transform_option = compress->count("--gamma") + compress->count("--transform") + compress->count("--block") +
+                               compress->count("--normalize-terms") + compress->count("--no-normalize-terms") >
+                           0;
+  c.has_rope_option = compress->count("--rope-theta") + compress->count("--rope-layout") +
+                          compress->count("--rope-first-position") >
+                      0;
 
   try {
     if (compress->parsed()) return cli::run_compress(c);
