@@ -331,13 +331,18 @@ class SmolLM2:
         z = np.zeros((self.n_kv_heads, 0, self.head_dim), np.float32)
         return KVCache([z] * self.n_layers, [z] * self.n_layers, 0)
 
+    # Queries per attention tile in forward(): bounds the logits to [Hq, 512, M+N].
+    QUERY_TILE = 512
+
     def forward(self, ids: Sequence[int], cache: Optional[KVCache] = None,
-                capture: bool = False, all_logits: bool = True) -> ForwardResult:
+                capture: bool = False, all_logits: bool = True,
+                logits_from: int = 0) -> ForwardResult:
         """Run new tokens ``ids`` on top of ``cache`` (None = empty).
 
         New tokens attend to every cached token (all of which precede them) and causally
-        to each other. Returns logits of every new token (or only the last one when
-        ``all_logits`` is False, which saves the 49152-wide head for long prompts).
+        to each other. Returns logits of the new tokens from index ``logits_from`` on (or
+        only the last one when ``all_logits`` is False, which saves the 49152-wide head
+        for long prompts).
         """
         cache = cache or self.empty_cache()
         ids = np.asarray(ids, dtype=np.int64)
@@ -356,11 +361,21 @@ class SmolLM2:
             k_all = np.concatenate([cache.k[l], k], axis=1)               # [Hkv, M+N, d]
             v_all = np.concatenate([cache.v[l], v], axis=1)
             m = cache.k[l].shape[1]
-            # Grouped-query attention: view q heads as [Hkv, group, N, d].
-            qg = q.reshape(self.n_kv_heads, self.group, n, self.head_dim)
-            scores = np.einsum("hgnd,hmd->hgnm", qg, k_all) * scale
-            scores[..., m:] += causal
-            attn = np.einsum("hgnm,hmd->hgnd", _softmax(scores), v_all)
+            # Grouped-query attention: view q heads as [Hkv, group, N, d]; batched
+            # matrix products (BLAS) over tiles of queries bound the memory of the logits.
+            qg = q.reshape(self.n_kv_heads, self.group, n, self.head_dim) * scale
+            kt = k_all.transpose(0, 2, 1)[:, None]                        # [Hkv, 1, d, M+N]
+            attn = np.empty((self.n_kv_heads, self.group, n, self.head_dim), np.float32)
+            for i0 in range(0, n, self.QUERY_TILE):
+                i1 = min(n, i0 + self.QUERY_TILE)
+                visible = m + i1                                           # keys any query of the tile sees
+                scores = np.matmul(qg[:, :, i0:i1], kt[..., :visible])
+                scores[..., m:] += causal[i0:i1, :i1]
+                # Softmax in place; its normalisation is applied after the product with V.
+                scores -= scores.max(axis=-1, keepdims=True)
+                np.exp(scores, out=scores)
+                total = scores.sum(axis=-1, keepdims=True)
+                attn[:, :, i0:i1] = np.matmul(scores, v_all[:, None, :visible]) / total
             attn = attn.reshape(self.n_heads, n, self.head_dim).transpose(1, 0, 2)
             x = x + attn.reshape(n, self.d_model) @ w["wo"]
             h = _rms_norm(x, w["ffn_norm"], self.eps)
@@ -369,7 +384,7 @@ class SmolLM2:
             new_v.append(v_all)
             if capture:
                 qs.append(q), ks.append(k), vs.append(v)
-        x = _rms_norm(x if all_logits else x[-1:], self.final_norm, self.eps)
+        x = _rms_norm(x[logits_from:] if all_logits else x[-1:], self.final_norm, self.eps)
         logits = x @ self.lm_head.T
         result = ForwardResult(logits, KVCache(new_k, new_v, cache.next_position + n))
         if capture:

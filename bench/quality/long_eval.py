@@ -1,0 +1,541 @@
+#!/usr/bin/env python3
+"""Long-context quality of a compressed KV cache: SmolLM2-135M-Instruct, all 30 layers,
+prompts of 1,024 to 4,096 tokens of real text (bench/quality/long_split.json).
+
+For every text, prompt length P, row (a policy with its options) and keep ratio r, the
+prompt's cache is compressed by the library (``select_configs``, which runs the policies,
+select and allocation stages a user calls) and the model continues on top of it:
+
+* ``nll_ratio``: teacher-forced NLL of the true next ``--continuation`` tokens over the
+  full cache's (the first continuation token is predicted by the prefill, as after a real
+  compression; the rest read the compressed cache);
+* ``greedy_match``: share of ``--greedy`` greedy tokens equal to the full cache's, and
+  ``greedy_first_diff``, the first position where they differ (``--greedy`` if none);
+* ``attn_rel_err``: relative error of the attention output of the continuation queries,
+  per layer and mean, as ``quality_eval`` defines it (attention_error.hpp): each query
+  attends causally to the kept prompt tokens plus the continuation tokens before it, K, V
+  and Q from the uncompressed forward pass;
+* ``passkey`` (``--part passkey``): a 5-digit key planted in filler, asked at the end.
+
+Every row keeps the same number of tokens: n = round(r * P) per KV head and layer, 30 n
+in all (FlashCache's dynamic allocation re-splits 30 n over the layers), and every row
+but the paper's exact algorithm has the same protected set (sink, recent window), so that
+rows differ only in the score.
+
+Parts: ``table`` (every text, the rows of ROWS; writes bench/results/quality_long.json),
+``study`` (dev texts only, NLL and attention error of the variants of one study stage;
+writes bench/results/quality_long_study.json), ``passkey``. ``--tiny`` is the CI check of
+the harness (one text, one short length), not of the numbers.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one BLAS thread per worker: --jobs runs several
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import gzip  # noqa: E402
+import json  # noqa: E402
+import multiprocessing  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from typing import Dict, List, Optional, Sequence, Tuple  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "tools", "extract"))
+
+from extract_llm import KVCache, SmolLM2, _rms_norm, _silu, log_softmax  # noqa: E402
+
+SPLIT_FILE = os.path.join(HERE, "long_split.json")
+MODEL = "SmolLM2-135M-Instruct (30 layers)"
+LENGTHS = (1024, 2048, 4096)
+KEEP_RATIOS = (0.05, 0.1, 0.2, 0.4)
+
+# The library's default options and the paper's exact algorithm, as select_configs reads
+# them (field names of flashcache::Options). DEFAULT must equal flashcache::Options{}:
+# long_eval checks it against `flashcache compress`'s summary.json (check_defaults).
+PAPER = {"gamma": 0.2, "transform": "global", "sink": 0, "window": 0, "window_share": 0.0,
+         "base_share": 0.0, "normalize_terms": False, "rope_theta": 0, "allocation": "dynamic"}
+DEFAULT = dict(PAPER)
+# The protected set every row shares (the default's): sink and recent window.
+PROTECTED_FIELDS = ("sink", "window", "window_share")
+
+
+def protected(options: Dict) -> Dict:
+    return {f: options[f] for f in PROTECTED_FIELDS}
+
+
+def table_rows() -> List[Tuple[str, str, Dict]]:
+    """(label, policy, options) of the main table."""
+    prot = protected(DEFAULT)
+    rows = [("flashcache-default", "flashcache", dict(DEFAULT)),
+            ("flashcache-paper", "flashcache", dict(PAPER))]
+    for policy in ("streaming", "knorm", "keydiff", "random", "snapkv", "h2o"):
+        rows.append((policy, policy, dict(prot, allocation="uniform")))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------
+# Texts.
+# ----------------------------------------------------------------------------------------
+
+def load_split() -> List[Dict]:
+    with open(SPLIT_FILE, encoding="utf-8") as f:
+        return json.load(f)["texts"]
+
+
+def read_text(entry: Dict) -> str:
+    path = entry["path"]
+    if not os.path.exists(path):
+        raise SystemExit(f"long_eval: {path} is missing: install the Debian package {entry['package']} "
+                         f"(apt-get install {entry['package']}; bench/quality/run_long.sh does it)")
+    raw = gzip.open(path).read() if path.endswith(".gz") else open(path, "rb").read()
+    return raw.decode("utf-8")
+
+
+# ----------------------------------------------------------------------------------------
+# Batched greedy decoding over preallocated caches.
+# ----------------------------------------------------------------------------------------
+
+class GrowingCache:
+    """A prompt cache with room for ``extra`` new tokens per layer (no copy per step)."""
+
+    def __init__(self, cache: KVCache, extra: int):
+        self.k, self.v, self.n = [], [], []
+        for k, v in zip(cache.k, cache.v):
+            h, m, d = k.shape
+            kb = np.empty((h, m + extra, d), np.float32)
+            vb = np.empty((h, m + extra, d), np.float32)
+            kb[:, :m], vb[:, :m] = k, v
+            self.k.append(kb)
+            self.v.append(vb)
+            self.n.append(m)
+        self.position = cache.next_position
+
+
+def greedy_many(model: SmolLM2, caches: Sequence[KVCache], first_logits: np.ndarray,
+                n_new: int) -> List[List[int]]:
+    """Greedy tokens on top of every cache at once: one weight product per step for all."""
+    grow = [GrowingCache(c, n_new) for c in caches]
+    b_n, hq, hkv, d, g = len(caches), model.n_heads, model.n_kv_heads, model.head_dim, model.group
+    scale = np.float32(1.0 / np.sqrt(d))
+    out = [[int(np.argmax(first_logits))] for _ in range(b_n)]
+    for step in range(1, n_new):
+        x = model.embed[np.asarray([o[-1] for o in out], np.int64)]          # [B, D]
+        positions = np.array([grow[0].position + step - 1])
+        for l, w in enumerate(model.layers):
+            h = _rms_norm(x, w["attn_norm"], model.eps)
+            q = model._rope((h @ w["wq"]).reshape(b_n, hq, 1, d), positions)
+            k = model._rope((h @ w["wk"]).reshape(b_n, hkv, 1, d), positions)
+            v = (h @ w["wv"]).reshape(b_n, hkv, 1, d)
+            attn = np.empty((b_n, hq * d), np.float32)
+            for b, c in enumerate(grow):
+                n = c.n[l]
+                c.k[l][:, n], c.v[l][:, n] = k[b, :, 0], v[b, :, 0]
+                c.n[l] = n + 1
+                keys, values = c.k[l][:, :n + 1], c.v[l][:, :n + 1]
+                s = np.matmul(q[b].reshape(hkv, g, d) * scale, keys.transpose(0, 2, 1))   # [Hkv, g, n+1]
+                s = np.exp(s - s.max(axis=-1, keepdims=True))
+                attn[b] = (np.matmul(s, values) / s.sum(axis=-1, keepdims=True)).reshape(hq * d)
+            x = x + attn @ w["wo"]
+            h = _rms_norm(x, w["ffn_norm"], model.eps)
+            x = x + (_silu(h @ w["w_gate"]) * (h @ w["w_up"])) @ w["w_down"]
+        logits = _rms_norm(x, model.final_norm, model.eps) @ model.lm_head.T
+        for b in range(b_n):
+            out[b].append(int(np.argmax(logits[b])))
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# Attention-output error of the continuation queries (attention_error.hpp's measure).
+# ----------------------------------------------------------------------------------------
+
+def _attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, first_new: int,
+            scale: float) -> np.ndarray:
+    """q [g, C, d] (continuation queries), keys/values [M + C, d], the last C of which are
+    the continuation: query i sees keys [0, first_new + i]. Returns [g, C, d] float64."""
+    c = q.shape[1]
+    s = np.matmul(q * np.float32(scale), keys.T).astype(np.float64)        # [g, C, M+C]
+    s[:, :, first_new:] += np.triu(np.full((c, c), -np.inf), k=1)
+    s = np.exp(s - s.max(axis=-1, keepdims=True))
+    return np.matmul(s / s.sum(axis=-1, keepdims=True), values.astype(np.float64))
+
+
+def full_attention(q, k, v, p: int, group: int) -> List[np.ndarray]:
+    """Per layer, [Hq, C, d] outputs of the continuation queries over the full cache."""
+    scale = 1.0 / np.sqrt(k.shape[-1])
+    outs = []
+    for l in range(k.shape[0]):
+        heads = [_attend(q[l, h * group:(h + 1) * group, p:], k[l, h], v[l, h], p, scale)
+                 for h in range(k.shape[1])]
+        outs.append(np.concatenate(heads))
+    return outs
+
+
+def attention_errors(q, k, v, p: int, group: int, keep: Sequence[np.ndarray],
+                     full: Sequence[np.ndarray]) -> List[float]:
+    """Per layer sqrt(sum ||o' - o||^2 / sum ||o||^2) over query heads and queries."""
+    scale = 1.0 / np.sqrt(k.shape[-1])
+    errs = []
+    for l in range(k.shape[0]):
+        diff = ref = 0.0
+        for h in range(k.shape[1]):
+            idx = np.concatenate([keep[l][h], np.arange(p, k.shape[2])])
+            o = _attend(q[l, h * group:(h + 1) * group, p:], k[l, h, idx], v[l, h, idx],
+                        len(keep[l][h]), scale)
+            o_full = full[l][h * group:(h + 1) * group]
+            diff += float(np.sum((o - o_full) ** 2))
+            ref += float(np.sum(o_full ** 2))
+        errs.append(float(np.sqrt(diff / ref)) if ref > 0 else 0.0)
+    return errs
+
+
+# ----------------------------------------------------------------------------------------
+# One (text, prompt length) unit: prefill, select every configuration, measure.
+# ----------------------------------------------------------------------------------------
+
+_MODEL: Optional[SmolLM2] = None
+
+
+def model() -> SmolLM2:
+    global _MODEL
+    if _MODEL is None:
+        _MODEL = SmolLM2.load()
+    return _MODEL
+
+
+def per_head_budget(ratio: float, prompt_len: int) -> int:
+    return int(np.floor(ratio * prompt_len + 0.5))  # round half away from zero, as the library
+
+
+def select(select_bin: str, work: str, configs: List[Dict]) -> Dict[str, Tuple[List[np.ndarray], List[int]]]:
+    """kept[l] [H, B_l] and budgets per configuration id, from select_configs."""
+    path = os.path.join(work, "configs.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"configs": configs}, f)
+    run = subprocess.run([select_bin, "--cache", work, "--configs", path, "--out", work],
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"select_configs failed: {run.stderr.strip()}")
+    with open(os.path.join(work, "result.json"), encoding="utf-8") as f:
+        result = json.load(f)["configs"]
+    heads = model().n_kv_heads
+    out = {}
+    for r in result:
+        flat = np.load(os.path.join(work, f"kept_{r['id']}.npy"))
+        keep, at = [], 0
+        for b in r["budgets"]:
+            keep.append(flat[at:at + heads * b].reshape(heads, b))
+            at += heads * b
+        out[r["id"]] = (keep, r["budgets"])
+    return out
+
+
+def run_unit(args: Tuple) -> List[Dict]:
+    (text, split, ids, p, n_cont, n_greedy, rows, ratios, tasks, select_bin, log_prefix) = args
+    m = model()
+    t0 = time.time()
+    seq = ids[:p + n_cont]
+    cont = seq[p:]
+    fwd = m.forward(seq, capture=True, logits_from=p - 1)
+    lp = log_softmax(fwd.logits[:-1])
+    full_tok_nll = -lp[np.arange(n_cont), cont]
+    full_nll = float(full_tok_nll.mean())
+    first_logits = fwd.logits[0]
+    prompt_cache = KVCache([k[:, :p] for k in fwd.cache.k], [v[:, :p] for v in fwd.cache.v], p)
+    t_prefill = time.time() - t0
+
+    configs, meta = [], {}
+    for label, policy, options in rows:
+        for r in ratios:
+            cid = f"{len(configs)}"
+            configs.append({"id": cid, "policy": policy, "per_head": per_head_budget(r, p),
+                            "options": options, "seed": 0})
+            meta[cid] = (label, policy, options, r)
+    with tempfile.TemporaryDirectory(prefix="long_eval_") as work:
+        np.save(os.path.join(work, "k.npy"), np.ascontiguousarray(np.stack(prompt_cache.k)))
+        np.save(os.path.join(work, "v.npy"), np.ascontiguousarray(np.stack(prompt_cache.v)))
+        if any(policy in ("snapkv", "h2o") for _, policy, _ in rows):
+            np.save(os.path.join(work, "q.npy"), np.ascontiguousarray(fwd.q[:, :, :p]))
+        t1 = time.time()
+        kept = select(select_bin, work, configs)
+        t_select = time.time() - t1
+
+    base = {"part": "long", "model": MODEL, "text": text, "split": split, "prompt_tokens": p,
+            "continuation_tokens": n_cont}
+    recs = [dict(base, policy="full", label="full", options={}, keep_ratio=1.0, metric="nll",
+                 value=full_nll)]
+    t2 = time.time()
+    k_all, v_all = np.stack(fwd.cache.k), np.stack(fwd.cache.v)
+    full_out = full_attention(fwd.q, k_all, v_all, p, m.group) if "attn" in tasks else None
+    for cid, (label, policy, options, r) in meta.items():
+        keep, budgets = kept[cid]
+        rec = dict(base, policy=policy, label=label, options=options, keep_ratio=r)
+        small = prompt_cache.gather(keep)
+        if "nll" in tasks:
+            nll = -log_softmax(m.forward(cont[:-1], small).logits)[np.arange(n_cont - 1), cont[1:]]
+            nll = float(np.concatenate([full_tok_nll[:1], nll]).mean())
+            recs.append(dict(rec, metric="nll", value=nll))
+            recs.append(dict(rec, metric="nll_ratio", value=nll / full_nll))
+        if "attn" in tasks:
+            errs = attention_errors(fwd.q, k_all, v_all, p, m.group, keep, full_out)
+            recs.append(dict(rec, metric="attn_rel_err", value=float(np.mean(errs)),
+                             detail={"per_layer": errs, "budgets": budgets}))
+        meta[cid] = (label, policy, options, r, small)
+    t_measure = time.time() - t2
+
+    t3 = time.time()
+    if "greedy" in tasks and n_greedy > 0:
+        order = list(meta)
+        outs = greedy_many(m, [prompt_cache] + [meta[c][4] for c in order], first_logits, n_greedy)
+        ref = outs[0]
+        for cid, out in zip(order, outs[1:]):
+            label, policy, options, r, _ = meta[cid]
+            same = [a == b for a, b in zip(out, ref)]
+            first_diff = same.index(False) if False in same else len(ref)
+            rec = dict(base, policy=policy, label=label, options=options, keep_ratio=r)
+            recs.append(dict(rec, metric="greedy_match", value=float(np.mean(same))))
+            recs.append(dict(rec, metric="greedy_first_diff", value=first_diff))
+    print(f"{log_prefix}{text} P={p}: full NLL {full_nll:.3f}; prefill {t_prefill:.0f}s, select "
+          f"{t_select:.0f}s, nll+attn {t_measure:.0f}s, greedy {time.time() - t3:.0f}s", flush=True)
+    return recs
+
+
+# ----------------------------------------------------------------------------------------
+# Study stages (dev texts only).
+# ----------------------------------------------------------------------------------------
+
+def study_rows(stage: str, base: Dict) -> List[Tuple[str, str, Dict]]:
+    """The variants of one study stage, each as (label, "flashcache", options)."""
+    rows: List[Tuple[str, str, Dict]] = []
+    if stage == "protect":
+        for sink in (0, 1, 4):
+            for share in (0.0, 0.125, 0.25, 0.5):
+                rows.append((f"sink{sink}-win{share:g}", "flashcache",
+                             dict(base, sink=sink, window_share=share)))
+    elif stage == "score":
+        rows.append(("base", "flashcache", dict(base)))
+        for gamma in (0.1, 0.3):
+            rows.append((f"gamma{gamma:g}", "flashcache", dict(base, gamma=gamma)))
+        rows.append(("normalize", "flashcache", dict(base, normalize_terms=True)))
+        rows.append(("derotate", "flashcache", dict(base, rope_theta=100000.0)))
+        rows.append(("blocked", "flashcache", dict(base, transform="blocked")))
+        rows.append(("uniform", "flashcache", dict(base, allocation="uniform")))
+        for share in (0.25, 0.5):
+            rows.append((f"base{share:g}", "flashcache", dict(base, base_share=share)))
+        prot = protected(base)
+        for policy in ("knorm", "keydiff", "snapkv"):
+            rows.append((policy, policy, dict(prot, allocation="uniform")))
+    else:
+        raise SystemExit(f"long_eval: unknown study stage {stage!r} (protect, score)")
+    return rows
+
+
+# ----------------------------------------------------------------------------------------
+# Passkey retrieval.
+# ----------------------------------------------------------------------------------------
+
+PASSKEY_FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. "
+                  "There and back again. ")
+PASSKEY_TRIALS = [(0.1, "58213"), (0.3, "40976"), (0.5, "71432"), (0.7, "26389"), (0.9, "93154")]
+
+
+def passkey_prompt(tok, target_tokens: int, depth: float, key: str) -> str:
+    intro = ("There is an important pass key hidden inside a lot of irrelevant text. "
+             "Find it and memorize it.\n\n")
+    needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
+    question = "\n\nWhat is the pass key? The pass key is"
+    per = len(tok.encode(PASSKEY_FILLER))
+    base = len(tok.encode(intro + needle + question))
+    reps = max(1, (target_tokens - base) // per)
+    at = int(round(depth * reps))
+    return intro + PASSKEY_FILLER * at + needle + PASSKEY_FILLER * (reps - at) + question
+
+
+def run_passkey(lengths: Sequence[int], rows, ratios, select_bin: str, log) -> Tuple[List[Dict], Dict]:
+    m = model()
+    tok = m.tokenizer
+    recs: List[Dict] = []
+    info: Dict = {"full_cache_hits": {}}
+    chosen = None
+    for target in lengths:  # the longest length where the full cache finds >= 4 of 5
+        hits = 0
+        for depth, key in PASSKEY_TRIALS:
+            ids = tok.encode(passkey_prompt(tok, target, depth, key))
+            pre = m.forward(ids, all_logits=False)
+            out = greedy_many(m, [pre.cache], pre.logits[-1], 8)[0]
+            hits += key in tok.decode(out)
+        info["full_cache_hits"][str(target)] = hits
+        log(f"[passkey] full cache at ~{target} tokens: {hits}/5")
+        if hits >= 4:
+            chosen = target
+    info["length"] = chosen
+    if chosen is None:
+        return recs, info
+    results: Dict[Tuple[str, float], int] = {}
+    for depth, key in PASSKEY_TRIALS:
+        ids = tok.encode(passkey_prompt(tok, chosen, depth, key))
+        p = len(ids)
+        pre = m.forward(ids, capture=True, all_logits=False)
+        configs, meta = [], {}
+        for label, policy, options in rows:
+            for r in ratios:
+                cid = str(len(configs))
+                configs.append({"id": cid, "policy": policy, "per_head": per_head_budget(r, p),
+                                "options": options, "seed": 0})
+                meta[cid] = (label, policy, options, r)
+        with tempfile.TemporaryDirectory(prefix="long_eval_pk_") as work:
+            np.save(os.path.join(work, "k.npy"), np.ascontiguousarray(np.stack(pre.cache.k)))
+            np.save(os.path.join(work, "v.npy"), np.ascontiguousarray(np.stack(pre.cache.v)))
+            np.save(os.path.join(work, "q.npy"), np.ascontiguousarray(pre.q))
+            kept = select(select_bin, work, configs)
+        order = list(meta)
+        outs = greedy_many(m, [pre.cache.gather(kept[c][0]) for c in order], pre.logits[-1], 8)
+        for cid, out in zip(order, outs):
+            label, _, _, r = meta[cid]
+            results[(label, r)] = results.get((label, r), 0) + (key in tok.decode(out))
+    for label, policy, options in rows:
+        for r in ratios:
+            recs.append({"part": "passkey", "model": MODEL, "prompt_tokens": chosen, "policy": policy,
+                         "label": label, "options": options, "keep_ratio": r,
+                         "metric": "passkey_hits", "value": results[(label, r)], "trials": 5})
+    return recs, info
+
+
+# ----------------------------------------------------------------------------------------
+# Driver.
+# ----------------------------------------------------------------------------------------
+
+def check_defaults(cli: str) -> None:
+    """DEFAULT above must be flashcache::Options{}: compare with what the CLI records."""
+    with tempfile.TemporaryDirectory(prefix="long_eval_defaults_") as work:
+        k = np.random.default_rng(0).standard_normal((1, 1, 40, 4)).astype(np.float32)
+        np.save(os.path.join(work, "k.npy"), k)
+        np.save(os.path.join(work, "v.npy"), k)
+        run = subprocess.run([cli, "compress", "--k", os.path.join(work, "k.npy"), "--v",
+                              os.path.join(work, "v.npy"), "--out", os.path.join(work, "out")],
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            raise SystemExit(f"long_eval: {cli} failed: {run.stderr.strip()}")
+        with open(os.path.join(work, "out", "summary.json"), encoding="utf-8") as f:
+            got = json.load(f)["options"]
+    for field in ("gamma", "transform", "sink", "window", "window_share", "base_share", "normalize_terms",
+                  "allocation"):
+        if got[field] != DEFAULT[field]:
+            raise SystemExit(f"long_eval: DEFAULT[{field!r}] = {DEFAULT[field]!r} but the library's "
+                             f"default is {got[field]!r}")
+
+
+def git_revision() -> Optional[str]:
+    try:
+        return subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def write_json(path: str, header: Dict, records: List[Dict]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"header": header, "records": records}, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("part", choices=["table", "study", "passkey"])
+    ap.add_argument("--select", default=os.path.join(REPO, "build-quality-eval", "select_configs"),
+                    help="the select_configs binary (bench/quality)")
+    ap.add_argument("--cli", default=os.path.join(REPO, "build-quality-eval", "flashcache", "tools", "cli",
+                                                  "flashcache"),
+                    help="the flashcache CLI, to check DEFAULT against the library's defaults")
+    ap.add_argument("--out", default=None, help="JSON output (default bench/results/quality_long*.json)")
+    ap.add_argument("--split", choices=["dev", "heldout", "all"], default=None)
+    ap.add_argument("--texts", default="", help="comma-separated text names (default: the split's)")
+    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    ap.add_argument("--ratios", default=",".join(map(str, KEEP_RATIOS)))
+    ap.add_argument("--continuation", type=int, default=256)
+    ap.add_argument("--greedy", type=int, default=64)
+    ap.add_argument("--stage", default="protect", help="study stage: protect, score")
+    ap.add_argument("--base", default="{}", help="study: JSON options the stage starts from (over PAPER)")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (one BLAS thread each)")
+    ap.add_argument("--tiny", action="store_true", help="CI: one text, 256-token prompt, 4 rows")
+    args = ap.parse_args(argv)
+
+    texts = load_split()
+    lengths = [int(x) for x in args.lengths.split(",")]
+    ratios = [float(x) for x in args.ratios.split(",")]
+    n_cont, n_greedy = args.continuation, args.greedy
+    split = args.split or ("dev" if args.part == "study" else "all")
+    if args.part == "study" and split != "dev":
+        raise SystemExit("long_eval: the study runs on dev texts only")
+    if args.part == "table":
+        check_defaults(args.cli)
+        rows = table_rows()
+        tasks = ("nll", "attn", "greedy")
+        out = args.out or os.path.join(REPO, "bench", "results", "quality_long.json")
+    elif args.part == "study":
+        rows = study_rows(args.stage, dict(PAPER, **json.loads(args.base)))
+        tasks = ("nll", "attn")
+        out = args.out or os.path.join(REPO, "bench", "results", f"quality_long_study_{args.stage}.json")
+    else:
+        check_defaults(args.cli)
+        rows = table_rows()
+        out = args.out or os.path.join(REPO, "bench", "results", "quality_long_passkey.json")
+    if args.tiny:
+        texts, lengths, ratios = texts[:1], [256], [0.2]
+        n_cont, n_greedy = 32, 8
+        rows = [r for r in rows if r[0] in ("flashcache-default", "flashcache-paper", "knorm", "snapkv")] or rows[:4]
+    elif args.texts:
+        names = args.texts.split(",")
+        texts = [t for t in texts if t["name"] in names]
+    elif split != "all":
+        texts = [t for t in texts if t["split"] == split]
+
+    t0 = time.time()
+    header = {"how": " ".join(["bench/quality/long_eval.py"] + list(argv or sys.argv[1:])),
+              "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "git": git_revision(), "model": MODEL, "split_file": "bench/quality/long_split.json",
+              "split": {t["name"]: t["split"] for t in load_split()},
+              "texts": {t["name"]: {"package": t["package"], "path": t["path"]} for t in texts},
+              "lengths": lengths, "keep_ratios": ratios, "continuation_tokens": n_cont,
+              "greedy_tokens": n_greedy, "default_options": DEFAULT, "paper_options": PAPER,
+              "rows": [{"label": l, "policy": p, "options": o} for l, p, o in rows],
+              "budget_rule": "n = round(r * P) per KV head and layer, 30 n in all; dynamic allocation "
+                             "re-splits 30 n over the layers"}
+    if args.part == "passkey":
+        recs, info = run_passkey(lengths, rows, ratios, args.select, lambda s: print(s, flush=True))
+        header["passkey"] = info
+    else:
+        tok = model().tokenizer
+        units = []
+        for t in texts:
+            ids = tok.encode(read_text(t))
+            for p in lengths:
+                if len(ids) < p + n_cont:
+                    raise SystemExit(f"long_eval: {t['name']} has {len(ids)} tokens < {p} + {n_cont}")
+                units.append((t["name"], t["split"], ids, p, n_cont, n_greedy, rows, ratios, tasks,
+                              args.select, f"[{args.part}] "))
+        units.sort(key=lambda u: -u[3])  # longest first: the pool ends evenly
+        if args.jobs > 1 and len(units) > 1:
+            with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+                recs = [r for part in pool.imap_unordered(run_unit, units) for r in part]
+        else:
+            recs = [r for u in units for r in run_unit(u)]
+    header["seconds"] = round(time.time() - t0, 1)
+    write_json(out, header, recs)
+    print(f"long_eval: wrote {out} ({len(recs)} records, {header['seconds']:.0f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+// select_configs: which tokens every policy configuration keeps, for the
+// long-context evaluation (bench/quality/long_eval.py).
+//
+// Reads one prompt cache (k.npy, v.npy [L, H, P, d] float32, and q.npy
+// [L, Hq, P, d] when a policy needs queries) and a JSON list of
+// configurations, and writes for each configuration the kept token indices of
+// every layer and head, through the library's own policies, select and
+// allocation stages: the same code a user calls.
+//
+//   select_configs --cache DIR --configs FILE.json --out DIR
+//
+// FILE.json: {"configs": [{"id": "c0", "policy": "flashcache", "per_head": 205,
+//              "options": {"gamma": 0.2, "transform": "global", "block_size": 64,
+//              "sink": 4, "window": 0, "window_share": 0.25, "base_share": 0,
+//              "normalize_terms": false, "rope_theta": 0, "rope_layout": "half",
+//              "allocation": "dynamic"}, "seed": 0}, ...]}
+// Every configuration keeps per_head * L tokens in all: per_head in every
+// layer, or that total re-split by the dynamic allocation.
+// Output: DIR/kept_<id>.npy (int32, the layers' [H][B_l] blocks one after the
+// other) and DIR/result.json ({"configs": [{"id", "budgets", "seconds"}]}).
+// Scores are computed once per distinct (policy, scoring options) and reused
+// across budgets and protected sets.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "flashcache/flashcache.hpp"
+#include "flashcache/policies/baselines.hpp"
+#include "npy/npy.hpp"
+
+namespace {
+
+namespace fc = flashcache;
+namespace fp = flashcache::policies;
+using Json = nlohmann::json;
+
+struct Cache {
+  fc::npy::Array k, v, q;
+  std::int64_t layers = 0, heads = 0, q_heads = 0, tokens = 0, head_dim = 0;
+
+  std::vector<fc::KVView<const float>> views(const fc::npy::Array& a, std::int64_t h) const {
+    std::vector<fc::KVView<const float>> out;
+    for (std::int64_t l = 0; l < layers; ++l)
+      out.push_back(fc::hnd(a.data<float>() + l * h * tokens * head_dim, h, tokens, head_dim));
+    return out;
+  }
+};
+
+fc::npy::Array load_float(const std::string& path, std::int64_t layers_expected) {
+  fc::npy::Array a = fc::npy::read(path);
+  if (!a.is<float>() || a.shape.size() != 4 || (layers_expected > 0 && a.shape[0] != layers_expected))
+    throw std::runtime_error(path + ": expected float32 [L, H, P, d], got " + fc::npy::shape_string(a.shape));
+  return a;
+}
+
+fc::Options options_from(const Json& j) {
+  fc::Options o;
+  o.gamma = j.value("gamma", o.gamma);
+  o.transform = j.value("transform", std::string("global")) == "blocked" ? fc::Transform::blocked : fc::Transform::global;
+  o.block_size = j.value("block_size", o.block_size);
+  o.sink = j.value("sink", o.sink);
+  o.window = j.value("window", o.window);
+  o.window_share = j.value("window_share", o.window_share);
+  o.base_share = j.value("base_share", o.base_share);
+  o.normalize_terms = j.value("normalize_terms", o.normalize_terms);
+  const double theta = j.value("rope_theta", 0.0);
+  o.rope.derotate = theta > 0;
+  if (theta > 0) o.rope.theta = theta;
+  o.rope.layout = j.value("rope_layout", std::string("half")) == "interleaved" ? fc::RopeLayout::interleaved
+                                                                                : fc::RopeLayout::half;
+  o.allocation = j.value("allocation", std::string("dynamic")) == "uniform" ? fc::Allocation::uniform
+                                                                              : fc::Allocation::dynamic;
+  return o;
+}
+
+// What the scores depend on: the policy, its seed and, for FlashCache, the
+// transform settings; sink, window and shares only change the selection.
+std::string score_key(const std::string& policy, const Json& options, std::uint64_t seed) {
+  if (policy == "random") return policy + "/" + std::to_string(seed);
+  if (policy != "flashcache") return policy;
+  Json key;
+  for (const char* field : {"gamma", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout"})
+    if (options.contains(field)) key[field] = options[field];
+  return policy + "/" + key.dump();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Kept tokens of many policy configurations on one prompt cache (long-context evaluation)"};
+  std::string cache_dir, configs_path, out_dir;
+  app.add_option("--cache", cache_dir, "Folder with k.npy, v.npy (and q.npy): float32 [L, H, P, d]")->required();
+  app.add_option("--configs", configs_path, "JSON file with the configurations")->required();
+  app.add_option("--out", out_dir, "Output folder (must exist)")->required();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    Cache c;
+    c.k = load_float(cache_dir + "/k.npy", 0);
+    c.v = load_float(cache_dir + "/v.npy", c.k.shape[0]);
+    if (c.k.shape != c.v.shape) throw std::runtime_error("k.npy and v.npy differ in shape");
+    c.layers = c.k.shape[0];
+    c.heads = c.k.shape[1];
+    c.tokens = c.k.shape[2];
+    c.head_dim = c.k.shape[3];
+    std::ifstream in(configs_path);
+    if (!in) throw std::runtime_error("cannot open " + configs_path);
+    const Json doc = Json::parse(in);
+    bool want_q = false;
+    for (const Json& cfg : doc.at("configs")) {
+      fp::Policy p;
+      fc::throw_if_error(fp::parse_policy(cfg.at("policy").get<std::string>(), &p));
+      want_q |= fp::needs_queries(p);
+    }
+    if (want_q) {
+      c.q = load_float(cache_dir + "/q.npy", c.layers);
+      if (c.q.shape[2] != c.tokens || c.q.shape[3] != c.head_dim)
+        throw std::runtime_error("q.npy does not match k.npy in tokens or head dim");
+      c.q_heads = c.q.shape[1];
+    }
+    const auto k = c.views(c.k, c.heads), v = c.views(c.v, c.heads);
+    const auto q = want_q ? c.views(c.q, c.q_heads) : std::vector<fc::KVView<const float>>{};
+
+    std::map<std::string, std::vector<fc::LayerScores>> scored;
+    Json results = Json::array();
+    for (const Json& cfg : doc.at("configs")) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::string id = cfg.at("id"), policy_name = cfg.at("policy");
+      const Json options = cfg.value("options", Json::object());
+      fp::Policy policy;
+      fc::throw_if_error(fp::parse_policy(policy_name, &policy));
+      fp::PolicyOptions po;
+      po.seed = cfg.value("seed", std::uint64_t{0});
+      const fc::Options opt = options_from(options);
+      fc::throw_if_error(fc::check_options(opt));
+
+      const std::string key = score_key(policy_name, options, po.seed);
+      auto it = scored.find(key);
+      if (it == scored.end()) {
+        std::vector<fc::LayerScores> scores(static_cast<std::size_t>(c.layers));
+        for (std::int64_t l = 0; l < c.layers; ++l) {
+          const auto ql = fp::needs_queries(policy) ? q[static_cast<std::size_t>(l)] : fc::KVView<const float>{};
+          fc::throw_if_error(fp::score_with_policy<float>(policy, ql, k[static_cast<std::size_t>(l)],
+                                                          v[static_cast<std::size_t>(l)], opt, po,
+                                                          &scores[static_cast<std::size_t>(l)]));
+        }
+        it = scored.emplace(key, std::move(scores)).first;
+      }
+      const std::int64_t per_head = cfg.at("per_head");
+      // ratio per_head / P: per layer round(ratio * P) = per_head, in all per_head * L.
+      const auto budget = fc::Budget::ratio(static_cast<double>(per_head) / static_cast<double>(c.tokens));
+      const auto model = fc::detail::compress_scored_model<float>(k, v, it->second, budget, opt);
+      std::vector<std::int32_t> kept;
+      std::int64_t total = 0;
+      for (const auto& layer : model.layers) kept.insert(kept.end(), layer.kept.begin(), layer.kept.end());
+      for (auto b : model.budgets) total += b;
+      if (total != per_head * c.layers)
+        throw std::runtime_error(id + ": kept " + std::to_string(total) + " tokens, expected " +
+                                 std::to_string(per_head * c.layers));
+      fc::npy::write(out_dir + "/kept_" + id + ".npy", {static_cast<std::int64_t>(kept.size())}, kept.data());
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      results.push_back({{"id", id}, {"budgets", model.budgets}, {"seconds", seconds}});
+    }
+    std::ofstream(out_dir + "/result.json") << Json{{"configs", results}}.dump(1) << "\n";
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "select_configs: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
