@@ -148,7 +148,7 @@ TEST(Policies, NanScoresAreKeptNotMisordered) {
   fc::LayerScores s;
   ASSERT_TRUE(fp::knorm_scores(fc::KVView<const float>(fc::hnd(k.data(), 1, 6, 2)), &s).ok());
   std::vector<std::int32_t> kept;
-  ASSERT_TRUE(fc::select_tokens(s, 2, {}, &kept).ok());
+  ASSERT_TRUE(fc::select_tokens(s, 2, fc::Options::paper(), &kept).ok());
   EXPECT_EQ(kept, (std::vector<std::int32_t>{0, 3}));
 }
 

@@ -30,7 +30,9 @@ fc::LayerScores random_scores(std::int64_t heads, std::int64_t tokens, std::uint
   return scores_from(heads, tokens, std::move(s));
 }
 
-std::vector<std::int32_t> select(const fc::LayerScores& s, std::int64_t budget, const fc::Options& opt = {}) {
+// The selection rules themselves, without the default sink and recent window.
+std::vector<std::int32_t> select(const fc::LayerScores& s, std::int64_t budget,
+                                 const fc::Options& opt = fc::Options::paper()) {
   std::vector<std::int32_t> kept;
   const fc::Status st = fc::select_tokens(s, budget, opt, &kept);
   EXPECT_TRUE(st.ok()) << st.message();
@@ -68,7 +70,7 @@ TEST(Select, KeepsExactlyBudgetAscending) {
 }
 
 TEST(Select, MatchesNaiveRuleIncludingTies) {
-  fc::Options opt;
+  fc::Options opt = fc::Options::paper();
   opt.sink = 2;
   opt.window = 3;
   for (std::int64_t n : {7, 64, 301}) {
@@ -93,7 +95,7 @@ TEST(Select, ProtectedTokensAreAlwaysKept) {
   const auto s = scores_from(1, 10, {9, 9, 9, 9, 9, 0, 0, 0, 0, 0});
   std::vector<std::uint8_t> mask(10, 0);
   mask[6] = 1;
-  fc::Options opt;
+  fc::Options opt = fc::Options::paper();
   opt.sink = 1;
   opt.window = 2;
   opt.protect = mask.data();
@@ -109,7 +111,7 @@ TEST(Select, NonFiniteTokensAreAlwaysKept) {
 
 TEST(Select, BudgetBelowProtectedSetIsAnError) {
   const auto s = random_scores(2, 40, 1);
-  fc::Options opt;
+  fc::Options opt = fc::Options::paper();
   opt.sink = 4;
   opt.window = 8;
   std::vector<std::int32_t> kept;
@@ -123,7 +125,7 @@ TEST(Select, BudgetBelowProtectedSetIsAnError) {
 TEST(Select, ProtectedCountIsTheLargestHeadsSet) {
   const float inf = std::numeric_limits<float>::infinity();
   const auto s = scores_from(2, 6, {0, 0, 0, 0, 0, 0, inf, 0, inf, 0, 0, 0});
-  fc::Options opt;
+  fc::Options opt = fc::Options::paper();
   opt.sink = 1;
   EXPECT_EQ(fc::protected_count(s, fc::protected_tokens(6, opt)), 2);  // head 1: token 0 (sink, inf) and 2
 }
@@ -135,7 +137,7 @@ namespace {
 // window_share: after the protected tokens, the newest round(share * B) tokens.
 TEST(Select, WindowShareKeepsTheNewestShareOfTheBudget) {
   const auto s = random_scores(2, 50, 7);
-  fc::Options opt;
+  fc::Options opt = fc::Options::paper();
   opt.window_share = 0.25;
   const auto kept = select(s, 20, opt);  // 5 of 20 go to the recent window
   for (std::int64_t h = 0; h < 2; ++h) {
@@ -151,7 +153,7 @@ TEST(Select, WindowShareKeepsTheNewestShareOfTheBudget) {
 
 TEST(Select, WindowShareNeverExceedsTheBudget) {
   const auto s = random_scores(1, 30, 3);
-  fc::Options opt;
+  fc::Options opt = fc::Options::paper();
   opt.sink = 4;
   opt.window_share = 1.0;  // the whole budget, but the sink comes first
   const auto kept = select(s, 10, opt);
@@ -164,7 +166,7 @@ TEST(Select, BaseShareSpreadsTokensEvenly) {
   std::vector<float> rising(100);
   for (int t = 0; t < 100; ++t) rising[t] = static_cast<float>(t);
   const auto s = scores_from(1, 100, rising);
-  fc::Options opt;
+  fc::Options opt = fc::Options::paper();
   opt.base_share = 0.5;
   const auto kept = select(s, 10, opt);
   // 5 evenly spaced among the 100 free tokens: ranks (2j + 1) * 100 / 10 = 10, 30, 50, 70, 90;
@@ -175,7 +177,7 @@ TEST(Select, BaseShareSpreadsTokensEvenly) {
 
 TEST(Select, BaseShareSkipsTokensAlreadyKept) {
   const auto s = random_scores(3, 41, 11);
-  fc::Options opt;
+  fc::Options opt = fc::Options::paper();
   opt.sink = 3;
   opt.window_share = 0.25;
   opt.base_share = 0.5;

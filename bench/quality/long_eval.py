@@ -63,7 +63,10 @@ KEEP_RATIOS = (0.05, 0.1, 0.2, 0.4)
 # long_eval checks it against `flashcache compress`'s summary.json (check_defaults).
 PAPER = {"gamma": 0.2, "transform": "global", "sink": 0, "window": 0, "window_share": 0.0,
          "base_share": 0.0, "normalize_terms": False, "rope_theta": 0, "allocation": "dynamic"}
-DEFAULT = dict(PAPER)
+DEFAULT = dict(PAPER, sink=4, window_share=0.5, transform="blocked", block_size=64)
+# The best dev configuration once the model's RoPE is known (Options::rope, which a
+# default cannot know): the default with de-rotated keys and gamma 0.1.
+ROPE = dict(DEFAULT, gamma=0.1, rope_theta=100000.0, rope_layout="half")
 # The protected set every row shares (the default's): sink and recent window.
 PROTECTED_FIELDS = ("sink", "window", "window_share")
 
@@ -76,6 +79,7 @@ def table_rows() -> List[Tuple[str, str, Dict]]:
     """(label, policy, options) of the main table."""
     prot = protected(DEFAULT)
     rows = [("flashcache-default", "flashcache", dict(DEFAULT)),
+            ("flashcache-rope", "flashcache", dict(ROPE)),
             ("flashcache-paper", "flashcache", dict(PAPER))]
     for policy in ("streaming", "knorm", "keydiff", "random", "snapkv", "h2o"):
         rows.append((policy, policy, dict(prot, allocation="uniform")))
@@ -333,8 +337,18 @@ def study_rows(stage: str, base: Dict) -> List[Tuple[str, str, Dict]]:
         prot = protected(base)
         for policy in ("knorm", "keydiff", "snapkv"):
             rows.append((policy, policy, dict(prot, allocation="uniform")))
+    elif stage == "combine":
+        # The stage-2 changes that beat its base by more than the tie margin (gamma 0.1,
+        # blocked, de-rotated keys), together. De-rotation needs the model's RoPE base, which
+        # Options{} cannot know: its rows say what a caller gains by setting Options::rope.
+        for rope in (0.0, 100000.0):
+            for gamma in (0.2, 0.1):
+                for transform in ("global", "blocked"):
+                    label = (f"gamma{gamma:g}-{transform}" + ("-derotate" if rope else ""))
+                    rows.append((label, "flashcache",
+                                 dict(base, gamma=gamma, transform=transform, rope_theta=rope)))
     else:
-        raise SystemExit(f"long_eval: unknown study stage {stage!r} (protect, score)")
+        raise SystemExit(f"long_eval: unknown study stage {stage!r} (protect, score, combine)")
     return rows
 
 
@@ -426,11 +440,12 @@ def check_defaults(cli: str) -> None:
             raise SystemExit(f"long_eval: {cli} failed: {run.stderr.strip()}")
         with open(os.path.join(work, "out", "summary.json"), encoding="utf-8") as f:
             got = json.load(f)["options"]
-    for field in ("gamma", "transform", "sink", "window", "window_share", "base_share", "normalize_terms",
+    for field in ("gamma", "transform", "block", "sink", "window", "window_share", "base_share", "normalize_terms",
                   "allocation"):
-        if got[field] != DEFAULT[field]:
-            raise SystemExit(f"long_eval: DEFAULT[{field!r}] = {DEFAULT[field]!r} but the library's "
-                             f"default is {got[field]!r}")
+        want = DEFAULT["block_size" if field == "block" else field]
+        if got[field] != want:
+            raise SystemExit(f"long_eval: DEFAULT[{field!r}] = {want!r} but the library's default is "
+                             f"{got[field]!r}")
 
 
 def git_revision() -> Optional[str]:
@@ -465,7 +480,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--ratios", default=",".join(map(str, KEEP_RATIOS)))
     ap.add_argument("--continuation", type=int, default=256)
     ap.add_argument("--greedy", type=int, default=64)
-    ap.add_argument("--stage", default="protect", help="study stage: protect, score")
+    ap.add_argument("--stage", default="protect", help="study stage: protect, score, combine")
     ap.add_argument("--base", default="{}", help="study: JSON options the stage starts from (over PAPER)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (one BLAS thread each)")
     ap.add_argument("--tiny", action="store_true", help="CI: one text, 256-token prompt, 4 rows")
@@ -494,7 +509,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.tiny:
         texts, lengths, ratios = texts[:1], [256], [0.2]
         n_cont, n_greedy = 32, 8
-        rows = [r for r in rows if r[0] in ("flashcache-default", "flashcache-paper", "knorm", "snapkv")] or rows[:4]
+        rows = [r for r in rows if r[0] in ("flashcache-default", "flashcache-paper", "knorm", "snapkv")]
     elif args.texts:
         names = args.texts.split(",")
         texts = [t for t in texts if t["name"] in names]
@@ -508,7 +523,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "split": {t["name"]: t["split"] for t in load_split()},
               "texts": {t["name"]: {"package": t["package"], "path": t["path"]} for t in texts},
               "lengths": lengths, "keep_ratios": ratios, "continuation_tokens": n_cont,
-              "greedy_tokens": n_greedy, "default_options": DEFAULT, "paper_options": PAPER,
+              "greedy_tokens": n_greedy, "default_options": DEFAULT, "rope_options": ROPE, "paper_options": PAPER,
               "rows": [{"label": l, "policy": p, "options": o} for l, p, o in rows],
               "budget_rule": "n = round(r * P) per KV head and layer, 30 n in all; dynamic allocation "
                              "re-splits 30 n over the layers"}

@@ -255,7 +255,9 @@ TEST_F(CliTest, KeepRatioAllocatesTheTotalAcrossLayers) {
   EXPECT_TRUE(o.summary["input"]["q"].is_null());
   EXPECT_EQ(o.summary["options"]["allocation"], "dynamic");
   EXPECT_EQ(o.summary["options"]["gamma"], 0.2);
-  EXPECT_EQ(o.summary["options"]["transform"], "global");
+  EXPECT_EQ(o.summary["options"]["transform"], "blocked");  // the library's defaults
+  EXPECT_EQ(o.summary["options"]["sink"], 4);
+  EXPECT_EQ(o.summary["options"]["window_share"], 0.5);
   EXPECT_EQ(o.summary["nonfinite"], 0);
   expect_only(dir.path(), {"k.npy", "v.npy", "out"});
 }
@@ -499,7 +501,7 @@ TEST_F(CliTest, PolicyKeydiffRuns) {
 }
 
 TEST_F(CliTest, PolicyKnormKeepsTheLowestKeyNorms) {
-  const Result r = run_cli(compress({"--policy", "knorm", "--keep", "6"}));
+  const Result r = run_cli(compress({"--policy", "knorm", "--keep", "6", "--sink", "0", "--window-share", "0"}));
   ASSERT_EQ(r.code, 0) << r.err;
   const Outputs o = check_outputs(out, k, v);
   const npy::Array ka = npy::read(k);
@@ -525,7 +527,7 @@ TEST_F(CliTest, PolicyKnormKeepsTheLowestKeyNorms) {
 
 TEST_F(CliTest, PolicyRandomDependsOnlyOnTheSeed) {
   auto kept_with = [&](const std::string& seed) {
-    const Result r = run_cli(compress({"--policy", "random", "--keep", "9", "--seed", seed, "--force"}));
+    const Result r = run_cli(compress({"--policy", "random", "--keep", "9", "--seed", seed, "--force", "--sink", "0", "--window-share", "0"}));
     EXPECT_EQ(r.code, 0) << r.err;
     const Outputs o = check_outputs(out, k, v);
     EXPECT_EQ(o.summary["options"]["seed"], std::stoull(seed));
@@ -583,7 +585,8 @@ TEST_F(CliTest, PolicyH2oScoresComeFromTheQueries) {
 TEST_F(CliTest, PolicySnapkvKeepsItsObservationWindow) {
   const std::string q = dir / "q.npy";
   write_cache<float>(q, dir / "unused.npy", {2, 2, 37, 8}, 7);
-  const Result r = run_cli(compress({"--policy", "snapkv", "--q", q, "--keep", "7", "--observation-window", "4"}));
+  const Result r = run_cli(compress({"--policy", "snapkv", "--q", q, "--keep", "7", "--observation-window", "4", "--sink", "0",
+                                      "--window-share", "0"}));
   ASSERT_EQ(r.code, 0) << r.err;
   const Outputs o = check_outputs(out, k, v);
   EXPECT_EQ(o.summary["options"]["policy"], "snapkv");
@@ -597,7 +600,7 @@ TEST_F(CliTest, PolicySnapkvKeepsItsObservationWindow) {
   // float16 queries with a float16 cache work the same way.
   write_cache<half_t>(k, v, {2, 2, 37, 8});
   write_cache<half_t>(q, dir / "unused.npy", {2, 2, 37, 8}, 7);
-  const Result r16 = run_cli(compress({"--policy", "snapkv", "--q", q, "--keep", "7", "--force"}));
+  const Result r16 = run_cli(compress({"--policy", "snapkv", "--q", q, "--keep", "7", "--force", "--sink", "0", "--window-share", "0"}));
   ASSERT_EQ(r16.code, 0) << r16.err;
   EXPECT_EQ(check_outputs(out, k, v).summary["options"]["observation_window"], 32);  // the default
 }
