@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench/gpu_check.sh: on a machine with an NVIDIA GPU, build flashcache for
-# sm_90, run the GPU tests (plus compute-sanitizer memcheck / racecheck on a
-# small filter), run the GPU benchmarks (JSON under ${OUT:-bench/results}),
-# and print a short table. Meant to finish in about 5 minutes on 16 cores.
+# sm_90, run the GPU tests (plus compute-sanitizer memcheck / racecheck /
+# synccheck / initcheck on chosen filters), run the GPU benchmarks with the
+# device's copy bandwidth (JSON under ${OUT:-bench/results}), the static
+# report, and print a short table. Meant to finish in about 5 minutes on 16 cores.
 #
 #   bench/gpu_check.sh                 # on the GPU machine, from anywhere
 #   bench/gpu_check.sh --prepare-deps  # HERE, on a machine that has them:
@@ -74,7 +75,7 @@ else
   if timeout 120 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_PREFIX_PATH="$DEPS" -DFLASHCACHE_BUILD_CLI=OFF >>"$LOG" 2>&1; then
     say "build (-j$JOBS)"
-    gpu_targets="test_gpu_host test_gpu_f32 test_gpu_f16 test_gpu_bf16 test_gpu_decode flashcache_bench_gpu flashcache_cuda_example"
+    gpu_targets="test_gpu_host test_gpu_two_units test_gpu_defects test_gpu_f32 test_gpu_f16 test_gpu_bf16 test_gpu_decode flashcache_bench_gpu flashcache_cuda_example"
     if timeout 360 cmake --build "$BUILD" -j"$JOBS" >>"$LOG" 2>&1; then
       RESULT[build]="cmake: everything"
     elif timeout 240 cmake --build "$BUILD" -j"$JOBS" --target $gpu_targets >>"$LOG" 2>&1; then
@@ -93,8 +94,10 @@ else
     "${NVCC[@]}" "$ROOT/bench/gpu/bench_gpu.cu" -o "$BIN/bench/gpu/flashcache_bench_gpu" -lcufft >>"$LOG" 2>&1 & pids+=($!)
     "${NVCC[@]}" "$ROOT/examples/cuda/compress_gpu.cu" -o "$BIN/examples/cuda/flashcache_cuda_example" -lcufft >>"$LOG" 2>&1 & pids+=($!)
     if [[ -d $DEPS/include/gtest && -d $DEPS/include/eigen3 ]]; then
-      for t in host f32 f16 bf16 decode; do
-        "${NVCC[@]}" -I"$ROOT/tests" -I"$DEPS/include" -I"$DEPS/include/eigen3" "$ROOT/tests/gpu/test_gpu_$t.cu" \
+      for t in host f32 f16 bf16 decode defects two_units; do
+        src=("$ROOT/tests/gpu/test_gpu_$t.cu")
+        [[ $t == two_units ]] && src=("$ROOT/tests/gpu/two_units_a.cu" "$ROOT/tests/gpu/two_units_b.cu")
+        "${NVCC[@]}" -I"$ROOT/tests" -I"$DEPS/include" -I"$DEPS/include/eigen3" "${src[@]}" \
           -o "$BIN/tests/gpu/test_gpu_$t" -L"$DEPS/lib/x86_64-linux-gnu" -lgtest_main -lgtest -lcufft -lpthread \
           >>"$LOG" 2>&1 & pids+=($!)
       done
@@ -113,7 +116,7 @@ echo "build: ${RESULT[build]}"
 if [[ $TESTS_BUILT == 1 ]]; then
   say "GPU tests"
   pass=0; fail=0
-  for t in host f32 f16 bf16 decode; do
+  for t in host two_units defects f32 f16 bf16 decode; do
     exe=$BIN/tests/gpu/test_gpu_$t
     if [[ ! -x $exe ]]; then echo "missing $exe"; fail=$((fail + 1)); continue; fi
     if timeout 240 "$exe" --gtest_brief=1 --gtest_output="json:$OUT_DIR/gpu_tests_$t.json" >>"$LOG" 2>&1; then
@@ -128,26 +131,38 @@ else
 fi
 
 # ---- compute-sanitizer ----------------------------------------------------------------
+# memcheck, racecheck, synccheck and initcheck over the NaN placements (the
+# blocked kernel's deferred blocks and the edges scan), the global path,
+# paging with compaction, device-side refusals and graph capture.
 if command -v compute-sanitizer >/dev/null && [[ -x $BIN/tests/gpu/test_gpu_bf16 ]]; then
   if (( $(elapsed) < 330 )); then
     say "compute-sanitizer"
-    exe=$BIN/tests/gpu/test_gpu_bf16
-    for spec in "memcheck:*BudgetsNoneAllAndCounts*:*PagedCachesCompactInPlace*:*GlobalScoresAwkwardLengths*" \
-                "racecheck:*BudgetsNoneAllAndCounts*" "synccheck:*BudgetsNoneAllAndCounts*"; do
-      tool=${spec%%:*}; filter=${spec#*:}
-      if timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" --gtest_filter="$filter" \
-          >"$OUT_DIR/sanitizer_$tool.log" 2>&1; then
-        RESULT[$tool]="clean"
+    pipeline="*BudgetsNoneAllAndCounts*:*PagedCachesCompactInPlace*:*GlobalScoresAwkwardLengths*:*CapturesInACudaGraph*"
+    defects="GpuDefects.NonFiniteRowsAtBlockStartsMatchTheCpu:GpuDefects.ZeroLength*:GpuDefects.SharedPage*:GpuDefects.Garbage*"
+    for spec in "memcheck|bf16|$pipeline" "memcheck|defects|$defects" \
+                "racecheck|bf16|*BudgetsNoneAllAndCounts*:*GlobalScoresAwkwardLengths*" \
+                "racecheck|defects|GpuDefects.NonFiniteRowsAtBlockStartsMatchTheCpu" \
+                "synccheck|bf16|*BudgetsNoneAllAndCounts*:*PagedCachesCompactInPlace*" \
+                "synccheck|defects|GpuDefects.NonFiniteRowsAtBlockStartsMatchTheCpu" \
+                "initcheck|bf16|*BudgetsNoneAllAndCounts*:*GlobalScoresAwkwardLengths*" \
+                "initcheck|defects|GpuDefects.NonFiniteRowsAtBlockStartsMatchTheCpu:GpuDefects.ZeroLength*"; do
+      IFS='|' read -r tool which filter <<<"$spec"
+      exe=$BIN/tests/gpu/test_gpu_$which
+      key=${tool}_$which
+      [[ -x $exe ]] || { RESULT[$key]="no test_gpu_$which"; continue; }
+      if timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" --gtest_filter="$filter" \
+          >"$OUT_DIR/sanitizer_$key.log" 2>&1; then
+        RESULT[$key]="clean"
       else
-        RESULT[$tool]="ISSUES or timeout (exit $?, see sanitizer_$tool.log)"
+        RESULT[$key]="ISSUES or timeout (exit $?, see sanitizer_$key.log)"
       fi
-      echo "  $tool: ${RESULT[$tool]}"
+      echo "  $tool on $which: ${RESULT[$key]}"
     done
   else
-    RESULT[memcheck]="skipped (time)"
+    RESULT[memcheck_bf16]="skipped (time)"
   fi
 else
-  RESULT[memcheck]="skipped (no compute-sanitizer or no test binary)"
+  RESULT[memcheck_bf16]="skipped (no compute-sanitizer or no test binary)"
 fi
 # The decode-attention baseline (bench/gpu/decode_attention.cuh) on its smaller cases.
 if command -v compute-sanitizer >/dev/null && [[ -x $BIN/tests/gpu/test_gpu_decode ]]; then
@@ -184,9 +199,20 @@ else
   RESULT[bench]="not built"
 fi
 
+# ---- static report (registers, spills, SASS; the same as CI's) ---------------------------
+if (( $(elapsed) < 480 )); then
+  say "static report"
+  if timeout 240 "$ROOT/bench/gpu/static_report.sh" --out "$OUT_DIR/static_sm90.json" --work "$BUILD/static" >>"$LOG" 2>&1; then
+    RESULT[static]="ok ($OUT_DIR/static_sm90.json)"
+  else
+    RESULT[static]="FAILED or timeout (see log)"
+  fi
+fi
+
 # ---- table ---------------------------------------------------------------------------
 say "summary"
-for key in build tests memcheck racecheck synccheck decode_memcheck decode_racecheck example bench; do
+for key in build tests memcheck_bf16 memcheck_defects racecheck_bf16 racecheck_defects synccheck_bf16 \
+           synccheck_defects initcheck_bf16 initcheck_defects decode_memcheck decode_racecheck example bench static; do
   [[ -n "${RESULT[$key]:-}" ]] && printf '  %-16s %s\n' "$key" "${RESULT[$key]}"
 done
 if [[ -s $JSON ]]; then
