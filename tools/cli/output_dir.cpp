@@ -1,12 +1,14 @@
 #include "output_dir.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <memory>
 #include <system_error>
+#include <vector>
 
 #include "cli_error.hpp"
 
@@ -69,6 +71,40 @@ bool exchange(const fs::path& a, const fs::path& b, std::error_code* ec) {
   return false;
 }
 
+bool process_gone(const std::string& digits) {
+  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+  const auto pid = static_cast<pid_t>(std::stol(digits));
+  return pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+// What a run killed before it could clean up (SIGKILL, power loss) left beside
+// the target: ".<name>.flashcache-tmp-<pid>-<n>" and ".<name>.flashcache-old-<pid>-<n>"
+// of processes that no longer exist. A staging folder is deleted. An "old" one
+// is the previous target moved aside by the non-atomic --force path: it is put
+// back if the target is missing, and deleted otherwise. Best effort.
+void clean_leftovers(const fs::path& target) {
+  const std::string prefix = "." + target.filename().string() + ".flashcache-";
+  std::vector<fs::path> staging, old;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(parent_of(target), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = name.substr(prefix.size());  // "tmp-<pid>-<n>" or "old-<pid>-<n>"
+    const std::size_t dash = rest.find('-', 4);
+    if (rest.size() < 4 || rest[3] != '-' || dash == std::string::npos || !process_gone(rest.substr(4, dash - 4)))
+      continue;
+    if (rest.compare(0, 3, "tmp") == 0) staging.push_back(e.path());
+    if (rest.compare(0, 3, "old") == 0) old.push_back(e.path());
+  }
+  for (const fs::path& p : old) {
+    if (!fs::exists(fs::symlink_status(target, ec)))
+      rename_ec(p, target);  // if this fails, the old folder stays where it is
+    else
+      fs::remove_all(p, ec);
+  }
+  for (const fs::path& p : staging) fs::remove_all(p, ec);
+}
+
 }  // namespace
 
 void StagedDir::check_target(const fs::path& target, bool force) {
@@ -88,6 +124,7 @@ StagedDir::StagedDir(const fs::path& target, bool force) : target_(normal_target
   std::error_code ec;
   fs::create_directories(parent_of(target_), ec);
   if (ec) write_failure("cannot create '" + parent_of(target_).string() + "'", ec);
+  clean_leftovers(target_);
   staging_ = make_sibling(target_, "flashcache-tmp");
 }
 

@@ -6,6 +6,10 @@
 // An existing target is used only if it is an empty directory, or with
 // `force`, in which case it is replaced as a whole (swapped atomically where
 // the file system can, else moved aside first).
+//
+// A run killed before it could clean up (SIGKILL) leaves its hidden sibling
+// behind; the next run on the same target deletes those of dead processes, and
+// puts back a target that a killed --force run had moved aside.
 #include <filesystem>
 #include <string>
 
