@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (FLASHCACHE_FUZZ=ON, in build-fuzz/)
+# and runs each for a bounded time from its committed seed corpus. Fails on any
+# crash, timeout, leak or sanitizer report; the input that caused it is kept in
+# $FUZZ_ARTIFACTS (default build-fuzz/artifacts). Prints, per target,
+# executions and coverage (edges) from libFuzzer's final stats.
+#
+#   tests/fuzz/run_fuzz.sh                      # every target, 60 s each
+#   FUZZ_SECONDS=10 tests/fuzz/run_fuzz.sh fuzz_npy
+#
+# Installs clang and its fuzzer runtime from Debian when missing (idempotent).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+seconds=${FUZZ_SECONDS:-60}
+build=${FUZZ_BUILD_DIR:-build-fuzz}
+artifacts=${FUZZ_ARTIFACTS:-$build/artifacts}
+targets=("$@")
+((${#targets[@]})) || targets=(fuzz_npy fuzz_cli fuzz_compress fuzz_gguf)
+
+packages=(clang libclang-rt-14-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "run_fuzz: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHCACHE_FUZZ=ON \
+      -DFLASHCACHE_CUDA=OFF -DFLASHCACHE_BUILD_TESTS=OFF -DFLASHCACHE_BUILD_BENCH=OFF -DFLASHCACHE_BUILD_EXAMPLES=OFF >/dev/null
+nice -n 19 cmake --build "$build" -j2 --target "${targets[@]}"
+
+# Scratch files (the targets' inputs, libFuzzer's new corpus units) in memory when possible.
+shm=/dev/shm
+[ -d "$shm" ] && [ -w "$shm" ] || shm=${TMPDIR:-/tmp}
+work=$(mktemp -d "$shm/flashcache-run-fuzz-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$artifacts"
+artifacts=$(cd "$artifacts" && pwd)  # fuzz_cli changes directory while it runs
+
+status=0
+for t in "${targets[@]}"; do
+  seeds=tests/fuzz/corpus/$t
+  extra=()
+  case $t in
+    fuzz_npy) extra=(-dict=tests/fuzz/npy.dict -max_len=4096) ;;
+    fuzz_cli) extra=(-dict=tests/fuzz/cli.dict -max_len=8192) ;;
+    fuzz_compress) extra=(-max_len=1024) ;;
+    fuzz_gguf) extra=(-dict=tests/fuzz/gguf.dict -max_len=8192) ;;
+  esac
+  mkdir -p "$work/$t/corpus" "$work/$t/tmp"
+  log=$work/$t/log
+  rc=0
+  TMPDIR=$work/$t/tmp nice -n 19 "$build/tests/fuzz/$t" "$work/$t/corpus" "$seeds" "${extra[@]}" \
+    -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -close_fd_mask=3 -print_final_stats=1 \
+    -artifact_prefix="$artifacts/$t-" >"$log" 2>&1 || rc=$?
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  edges=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+  if ((rc != 0)) || grep -qE 'ERROR: (AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|libFuzzer)|runtime error:' "$log"; then
+    echo "run_fuzz: $t FAILED (exit $rc); the input is under $artifacts/; log tail:"
+    tail -n 40 "$log"
+    status=1
+  else
+    echo "run_fuzz: $t ok: ${runs:-?} executions in ${seconds} s, coverage ${edges:-?} edges"
+  fi
+done
+exit $status
