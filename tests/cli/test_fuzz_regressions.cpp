@@ -1,0 +1,91 @@
+// Inputs found while fuzzing (tests/fuzz/README.md), kept as ordinary tests.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gguf.hpp"
+#include "tokenizer.hpp"
+
+namespace {
+
+// GGUF bytes field by field.
+struct Gguf {
+  std::vector<std::uint8_t> b;
+  template <class T>
+  Gguf& put(T v) {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(&v);
+    b.insert(b.end(), p, p + sizeof v);
+    return *this;
+  }
+  Gguf& str(const std::string& s) {
+    put<std::uint64_t>(s.size());
+    b.insert(b.end(), s.begin(), s.end());
+    return *this;
+  }
+};
+
+// A vocabulary {"", "a", "b"} whose empty token is a control token (type 3).
+std::vector<std::uint8_t> empty_control_token_file() {
+  Gguf g;
+  g.b = {'G', 'G', 'U', 'F'};
+  g.put<std::uint32_t>(3).put<std::uint64_t>(0).put<std::uint64_t>(5);
+  g.str("tokenizer.ggml.model").put<std::uint32_t>(8).str("gpt2");
+  g.str("tokenizer.ggml.tokens").put<std::uint32_t>(9).put<std::uint32_t>(8).put<std::uint64_t>(3);
+  g.str("").str("a").str("b");
+  g.str("tokenizer.ggml.token_type").put<std::uint32_t>(9).put<std::uint32_t>(5).put<std::uint64_t>(3);
+  g.put<std::int32_t>(3).put<std::int32_t>(1).put<std::int32_t>(1);
+  g.str("tokenizer.ggml.merges").put<std::uint32_t>(9).put<std::uint32_t>(8).put<std::uint64_t>(0);
+  g.str("tokenizer.ggml.eos_token_id").put<std::uint32_t>(4).put<std::uint32_t>(0);
+  return g.b;
+}
+
+// Runs `work` in a child process; true if it ended by itself within `seconds`.
+template <class Work>
+bool finishes_within(unsigned seconds, Work work) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(seconds);  // SIGALRM ends a hung child
+#if !defined(__SANITIZE_ADDRESS__)  // ASan reserves terabytes of address space up front
+    const rlimit memory{1u << 30, 1u << 30};
+    ::setrlimit(RLIMIT_AS, &memory);  // and a runaway allocation ends it early
+#endif
+    work();
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+// KNOWN FAILURE, disabled until examples/engine/tokenizer.hpp is fixed (found
+// while writing fuzz_gguf): an empty control token matches at every position,
+// so Tokenizer::encode() appends its id forever without advancing (a hang that
+// grows memory without bound). Fix: skip empty strings when collecting the
+// control tokens in the constructor (or refuse them with std::invalid_argument).
+TEST(FuzzRegression, DISABLED_TokenizerWithEmptyControlTokenDoesNotHang) {
+  const std::vector<std::uint8_t> bytes = empty_control_token_file();
+  EXPECT_TRUE(finishes_within(5, [&] {
+    try {
+      const engine::GgufFile f = engine::parse_gguf(bytes.data(), bytes.size());
+      const engine::Tokenizer tok(f);
+      (void)tok.encode("ab");
+    } catch (const std::invalid_argument&) {  // refusing the vocabulary is a fine outcome too
+    }
+  }));
+}
+
+// The file itself is well-formed GGUF: only the tokenizer is at fault.
+TEST(FuzzRegression, EmptyControlTokenFileParses) {
+  const std::vector<std::uint8_t> bytes = empty_control_token_file();
+  const engine::GgufFile f = engine::parse_gguf(bytes.data(), bytes.size());
+  EXPECT_EQ(f.get_strings("tokenizer.ggml.tokens").size(), 3u);
+}
+
+}  // namespace
