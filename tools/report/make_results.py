@@ -3,6 +3,9 @@
 Each section comes from its own JSON, written by the run that measured it:
   cpu.json      bench/run_cpu.sh (Google Benchmark)        -> speed.py
   quality.json  bench/quality/run.sh                        -> quality.py
+  quality_long.json  bench/quality/run_long.sh              -> quality_long.py
+  engine.json   examples/engine (its benchmark)             -> engine.py
+  static_sm90.json  bench/gpu/static_report.sh              -> static_gpu.py
 A missing JSON leaves its section out; numbers are never typed in by hand.
 """
 import json
@@ -32,6 +35,15 @@ def main():
         import quality as quality_section
         with open(quality) as f:
             parts.append(quality_section.render(json.load(f)))
+    # Sections rendered by their own modules from their own JSON, when both exist.
+    for name, module, function in (("quality_long.json", "quality_long", "render"),
+                                   ("engine.json", "engine", "render"),
+                                   ("static_sm90.json", "static_gpu", "render")):
+        path = os.path.join(RESULTS, name)
+        if os.path.exists(path) and os.path.exists(os.path.join(HERE, module + ".py")):
+            section = __import__(module)
+            with open(path) as f:
+                parts.append(getattr(section, function)(json.load(f)))
     with open(os.path.join(ROOT, "bench", "RESULTS.md"), "w") as f:
         f.write("\n".join(parts))
 

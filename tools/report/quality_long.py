@@ -120,13 +120,17 @@ def render(doc) -> str:
     for split in ("heldout", "dev"):
         if not any(r.get("split") == split for r in records):
             continue
-        for p in lengths:
-            nll = values(records, "nll_ratio", split=split, prompt_tokens=p)
+        for p in [None] + lengths:
+            where = {"split": split} if p is None else {"split": split, "prompt_tokens": p}
+            nll = values(records, "nll_ratio", **where)
             if not nll:
                 continue
-            greedy = values(records, "greedy_match", split=split, prompt_tokens=p)
-            attn = values(records, "attn_rel_err", split=split, prompt_tokens=p)
-            out += [f"### {'Held-out' if split == 'heldout' else 'Dev'} texts, P = {p} tokens", "",
+            greedy = values(records, "greedy_match", **where)
+            attn = values(records, "attn_rel_err", **where)
+            name = "Held-out" if split == "heldout" else "Dev"
+            title = f"{name} texts, all prompt lengths (median of {len(next(iter(nll.values())))} text x length units)" \
+                if p is None else f"{name} texts, P = {p} tokens"
+            out += [f"### {title}", "",
                     "| row | " + " | ".join(f"nll_ratio {r:g}" for r in ratios) + " | " +
                     " | ".join(f"greedy {r:g}" for r in ratios) + " | " +
                     " | ".join(f"attn {r:g}" for r in ratios) + " |",
@@ -161,28 +165,33 @@ def summary(doc, split: str = "heldout") -> str:
     return "\n".join(lines)
 
 
-def plot(doc, path: str) -> None:
+def plot(doc, path: str, split: str = "heldout") -> None:
+    """Median nll_ratio against keep ratio, one column per prompt length; the second row
+    leaves out the paper preset, whose losses would flatten every other line."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    header, records = load(doc)
+    _, records = load(doc)
     lengths = sorted({r["prompt_tokens"] for r in records})
-    fig, axes = plt.subplots(1, len(lengths), figsize=(5 * len(lengths), 4), squeeze=False)
-    for ax, p in zip(axes[0], lengths):
-        for split, style in (("heldout", "-"), ("dev", ":")):
-            nll = values(records, "nll_ratio", split=split, prompt_tokens=p)
-            for i, label in enumerate(l for l in ORDER if any(k[0] == l for k in nll)):
+    fig, axes = plt.subplots(2, len(lengths), figsize=(5 * len(lengths), 8), squeeze=False)
+    for col, p in enumerate(lengths):
+        nll = values(records, "nll_ratio", split=split, prompt_tokens=p)
+        for row, skip in ((0, ()), (1, ("flashcache-paper",))):
+            ax = axes[row][col]
+            for label in (l for l in ORDER if l not in skip and any(k[0] == l for k in nll)):
                 ratios = sorted(r for l, r in nll if l == label)
-                ax.plot(ratios, [median(nll[(label, r)]) for r in ratios], style, marker="o", color=f"C{ORDER.index(label)}",
-                        label=NAMES.get(label, label) if split == "heldout" else None)
-        ax.set_title(f"P = {p} tokens (held-out solid, dev dotted)")
-        ax.set_xlabel("keep ratio")
-        ax.set_ylabel("median nll_ratio (1 = full cache)")
-        ax.set_xscale("log")
-        ax.grid(True, alpha=0.3)
+                ax.plot(ratios, [median(nll[(label, r)]) for r in ratios], marker="o",
+                        color=f"C{ORDER.index(label)}", label=NAMES.get(label, label))
+            ax.set_xscale("log")
+            ax.set_xticks([0.05, 0.1, 0.2, 0.4], ["0.05", "0.1", "0.2", "0.4"])
+            ax.minorticks_off()
+            ax.set_xlabel("keep ratio")
+            ax.set_ylabel("median nll_ratio (1 = full cache)")
+            ax.set_title(f"{split} texts, P = {p}" + (" (without the paper preset)" if skip else ""))
+            ax.grid(True, alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 def main(argv=None) -> int:
