@@ -37,6 +37,7 @@ def main():
             parts.append(quality_section.render(json.load(f)))
     # Sections rendered by their own modules from their own JSON, when both exist.
     for name, module, function in (("quality_long.json", "quality_long", "render"),
+                                   ("quality_long_passkey.json", "quality_long", "render_passkey"),
                                    ("engine.json", "engine", "render"),
                                    ("static_sm90.json", "static_gpu", "render")):
         path = os.path.join(RESULTS, name)

@@ -144,6 +144,27 @@ def render(doc) -> str:
     return "\n".join(out)
 
 
+def render_passkey(doc) -> str:
+    """Hits out of 5 per row and keep ratio, at the length the full cache still solves."""
+    header, records = load(doc)
+    info = header.get("passkey", {})
+    if not records:
+        return ""
+    ratios = sorted({r["keep_ratio"] for r in records})
+    hits = {(r["label"], r["keep_ratio"]): r["value"] for r in records}
+    out = ["## Passkey retrieval (SmolLM2-135M, 30 layers)", "",
+           f"`{header.get('how', 'long_eval.py passkey')}`, {header.get('when', '?')}. A 5-digit key planted at "
+           "depths 0.1-0.9 in repeated filler, asked at the end; the full cache found "
+           + ", ".join(f"{v}/5 at ~{k} tokens" for k, v in info.get("full_cache_hits", {}).items())
+           + f", so the rows run at ~{info.get('length')} tokens (the longest length with at least 4 of 5). "
+           "Same budgets and protected set as the long-context table.", "",
+           "| row | " + " | ".join(f"keep {r:g}" for r in ratios) + " |", "|---|" + "---|" * len(ratios)]
+    for label in (l for l in ORDER if any(k[0] == l for k in hits)):
+        out.append(f"| {NAMES.get(label, label)} | " + " | ".join(f"{hits[(label, r)]}/5" for r in ratios) + " |")
+    out.append("")
+    return "\n".join(out)
+
+
 def summary(doc, split: str = "heldout") -> str:
     """The closing-note numbers: per keep ratio, the median nll_ratio over every unit of the split."""
     _, records = load(doc)
