@@ -242,6 +242,27 @@ def select(select_bin: str, work: str, configs: List[Dict]) -> Dict[str, Tuple[L
     return out
 
 
+def configs_for(rows, ratios, p: int) -> Tuple[List[Dict], Dict[str, Tuple]]:
+    """select_configs' configurations for every (row, keep ratio) at prompt length p, and
+    id -> (label, policy, options, ratio)."""
+    configs, meta = [], {}
+    for label, policy, options in rows:
+        for r in ratios:
+            cid = str(len(configs))
+            configs.append({"id": cid, "policy": policy, "per_head": per_head_budget(r, p),
+                            "options": options, "seed": 0})
+            meta[cid] = (label, policy, options, r)
+    return configs, meta
+
+
+def save_cache(work: str, cache: KVCache, q: Optional[np.ndarray]) -> None:
+    """k.npy, v.npy [L, H, P, d] (and q.npy) for select_configs."""
+    np.save(os.path.join(work, "k.npy"), np.ascontiguousarray(np.stack(cache.k)))
+    np.save(os.path.join(work, "v.npy"), np.ascontiguousarray(np.stack(cache.v)))
+    if q is not None:
+        np.save(os.path.join(work, "q.npy"), np.ascontiguousarray(q))
+
+
 def run_unit(args: Tuple) -> List[Dict]:
     (text, split, ids, p, n_cont, n_greedy, rows, ratios, tasks, select_bin, log_prefix) = args
     m = model()
@@ -256,18 +277,10 @@ def run_unit(args: Tuple) -> List[Dict]:
     prompt_cache = KVCache([k[:, :p] for k in fwd.cache.k], [v[:, :p] for v in fwd.cache.v], p)
     t_prefill = time.time() - t0
 
-    configs, meta = [], {}
-    for label, policy, options in rows:
-        for r in ratios:
-            cid = f"{len(configs)}"
-            configs.append({"id": cid, "policy": policy, "per_head": per_head_budget(r, p),
-                            "options": options, "seed": 0})
-            meta[cid] = (label, policy, options, r)
+    configs, meta = configs_for(rows, ratios, p)
     with tempfile.TemporaryDirectory(prefix="long_eval_") as work:
-        np.save(os.path.join(work, "k.npy"), np.ascontiguousarray(np.stack(prompt_cache.k)))
-        np.save(os.path.join(work, "v.npy"), np.ascontiguousarray(np.stack(prompt_cache.v)))
-        if any(policy in ("snapkv", "h2o") for _, policy, _ in rows):
-            np.save(os.path.join(work, "q.npy"), np.ascontiguousarray(fwd.q[:, :, :p]))
+        needs_q = any(policy in ("snapkv", "h2o") for _, policy, _ in rows)
+        save_cache(work, prompt_cache, fwd.q[:, :, :p] if needs_q else None)
         t1 = time.time()
         kept = select(select_bin, work, configs)
         t_select = time.time() - t1
@@ -398,17 +411,9 @@ def run_passkey(lengths: Sequence[int], rows, ratios, select_bin: str, log) -> T
         ids = tok.encode(passkey_prompt(tok, chosen, depth, key))
         p = len(ids)
         pre = m.forward(ids, capture=True, all_logits=False)
-        configs, meta = [], {}
-        for label, policy, options in rows:
-            for r in ratios:
-                cid = str(len(configs))
-                configs.append({"id": cid, "policy": policy, "per_head": per_head_budget(r, p),
-                                "options": options, "seed": 0})
-                meta[cid] = (label, policy, options, r)
+        configs, meta = configs_for(rows, ratios, p)
         with tempfile.TemporaryDirectory(prefix="long_eval_pk_") as work:
-            np.save(os.path.join(work, "k.npy"), np.ascontiguousarray(np.stack(pre.cache.k)))
-            np.save(os.path.join(work, "v.npy"), np.ascontiguousarray(np.stack(pre.cache.v)))
-            np.save(os.path.join(work, "q.npy"), np.ascontiguousarray(pre.q))
+            save_cache(work, pre.cache, pre.q)
             kept = select(select_bin, work, configs)
         order = list(meta)
         outs = greedy_many(m, [pre.cache.gather(kept[c][0]) for c in order], pre.logits[-1], 8)
