@@ -20,7 +20,7 @@ from the uncompressed length). Two tasks:
 
 Nothing is fitted to these tasks. Every row keeps the same total: n = round(r * P)
 tokens per KV head and layer (P prompt tokens), 30 n in all; FlashCache with dynamic
-allocation re-splits 30 n over the layers. Library defaults (gamma 0.2, sink 0, block
+allocation re-splits 30 n over the layers. The paper preset (gamma 0.2, sink 0, block
 64; SnapKV observation window 32; random seed 0), and one policy-independent rule for
 the always-kept window: on the needle prompts every policy keeps the question and the
 chat template after it (the text question a multimodal prompt ends with; the paper
@@ -233,6 +233,8 @@ def compress_with_cli(cli: str, folder: str, policy: str, extra: Sequence[str], 
     # --keep-ratio n/P: the total is round(n/P * L * P) = n * L, and per layer round(n/P * P) = n.
     cmd = [cli, "compress", "--k", os.path.join(folder, "k.npy"), "--v", os.path.join(folder, "v.npy"),
            "--out", out, "--force", "--keep-ratio", repr(per_head / prompt_len), "--window", str(window),
+           # the paper's protected set (sink 0, no window share), as when these results were measured
+           "--sink", "0", "--window-share", "0",
            "--policy", policy, *extra]
     if policy in NEEDS_Q:
         cmd += ["--q", os.path.join(folder, "q.npy")]
