@@ -48,9 +48,9 @@ class Dct {
       : n_(n), fft_(n), re_(panel(n)), im_(panel(n)), tw_re_(scalars(n)), tw_im_(scalars(n)), scale_(scalars(n)) {
     for (std::int64_t k = 0; k < n_; ++k) {
       const double angle = -M_PI * static_cast<double>(k) / (2.0 * static_cast<double>(n_));  // exp(-i pi k / 2N)
-      tw_re_[k] = static_cast<Real>(std::cos(angle));
-      tw_im_[k] = static_cast<Real>(std::sin(angle));
-      scale_[k] = static_cast<Real>(std::sqrt((k == 0 ? 1.0 : 2.0) / static_cast<double>(n_)));
+      tw_re_[static_cast<std::size_t>(k)] = static_cast<Real>(std::cos(angle));
+      tw_im_[static_cast<std::size_t>(k)] = static_cast<Real>(std::sin(angle));
+      scale_[static_cast<std::size_t>(k)] = static_cast<Real>(std::sqrt((k == 0 ? 1.0 : 2.0) / static_cast<double>(n_)));
     }
   }
 
@@ -61,8 +61,8 @@ class Dct {
     spectrum_of(x1, x2);
     for (std::int64_t k = 0; k < n_; ++k) {
       const Coefficients c = coefficients(k, k == 0 ? 0 : n_ - k);
-      Out{X1 + k* W} = c.c1 * scale_[k];
-      if (X2) Out{X2 + k* W} = c.c2 * scale_[k];
+      Out{X1 + k* W} = c.c1 * scale_[static_cast<std::size_t>(k)];
+      if (X2) Out{X2 + k* W} = c.c2 * scale_[static_cast<std::size_t>(k)];
     }
   }
 
@@ -92,8 +92,8 @@ class Dct {
     const Real inv_n = Real(1) / static_cast<Real>(n_);
     for (std::int64_t j = 0; j < n_; ++j) {
       const std::int64_t s = source(j);
-      residual1[s] += (In(x1 + s * W) - In(&re_[j * W]) * inv_n).square().sum();
-      residual2[s] += (In(x2 + s * W) - In(&im_[j * W]) * inv_n).square().sum();
+      residual1[s] += (In(x1 + s * W) - In(re_.data() + j * W) * inv_n).square().sum();
+      residual2[s] += (In(x2 + s * W) - In(im_.data() + j * W) * inv_n).square().sum();
     }
   }
 
@@ -114,11 +114,11 @@ class Dct {
   void spectrum_of(const Real* x1, const Real* x2) {
     for (std::int64_t j = 0; j < n_; ++j) {
       const std::int64_t s = source(j);
-      Out{&re_[j * W]} = In(x1 + s * W);
+      Out{re_.data() + j * W} = In(x1 + s * W);
       if (x2)
-        Out{&im_[j * W]} = In(x2 + s * W);
+        Out{im_.data() + j * W} = In(x2 + s * W);
       else
-        Out{&im_[j * W]}.setZero();
+        Out{im_.data() + j * W}.setZero();
     }
     fft_.forward(re_.data(), im_.data());
   }
@@ -129,8 +129,8 @@ class Dct {
     const Real inv_n = Real(1) / static_cast<Real>(n_);
     for (std::int64_t j = 0; j < n_; ++j) {
       const std::int64_t s = source(j);
-      Out{x1 + s* W} = In(&re_[j * W]) * inv_n;
-      if (x2) Out{x2 + s* W} = In(&im_[j * W]) * inv_n;
+      Out{x1 + s* W} = In(re_.data() + j * W) * inv_n;
+      if (x2) Out{x2 + s* W} = In(im_.data() + j * W) * inv_n;
     }
   }
 
@@ -138,17 +138,17 @@ class Dct {
   // Z[k] = (a, b), Z[r] = (c, e) with r = N - k: the inputs' spectra are
   // V1 = (Z[k] + conj Z[r]) / 2 and V2 = (Z[k] - conj Z[r]) / 2i, and X = Re(twiddle V).
   Coefficients coefficients(std::int64_t k, std::int64_t r) const {
-    const In a(&re_[k * W]), b(&im_[k * W]), c(&re_[r * W]), e(&im_[r * W]);
-    const Real tr = Real(0.5) * tw_re_[k], ti = Real(0.5) * tw_im_[k];
+    const In a(re_.data() + k * W), b(im_.data() + k * W), c(re_.data() + r * W), e(im_.data() + r * W);
+    const Real tr = Real(0.5) * tw_re_[static_cast<std::size_t>(k)], ti = Real(0.5) * tw_im_[static_cast<std::size_t>(k)];
     return {tr * (a + c) - ti * (b - e), tr * (b + e) - ti * (c - a)};
   }
 
   // Z[k] from unnormalized coefficients p = X[k] and q = X[N-k] (X[N] = 0) of
   // both inputs: V = conj(twiddle) (p - i q), Z = V1 + i V2.
   void set_spectrum(std::int64_t k, const Lanes& p1, const Lanes& q1, const Lanes& p2, const Lanes& q2) {
-    const Real tr = tw_re_[k], ti = -tw_im_[k];
-    Out{&re_[k * W]} = (tr * p1 + ti * q1) - (ti * p2 - tr * q2);
-    Out{&im_[k * W]} = (ti * p1 - tr * q1) + (tr * p2 + ti * q2);
+    const Real tr = tw_re_[static_cast<std::size_t>(k)], ti = -tw_im_[static_cast<std::size_t>(k)];
+    Out{re_.data() + k * W} = (tr * p1 + ti * q1) - (ti * p2 - tr * q2);
+    Out{im_.data() + k * W} = (ti * p1 - tr * q1) + (tr * p2 + ti * q2);
   }
 
   // In place: the spectrum of the low-passed inputs (coefficients k >= m zeroed).

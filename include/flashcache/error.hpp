@@ -2,13 +2,16 @@
 // The one error model.
 //
 // Every check produces a Status: a code plus a message that names the problem
-// ("keep budget 12 < 20 protected tokens"). The CPU API turns a failed Status
-// into a thrown flashcache::Error; the GPU API returns the Status instead, since
-// an engine may run it inside a CUDA graph capture where nothing may throw.
+// ("keep budget 12 < 20 protected tokens"). The no-throw core and the GPU API
+// return the Status (an engine may run them with -fno-exceptions or inside a
+// CUDA graph capture); the CPU front door turns a failed one into a thrown
+// flashcache::Error, and exists only when exceptions are on (config.hpp).
 #include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <utility>
+
+#include "config.hpp"
 
 namespace flashcache {
 
@@ -71,10 +74,12 @@ class Error : public std::runtime_error {
   Errc code_;
 };
 
-// Throws when `s` is a failure; the CPU API's way of surfacing a Status.
+#if FLASHCACHE_EXCEPTIONS
+// Throws when `s` is a failure; the CPU front door's way of surfacing a Status.
 inline void throw_if_error(const Status& s) {
   if (!s.ok()) throw Error(s);
 }
+#endif
 
 // Builds a message from streamable parts without <sstream> at every call site.
 namespace detail {

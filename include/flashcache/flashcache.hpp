@@ -11,7 +11,13 @@
 //                                    flashcache::Budget::ratio(0.2));
 //
 // Every entry point validates its input and throws flashcache::Error with a
-// message naming the problem. The GPU API is in flashcache/cuda/.
+// message naming the problem; this throwing front door exists only when
+// exceptions are on (config.hpp). Under it, and always available, is the
+// no-throw core: Scorer::score into caller buffers (score.hpp), summarize and
+// BudgetPlanner::plan (plan.hpp), select_tokens with a SelectWorkspace
+// (select.hpp), gather into caller views (gather.hpp), and compress_batch for
+// a ragged batch (batch.hpp); each returns a Status. The GPU API is in
+// flashcache/cuda/.
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -19,9 +25,12 @@
 #include <vector>
 
 #include "allocate.hpp"
+#include "batch.hpp"
 #include "error.hpp"
 #include "gather.hpp"
+#include "mask.hpp"
 #include "options.hpp"
+#include "plan.hpp"
 #include "score.hpp"
 #include "select.hpp"
 #include "types.hpp"
@@ -67,14 +76,16 @@ struct CompressedModel {
 
 namespace detail {
 
+// Select and gather one scored layer into an owning CompressedLayer.
 template <class T>
 Status select_and_gather(KVView<const T> k, KVView<const T> v, std::int64_t budget, const Options& opt,
-                         LayerScores scores, CompressedLayer<T>* out) {
+                         ProtectMask mask, SelectWorkspace* ws, LayerScores scores, CompressedLayer<T>* out) {
   out->heads = k.heads;
   out->tokens = k.tokens;
   out->budget = budget;
   out->head_dim = k.head_dim;
-  FLASHCACHE_RETURN_IF_ERROR(select_tokens(scores, budget, opt, &out->kept));
+  if (budget >= 0 && budget <= k.tokens) out->kept.resize(static_cast<std::size_t>(k.heads * budget));
+  FLASHCACHE_RETURN_IF_ERROR(select_tokens(scores.view(), budget, opt, mask, ws, KeptView{out->kept.data(), budget}));
   const auto size = static_cast<std::size_t>(k.heads * budget * k.head_dim);
   out->k.resize(size);
   out->v.resize(size);
@@ -84,12 +95,88 @@ Status select_and_gather(KVView<const T> k, KVView<const T> v, std::int64_t budg
   return Status::success();
 }
 
+// Layer l's mask: masks[l] when given, else the deprecated Options::protect
+// (its length implied by the layer); both at once is an error.
+inline Status layer_mask(const std::vector<ProtectMask>& masks, std::size_t l, std::int64_t tokens,
+                         const Options& opt, ProtectMask* out) {
+  *out = masks.empty() ? ProtectMask(opt.protect, opt.protect ? tokens : 0) : masks[l];
+  if (!masks.empty() && opt.protect != nullptr)
+    return make_error(Errc::invalid_option, "protect mask given twice: as an argument and in Options::protect");
+  return check_mask(*out, tokens);
+}
+
+// Plan, select and gather for a whole model whose layers are scored already
+// (masks: one per layer, or none). Does not throw.
+template <class T>
+Status compress_scored_model(const std::vector<KVView<const T>>& k, const std::vector<KVView<const T>>& v,
+                             std::vector<LayerScores> scores, Budget budget, const Options& opt,
+                             const std::vector<ProtectMask>& masks, CompressedModel<T>* model) {
+  if (k.size() != v.size() || k.size() != scores.size() || (!masks.empty() && masks.size() != k.size()))
+    return make_error(Errc::invalid_shape, k.size(), " K layers, ", v.size(), " V layers, ", scores.size(),
+                      " scored layers, ", masks.size(), " masks");
+  const int layers = static_cast<int>(k.size());
+  std::vector<ProtectMask> mask(k.size());
+  std::vector<LayerSummary> summary(k.size());
+  model->energy_ratio.resize(k.size());
+  model->nonfinite = 0;
+  for (std::size_t l = 0; l < k.size(); ++l) {
+    FLASHCACHE_RETURN_IF_ERROR(at_layer(layer_mask(masks, l, k[l].tokens, opt, &mask[l]), 1, 0, static_cast<int>(l)));
+    summary[l] = summarize(scores[l].view(), scores[l].energy.data(), opt, mask[l]);
+    model->energy_ratio[l] = summary[l].energy_ratio();
+    model->nonfinite += scores[l].nonfinite;
+  }
+  model->budgets.resize(k.size());
+  BudgetPlanner planner;
+  FLASHCACHE_RETURN_IF_ERROR(planner.plan(summary.data(), layers, budget, opt, model->budgets.data()));
+  model->layers.resize(k.size());
+  SelectWorkspace ws;
+  for (std::size_t l = 0; l < k.size(); ++l)
+    FLASHCACHE_RETURN_IF_ERROR(at_layer(select_and_gather<T>(k[l], v[l], model->budgets[l], opt, mask[l], &ws,
+                                                             std::move(scores[l]), &model->layers[l]),
+                                        1, 0, static_cast<int>(l)));
+  return Status::success();
+}
+
+// Views of const elements.
+template <class T>
+std::vector<KVView<const std::remove_const_t<T>>> const_views(const std::vector<KVView<T>>& x) {
+  return {x.begin(), x.end()};
+}
+
+// The deprecated Options::protect is one pointer for all layers, so they must agree on length.
+template <class T>
+Status check_model_inputs(const std::vector<KVView<T>>& k, std::size_t v_layers, const Options& opt) {
+  if (k.size() != v_layers)
+    return make_error(Errc::invalid_shape, k.size(), " K layers but ", v_layers, " V layers");
+  FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
+  for (std::size_t l = 0; l < k.size(); ++l)
+    if (opt.protect != nullptr && k[l].tokens != k[0].tokens)
+      return make_error(Errc::invalid_option, "a protect mask needs every layer to have the same tokens; layer ", l,
+                        " has ", k[l].tokens, ", layer 0 has ", k[0].tokens);
+  return Status::success();
+}
+
+}  // namespace detail
+
+#if FLASHCACHE_EXCEPTIONS
+
+namespace detail {
+// The throwing form, with the mask of the deprecated Options::protect.
+template <class T>
+CompressedModel<T> compress_scored_model(const std::vector<KVView<const T>>& k, const std::vector<KVView<const T>>& v,
+                                         std::vector<LayerScores> scores, Budget budget, const Options& opt) {
+  CompressedModel<T> model;
+  throw_if_error(compress_scored_model<T>(k, v, std::move(scores), budget, opt, {}, &model));
+  return model;
+}
 }  // namespace detail
 
 // Compresses one layer: every head keeps `budget` tokens (a count, or a ratio
-// of the layer's tokens), chosen by outlier score. Throws flashcache::Error.
+// of the layer's tokens), chosen by outlier score; `mask` marks tokens always
+// kept. Throws flashcache::Error.
 template <class T, class Real = float>
-CompressedLayer<std::remove_const_t<T>> compress(KVView<T> k, KVView<T> v, Budget budget, const Options& opt = {}) {
+CompressedLayer<std::remove_const_t<T>> compress(KVView<T> k, KVView<T> v, Budget budget, const Options& opt = {},
+                                                 ProtectMask mask = {}) {
   using E = std::remove_const_t<T>;
   const KVView<const E> kc(k), vc(v);
   Scorer<Real> scorer;
@@ -97,89 +184,35 @@ CompressedLayer<std::remove_const_t<T>> compress(KVView<T> k, KVView<T> v, Budge
   throw_if_error(scorer.score(kc, vc, opt, &scores));
   std::int64_t keep = 0;
   throw_if_error(budget.resolve(k.tokens, &keep));
+  ProtectMask layer;
+  throw_if_error(detail::layer_mask(mask.empty() ? std::vector<ProtectMask>{} : std::vector<ProtectMask>{mask}, 0,
+                                    k.tokens, opt, &layer));
   CompressedLayer<E> out;
-  throw_if_error(detail::select_and_gather<E>(kc, vc, keep, opt, std::move(scores), &out));
+  SelectWorkspace ws;
+  throw_if_error(detail::select_and_gather<E>(kc, vc, keep, opt, layer, &ws, std::move(scores), &out));
   return out;
 }
-
-namespace detail {
-
-// Allocate, select and gather for a whole model whose layers are scored already.
-template <class T>
-CompressedModel<T> compress_scored_model(const std::vector<KVView<const T>>& k, const std::vector<KVView<const T>>& v,
-                                         std::vector<LayerScores> scores, Budget budget, const Options& opt) {
-  const auto layers = static_cast<int>(k.size());
-  CompressedModel<T> model;
-  std::vector<std::int64_t> tokens(k.size()), floor(k.size());
-  model.energy_ratio.resize(k.size());
-  for (int l = 0; l < layers; ++l) {
-    tokens[l] = k[l].tokens;
-    model.energy_ratio[l] = scores[l].energy_ratio();
-    model.nonfinite += scores[l].nonfinite;
-    const auto min_share =
-        static_cast<std::int64_t>(std::ceil(opt.min_layer_ratio * static_cast<double>(tokens[l]) - 1e-9));
-    floor[l] = std::max(protected_count(scores[l], protected_tokens(tokens[l], opt)), min_share);
-  }
-
-  model.budgets.resize(k.size());
-  std::int64_t total = 0;
-  for (int l = 0; l < layers; ++l) {
-    Status s = budget.resolve(tokens[l], &model.budgets[l]);
-    if (!s.ok()) throw Error(make_error(s.code(), "layer ", l, ": ", s.message()));
-    total += model.budgets[l];
-  }
-  if (budget.is_ratio())  // the model-wide total is round(ratio * all tokens), not a sum of per-layer roundings
-    throw_if_error(budget.resolve(std::accumulate(tokens.begin(), tokens.end(), std::int64_t{0}), &total));
-  if (opt.allocation == Allocation::dynamic)
-    throw_if_error(allocate_budgets(model.energy_ratio, tokens, floor, total, &model.budgets));
-
-  model.layers.resize(k.size());
-  for (int l = 0; l < layers; ++l) {
-    Status s = select_and_gather<T>(k[l], v[l], model.budgets[l], opt, std::move(scores[l]), &model.layers[l]);
-    if (!s.ok()) throw Error(make_error(s.code(), "layer ", l, ": ", s.message()));
-  }
-  return model;
-}
-
-// Views of const elements, checked for a layer count that matches.
-template <class T>
-std::vector<KVView<const std::remove_const_t<T>>> const_views(const std::vector<KVView<T>>& x) {
-  return {x.begin(), x.end()};
-}
-
-inline void check_model_inputs(std::size_t k_layers, std::size_t v_layers, const Options& opt) {
-  if (k_layers != v_layers)
-    throw Error(make_error(Errc::invalid_shape, k_layers, " K layers but ", v_layers, " V layers"));
-  throw_if_error(check_options(opt));
-}
-
-template <class T>
-void check_mask_layers(const std::vector<KVView<T>>& k, const Options& opt) {
-  for (std::size_t l = 0; l < k.size(); ++l)
-    if (opt.protect != nullptr && k[l].tokens != k[0].tokens)
-      throw Error(make_error(Errc::invalid_option, "a protect mask needs every layer to have the same tokens; layer ",
-                             l, " has ", k[l].tokens, ", layer 0 has ", k[0].tokens));
-}
-
-}  // namespace detail
 
 // Compresses a whole model, one view per layer. The budget is per layer (a
 // count or a ratio of each layer's tokens); with Allocation::dynamic the same
 // total is re-split across layers in proportion to their energy ratios R_l.
+// `masks` is empty or holds one protect mask per layer.
 template <class T, class Real = float>
 CompressedModel<std::remove_const_t<T>> compress_model(const std::vector<KVView<T>>& k, const std::vector<KVView<T>>& v,
-                                                       Budget budget, const Options& opt = {}) {
+                                                       Budget budget, const Options& opt = {},
+                                                       const std::vector<ProtectMask>& masks = {}) {
   using E = std::remove_const_t<T>;
-  detail::check_model_inputs(k.size(), v.size(), opt);
-  detail::check_mask_layers(k, opt);
+  throw_if_error(detail::check_model_inputs(k, v.size(), opt));
   const auto kc = detail::const_views(k), vc = detail::const_views(v);
   std::vector<LayerScores> scores(k.size());
   Scorer<Real> scorer;
-  for (std::size_t l = 0; l < k.size(); ++l) {
-    Status s = scorer.score(kc[l], vc[l], opt, &scores[l]);
-    if (!s.ok()) throw Error(make_error(s.code(), "layer ", l, ": ", s.message()));
-  }
-  return detail::compress_scored_model<E>(kc, vc, std::move(scores), budget, opt);
+  for (std::size_t l = 0; l < k.size(); ++l)
+    throw_if_error(detail::at_layer(scorer.score(kc[l], vc[l], opt, &scores[l]), 1, 0, static_cast<int>(l)));
+  CompressedModel<E> model;
+  throw_if_error(detail::compress_scored_model<E>(kc, vc, std::move(scores), budget, opt, masks, &model));
+  return model;
 }
+
+#endif  // FLASHCACHE_EXCEPTIONS
 
 }  // namespace flashcache

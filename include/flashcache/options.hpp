@@ -6,6 +6,7 @@
 
 #include "config.hpp"
 #include "error.hpp"
+#include "rules.hpp"
 
 namespace flashcache {
 
@@ -77,8 +78,10 @@ struct Options {
   bool normalize_terms = false;
   // Score keys in their pre-RoPE form (see RopeOptions).
   RopeOptions rope;
-  // Optional caller mask of `tokens` bytes, nonzero = always kept (e.g. text
-  // tokens, so that only visual tokens are compressed). Shared by all heads.
+  // Deprecated: pass a ProtectMask (mask.hpp) to the entry points instead,
+  // which carries its length and may differ per layer. Kept while the GPU
+  // API (include/flashcache/cuda/, device memory there) and the old front door
+  // still read it: a caller mask of `tokens` bytes, nonzero = always kept.
   const std::uint8_t* protect = nullptr;
   // compress_model: how the total budget is split, and a floor on every
   // layer's share as a fraction of its tokens.
@@ -114,7 +117,7 @@ FLASHCACHE_INLINE std::int64_t lowpass_cutoff(std::int64_t n, double gamma) {
 inline Status check_options(const Options& o) {
   if (!(o.gamma > 0.0 && o.gamma <= 1.0))
     return make_error(Errc::invalid_option, "gamma ", o.gamma, " is outside (0, 1]");
-  if (o.transform == Transform::blocked && o.block_size < 1)
+  if (o.transform == Transform::blocked && !rules::block_size_ok(o.block_size, false))
     return make_error(Errc::invalid_option, "block_size ", o.block_size, " must be at least 1");
   if (o.sink < 0) return make_error(Errc::invalid_option, "sink ", o.sink, " is negative");
   if (o.window < 0) return make_error(Errc::invalid_option, "window ", o.window, " is negative");
@@ -150,7 +153,7 @@ class Budget {
     if (is_ratio_) {
       if (!(ratio_ >= 0.0 && ratio_ <= 1.0))
         return make_error(Errc::invalid_budget, "keep ratio ", ratio_, " is outside [0, 1]");
-      *out = std::llround(ratio_ * static_cast<double>(available));
+      *out = rules::layer_budget(true, ratio_, 0, available);
       return Status::success();
     }
     if (count_ < 0) return make_error(Errc::invalid_budget, "keep budget ", count_, " is negative");

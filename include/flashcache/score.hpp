@@ -37,6 +37,16 @@ struct HeadEnergy {
 // High-frequency share high / total, 0 for an all-zero input.
 inline double high_share(double high, double total) { return total > 0 ? high / total : 0.0; }
 
+// A layer's scores in caller memory: score[h * tokens + t].
+struct ScoreView {
+  const float* data = nullptr;
+  std::int64_t heads = 0;
+  std::int64_t tokens = 0;
+
+  float operator()(std::int64_t h, std::int64_t n) const { return data[h * tokens + n]; }
+  const float* head(std::int64_t h) const { return data + h * tokens; }
+};
+
 struct LayerScores {
   std::int64_t heads = 0;
   std::int64_t tokens = 0;
@@ -46,6 +56,7 @@ struct LayerScores {
 
   float operator()(std::int64_t h, std::int64_t n) const { return score[static_cast<std::size_t>(h * tokens + n)]; }
   const float* head(std::int64_t h) const { return score.data() + h * tokens; }
+  ScoreView view() const { return {score.data(), heads, tokens}; }
 
   HeadEnergy layer_energy() const {
     HeadEnergy sum;
@@ -77,27 +88,34 @@ class Scorer {
                                     ? EIGEN_IDEAL_MAX_ALIGN_BYTES / static_cast<int>(sizeof(Real))
                                     : 2;
 
+  // Scores one layer into caller buffers: score[h * tokens + t] and energy[h]
+  // for every head, and the count of non-finite (head, token) rows into
+  // *nonfinite when it is not null. Nothing is allocated once the scorer has
+  // seen this sequence length (Transform::global; the blocked transform's
+  // matrix products may allocate inside Eigen).
   template <class T>
-  Status score(KVView<const T> k, KVView<const T> v, const Options& opt, LayerScores* out) {
+  Status score(KVView<const T> k, KVView<const T> v, const Options& opt, float* score, HeadEnergy* energy,
+               std::int64_t* nonfinite = nullptr) {
     FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
     FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
     const std::int64_t heads = k.heads, n = k.tokens;
-    out->heads = heads;
-    out->tokens = n;
-    out->score.assign(static_cast<std::size_t>(heads * n), 0.0f);
-    out->energy.assign(static_cast<std::size_t>(heads), HeadEnergy{});
-    out->nonfinite = 0;
+    if (nonfinite != nullptr) *nonfinite = 0;
+    if (heads * n > 0 && score == nullptr) return make_error(Errc::invalid_shape, "score: null score buffer");
+    if (heads > 0 && energy == nullptr) return make_error(Errc::invalid_shape, "score: null energy buffer");
+    std::fill(score, score + heads * n, 0.0f);
+    std::fill(energy, energy + heads, HeadEnergy{});
     if (k.empty()) return Status::success();
     if (opt.rope.derotate && k.head_dim % 2 != 0)
       return make_error(Errc::invalid_option, "rope derotate needs an even head_dim, got ", k.head_dim);
 
     residual_k_.resize(static_cast<std::size_t>(n));
     residual_v_.resize(static_cast<std::size_t>(n));
+    std::int64_t bad = 0;
     for (std::int64_t h = 0; h < heads; ++h) {
-      out->nonfinite += map_nonfinite_rows(k, v, h);
+      bad += map_nonfinite_rows(k, v, h);
       std::fill(residual_k_.begin(), residual_k_.end(), Real(0));
       std::fill(residual_v_.begin(), residual_v_.end(), Real(0));
-      HeadEnergy& e = out->energy[static_cast<std::size_t>(h)];
+      HeadEnergy& e = energy[h];
       if (opt.rope.derotate) {
         // The transform reads one de-rotated head from float buffers instead.
         derotated_head(k, v, h, opt.rope);
@@ -107,9 +125,21 @@ class Scorer {
       } else {
         residuals(k, v, h, opt, &e);
       }
-      write_scores(opt.normalize_terms, k.head_dim, out->score.data() + h * n);
+      write_scores(opt.normalize_terms, k.head_dim, score + h * n);
     }
+    if (nonfinite != nullptr) *nonfinite = bad;
     return Status::success();
+  }
+
+  // Scores one layer into an owning LayerScores (resized to the layer).
+  template <class T>
+  Status score(KVView<const T> k, KVView<const T> v, const Options& opt, LayerScores* out) {
+    FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
+    out->heads = k.heads;
+    out->tokens = k.tokens;
+    out->score.resize(static_cast<std::size_t>(k.heads * k.tokens));
+    out->energy.resize(static_cast<std::size_t>(k.heads));
+    return score(k, v, opt, out->score.data(), out->energy.data(), &out->nonfinite);
   }
 
  private:
@@ -128,7 +158,10 @@ class Scorer {
       const T* kr = k.row(h, t);
       const T* vr = v.row(h, t);
       bool finite = true;
-      for (std::int64_t c = 0; c < d; ++c) finite &= std::isfinite(to_float(kr[c])) & std::isfinite(to_float(vr[c]));
+      for (std::int64_t c = 0; c < d; ++c) {
+        const bool k_ok = std::isfinite(to_float(kr[c])), v_ok = std::isfinite(to_float(vr[c]));
+        finite &= k_ok & v_ok;  // no branch per element
+      }
       if (finite) {
         if (last_good < 0)  // leading non-finite tokens take the first finite one
           for (std::int64_t u = 0; u < t; ++u) source_[static_cast<std::size_t>(u)] = t;
@@ -305,6 +338,7 @@ class Scorer {
   std::map<std::int64_t, Block> bases_;
 };
 
+#if FLASHCACHE_EXCEPTIONS
 // One-shot scoring of one layer; throws flashcache::Error on bad input.
 template <class Real = float, class T>
 LayerScores score_layer(KVView<T> k, KVView<T> v, const Options& opt = {}) {
@@ -313,5 +347,6 @@ LayerScores score_layer(KVView<T> k, KVView<T> v, const Options& opt = {}) {
   throw_if_error(scorer.score(KVView<const T>(k), KVView<const T>(v), opt, &out));
   return out;
 }
+#endif
 
 }  // namespace flashcache

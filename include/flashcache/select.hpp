@@ -4,37 +4,56 @@
 // Guarantees, each checked by a test of the same name:
 //   - every head keeps exactly `budget` tokens, listed in ascending order;
 //   - protected tokens are always kept: the first `sink`, the last `window`,
-//     those the caller's mask marks, and non-finite tokens (score +inf);
+//     those the caller's mask marks, and non-finite tokens (score +inf or NaN);
 //   - the rest are the highest scores, ties to the lower token index;
 //   - a budget below the protected set is an error, never a silent drop.
+// The rules shared with the GPU come from rules.hpp.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "mask.hpp"
 #include "options.hpp"
+#include "rules.hpp"
 #include "score.hpp"
 
 namespace flashcache {
 
-// The protected set shared by all heads of a layer of `tokens` tokens:
-// sink, window and the caller's mask (1 = always kept).
+// A score that cannot be ranked (+inf from a non-finite row, or NaN): always kept.
+inline bool is_forced_score(float s) { return rules::always_kept_score(s); }
+
+// Whether token t of a layer of n tokens is in the caller's protected set
+// (sink, window, mask); shared by all heads.
+inline bool is_protected(std::int64_t t, std::int64_t n, const Options& opt, ProtectMask mask) {
+  return rules::is_protected(t, n, opt.sink, opt.window, mask[t]);
+}
+
+// The protected set of a layer of `tokens` tokens as bytes, from the
+// deprecated Options::protect (tests and the GPU tests' references use it).
 inline std::vector<std::uint8_t> protected_tokens(std::int64_t tokens, const Options& opt) {
   std::vector<std::uint8_t> keep(static_cast<std::size_t>(tokens), 0);
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    const bool in_sink = t < opt.sink, in_window = t >= tokens - opt.window;
-    const bool masked = opt.protect != nullptr && opt.protect[t] != 0;
-    keep[static_cast<std::size_t>(t)] = in_sink || in_window || masked;
-  }
+  const ProtectMask mask(opt.protect, tokens);
+  for (std::int64_t t = 0; t < tokens; ++t) keep[static_cast<std::size_t>(t)] = is_protected(t, tokens, opt, mask);
   return keep;
 }
 
-// +inf marks a non-finite token (score.hpp); a NaN score, which a baseline
-// policy can produce from NaN input, is treated the same way.
-inline bool is_forced_score(float s) { return s == std::numeric_limits<float>::infinity() || s != s; }
+// The largest always-kept set over the layer's heads (protected or with an
+// unrankable score): the least budget the layer can take.
+inline std::int64_t protected_count(ScoreView s, const Options& opt, ProtectMask mask) {
+  std::int64_t most = 0;
+  for (std::int64_t h = 0; h < s.heads; ++h) {
+    const float* score = s.head(h);
+    std::int64_t count = 0;
+    for (std::int64_t t = 0; t < s.tokens; ++t)
+      count += is_protected(t, s.tokens, opt, mask) || is_forced_score(score[t]);
+    most = std::max(most, count);
+  }
+  return most;
+}
 
-// The largest protected set over the layer's heads: the least budget it takes.
+// The same from a precomputed protected set (bytes, one per token).
 inline std::int64_t protected_count(const LayerScores& s, const std::vector<std::uint8_t>& base) {
   std::int64_t most = 0;
   for (std::int64_t h = 0; h < s.heads; ++h) {
@@ -82,33 +101,53 @@ inline std::int64_t keep_evenly_spaced(std::int64_t n, std::int64_t count, std::
   return j;
 }
 
-// Writes kept[h * budget + i], i < budget, ascending per head.
-inline Status select_tokens(const LayerScores& s, std::int64_t budget, const Options& opt,
-                            std::vector<std::int32_t>* kept) {
+// Caller-owned scratch of select_tokens(): grows to the longest layer seen,
+// then selection allocates nothing.
+struct SelectWorkspace {
+  std::vector<std::uint8_t> keep;
+  std::vector<std::int32_t> candidates;
+};
+
+// Where select_tokens() writes: head h's kept indices at data + h * head_stride.
+struct KeptView {
+  std::int32_t* data = nullptr;
+  std::int64_t head_stride = 0;  // at least the budget
+};
+
+// Writes the `budget` kept tokens of every head, ascending, into `kept`.
+// The mask, when given, must cover the layer's tokens. No allocation once
+// `ws` has seen a layer this long.
+inline Status select_tokens(ScoreView s, std::int64_t budget, const Options& opt, ProtectMask mask,
+                            SelectWorkspace* ws, KeptView kept) {
   FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
+  FLASHCACHE_RETURN_IF_ERROR(check_mask(mask, s.tokens));
   const std::int64_t n = s.tokens;
+  if (s.heads < 0 || n < 0) return make_error(Errc::invalid_shape, "select: ", s.heads, " heads x ", n, " tokens");
   if (n > std::numeric_limits<std::int32_t>::max())
     return make_error(Errc::unsupported, n, " tokens do not fit the int32 token indices");
   if (budget < 0 || budget > n)
     return make_error(Errc::invalid_budget, "keep budget ", budget, " is outside [0, ", n, "] tokens");
-  const std::vector<std::uint8_t> base = protected_tokens(n, opt);
-  kept->resize(static_cast<std::size_t>(s.heads * budget));
+  if (s.heads * n > 0 && s.data == nullptr) return make_error(Errc::invalid_shape, "select: null scores");
+  if (s.heads * budget > 0 && kept.data == nullptr) return make_error(Errc::invalid_shape, "select: null kept buffer");
+  if (s.heads > 1 && kept.head_stride < budget)
+    return make_error(Errc::invalid_stride, "select: kept head stride ", kept.head_stride, " < budget ", budget);
 
-  std::vector<std::uint8_t> keep(static_cast<std::size_t>(n));
-  std::vector<std::int32_t> candidates;
-  candidates.reserve(static_cast<std::size_t>(n));
+  std::vector<std::uint8_t>& keep = ws->keep;
+  std::vector<std::int32_t>& candidates = ws->candidates;
+  keep.resize(static_cast<std::size_t>(n));
+  if (candidates.capacity() < static_cast<std::size_t>(n)) candidates.reserve(static_cast<std::size_t>(n));
   for (std::int64_t h = 0; h < s.heads; ++h) {
     const float* score = s.head(h);
     std::int64_t forced = 0;
     for (std::int64_t t = 0; t < n; ++t) {
-      const bool f = base[static_cast<std::size_t>(t)] || is_forced_score(score[t]);
+      const bool f = is_protected(t, n, opt, mask) || is_forced_score(score[t]);
       keep[static_cast<std::size_t>(t)] = f;
       forced += f;
     }
     if (forced > budget) {
       std::int64_t masked = 0, nonfinite = 0;
       for (std::int64_t t = 0; t < n; ++t) {
-        masked += opt.protect != nullptr && opt.protect[t] != 0;
+        masked += mask[t];
         nonfinite += is_forced_score(score[t]);
       }
       return make_error(Errc::invalid_budget, "keep budget ", budget, " < ", forced, " protected tokens in head ", h,
@@ -132,11 +171,20 @@ inline Status select_tokens(const LayerScores& s, std::int64_t budget, const Opt
     for (std::ptrdiff_t i = 0; i < rest; ++i)
       keep[static_cast<std::size_t>(candidates[static_cast<std::size_t>(i)])] = 1;
     // Emitting in token order gives ascending indices without a sort.
-    std::int32_t* out = kept->data() + h * budget;
+    std::int32_t* out = kept.data + h * kept.head_stride;
     for (std::int64_t t = 0, i = 0; t < n; ++t)
       if (keep[static_cast<std::size_t>(t)]) out[i++] = static_cast<std::int32_t>(t);
   }
   return Status::success();
+}
+
+// Owning form: kept[h * budget + i], with the mask of the deprecated
+// Options::protect (its length implied by the layer).
+inline Status select_tokens(const LayerScores& s, std::int64_t budget, const Options& opt,
+                            std::vector<std::int32_t>* kept) {
+  if (budget >= 0 && budget <= s.tokens) kept->resize(static_cast<std::size_t>(s.heads * budget));
+  SelectWorkspace ws;
+  return select_tokens(s.view(), budget, opt, ProtectMask(opt.protect, s.tokens), &ws, KeptView{kept->data(), budget});
 }
 
 }  // namespace flashcache

@@ -54,6 +54,15 @@ KVView<T> nhd(T* data, std::int64_t tokens, std::int64_t heads, std::int64_t hea
   return {data, heads, tokens, head_dim, head_dim, heads * head_dim};
 }
 
+// Tokens [first, first + count) of a view: one sequence of a packed batch.
+template <class T>
+KVView<T> token_range(const KVView<T>& v, std::int64_t first, std::int64_t count) {
+  KVView<T> r = v;
+  if (v.data != nullptr && count > 0) r.data = v.row(0, first);
+  r.tokens = count;
+  return r;
+}
+
 // Checks one view: non-negative extents, a non-null pointer when not empty,
 // and strides under which no two (head, token) rows overlap.
 template <class T>

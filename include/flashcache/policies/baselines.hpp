@@ -213,18 +213,20 @@ Status score_with_policy(Policy p, KVView<const T> q, KVView<const T> k, KVView<
   return make_error(Errc::invalid_option, "unknown policy");
 }
 
+#if FLASHCACHE_EXCEPTIONS
 // Compresses a whole model with any policy; q holds one view per layer when
 // the policy needs queries (else it may be empty). Baselines have no energy
 // ratios, so under Allocation::dynamic their budgets fall back to a uniform
-// ratio, as in their papers.
+// ratio, as in their papers. `masks` is empty or one protect mask per layer.
+// Throws flashcache::Error.
 template <class T, class Real = float>
 CompressedModel<std::remove_const_t<T>> compress_model(Policy p, const std::vector<KVView<T>>& q,
                                                        const std::vector<KVView<T>>& k, const std::vector<KVView<T>>& v,
                                                        Budget budget, const Options& opt = {},
-                                                       const PolicyOptions& po = {}) {
+                                                       const PolicyOptions& po = {},
+                                                       const std::vector<ProtectMask>& masks = {}) {
   using E = std::remove_const_t<T>;
-  flashcache::detail::check_model_inputs(k.size(), v.size(), opt);
-  flashcache::detail::check_mask_layers(k, opt);
+  throw_if_error(flashcache::detail::check_model_inputs(k, v.size(), opt));
   if (needs_queries(p) && q.size() != k.size())
     throw Error(make_error(Errc::invalid_shape, "policy ", to_string(p), " needs Q for every layer: ", q.size(),
                            " Q layers, ", k.size(), " K layers"));
@@ -233,10 +235,13 @@ CompressedModel<std::remove_const_t<T>> compress_model(Policy p, const std::vect
   std::vector<LayerScores> scores(k.size());
   for (std::size_t l = 0; l < k.size(); ++l) {
     const KVView<const E> ql = needs_queries(p) ? qc[l] : KVView<const E>{};
-    Status s = score_with_policy<E, Real>(p, ql, kc[l], vc[l], opt, po, &scores[l]);
-    if (!s.ok()) throw Error(make_error(s.code(), "layer ", l, ": ", s.message()));
+    throw_if_error(flashcache::detail::at_layer(score_with_policy<E, Real>(p, ql, kc[l], vc[l], opt, po, &scores[l]),
+                                                1, 0, static_cast<int>(l)));
   }
-  return flashcache::detail::compress_scored_model<E>(kc, vc, std::move(scores), budget, opt);
+  CompressedModel<E> model;
+  throw_if_error(flashcache::detail::compress_scored_model<E>(kc, vc, std::move(scores), budget, opt, masks, &model));
+  return model;
 }
+#endif  // FLASHCACHE_EXCEPTIONS
 
 }  // namespace flashcache::policies
