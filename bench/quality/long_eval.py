@@ -51,7 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tools", "extract"))
 
-from extract_llm import KVCache, SmolLM2, _rms_norm, _silu, log_softmax  # noqa: E402
+from extract_llm import KVCache, SmolLM2, log_softmax  # noqa: E402
 
 SPLIT_FILE = os.path.join(HERE, "long_split.json")
 MODEL = "SmolLM2-135M-Instruct (30 layers)"
@@ -128,30 +128,24 @@ def greedy_many(model: SmolLM2, caches: Sequence[KVCache], first_logits: np.ndar
                 n_new: int) -> List[List[int]]:
     """Greedy tokens on top of every cache at once: one weight product per step for all."""
     grow = [GrowingCache(c, n_new) for c in caches]
-    b_n, hq, hkv, d, g = len(caches), model.n_heads, model.n_kv_heads, model.head_dim, model.group
+    b_n, hkv, d, g = len(caches), model.n_kv_heads, model.head_dim, model.group
     scale = np.float32(1.0 / np.sqrt(d))
+
+    def attend(l, q, k, v):
+        attn = np.empty((b_n, model.n_heads * d), np.float32)
+        for b, c in enumerate(grow):
+            n = c.n[l]
+            c.k[l][:, n], c.v[l][:, n] = k[b, :, 0], v[b, :, 0]
+            c.n[l] = n + 1
+            keys, values = c.k[l][:, :n + 1], c.v[l][:, :n + 1]
+            s = np.matmul(q[b].reshape(hkv, g, d) * scale, keys.transpose(0, 2, 1))   # [Hkv, g, n+1]
+            s = np.exp(s - s.max(axis=-1, keepdims=True))
+            attn[b] = (np.matmul(s, values) / s.sum(axis=-1, keepdims=True)).reshape(-1)
+        return attn
+
     out = [[int(np.argmax(first_logits))] for _ in range(b_n)]
     for step in range(1, n_new):
-        x = model.embed[np.asarray([o[-1] for o in out], np.int64)]          # [B, D]
-        positions = np.array([grow[0].position + step - 1])
-        for l, w in enumerate(model.layers):
-            h = _rms_norm(x, w["attn_norm"], model.eps)
-            q = model._rope((h @ w["wq"]).reshape(b_n, hq, 1, d), positions)
-            k = model._rope((h @ w["wk"]).reshape(b_n, hkv, 1, d), positions)
-            v = (h @ w["wv"]).reshape(b_n, hkv, 1, d)
-            attn = np.empty((b_n, hq * d), np.float32)
-            for b, c in enumerate(grow):
-                n = c.n[l]
-                c.k[l][:, n], c.v[l][:, n] = k[b, :, 0], v[b, :, 0]
-                c.n[l] = n + 1
-                keys, values = c.k[l][:, :n + 1], c.v[l][:, :n + 1]
-                s = np.matmul(q[b].reshape(hkv, g, d) * scale, keys.transpose(0, 2, 1))   # [Hkv, g, n+1]
-                s = np.exp(s - s.max(axis=-1, keepdims=True))
-                attn[b] = (np.matmul(s, values) / s.sum(axis=-1, keepdims=True)).reshape(hq * d)
-            x = x + attn @ w["wo"]
-            h = _rms_norm(x, w["ffn_norm"], model.eps)
-            x = x + (_silu(h @ w["w_gate"]) * (h @ w["w_up"])) @ w["w_down"]
-        logits = _rms_norm(x, model.final_norm, model.eps) @ model.lm_head.T
+        logits = model.decode_step([o[-1] for o in out], grow[0].position + step - 1, attend)
         for b in range(b_n):
             out[b].append(int(np.argmax(logits[b])))
     return out

@@ -50,7 +50,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import extract_llm  # noqa: E402
-from extract_llm import (KVCache, SmolLM2, NEEDLE_QUESTION, _rms_norm, _silu, _softmax,  # noqa: E402
+from extract_llm import (KVCache, SmolLM2, NEEDLE_QUESTION, _softmax,  # noqa: E402
                          continuation_nll, find_text_range, needle_prompt)
 
 PART = "end_to_end"
@@ -153,31 +153,25 @@ def forward_batch(model: SmolLM2, ids: Sequence[int], caches: Sequence[KVCache]
     pos = caches[0].next_position
     if any(c.next_position != pos for c in caches):
         raise ValueError("forward_batch: every cache must be at the same position")
-    hq, hkv, d, g = model.n_heads, model.n_kv_heads, model.head_dim, model.group
+    hkv, d, g = model.n_kv_heads, model.head_dim, model.group
     scale = np.float32(1.0 / np.sqrt(d))
-    x = model.embed[np.asarray(ids, np.int64)]                       # [B, D]
-    positions = np.array([pos])
     new_k: List[List[np.ndarray]] = [[] for _ in range(b_n)]
     new_v: List[List[np.ndarray]] = [[] for _ in range(b_n)]
-    for l, w in enumerate(model.layers):
-        h = _rms_norm(x, w["attn_norm"], model.eps)
-        q = model._rope((h @ w["wq"]).reshape(b_n, hq, 1, d), positions)
-        k = model._rope((h @ w["wk"]).reshape(b_n, hkv, 1, d), positions)
-        v = (h @ w["wv"]).reshape(b_n, hkv, 1, d)
-        attn = np.empty((b_n, hq * d), np.float32)
+
+    def attend(l, q, k, v):
+        attn = np.empty((b_n, model.n_heads * d), np.float32)
         for b in range(b_n):
             k_all = np.concatenate([caches[b].k[l], k[b]], axis=1)    # [Hkv, M+1, d]
             v_all = np.concatenate([caches[b].v[l], v[b]], axis=1)
             qg = q[b].reshape(hkv, g, 1, d)
             p = _softmax(np.einsum("hgnd,hmd->hgnm", qg, k_all) * scale)
-            attn[b] = np.einsum("hgnm,hmd->hgnd", p, v_all).reshape(hq * d)
+            attn[b] = np.einsum("hgnm,hmd->hgnd", p, v_all).reshape(-1)
             new_k[b].append(k_all)
             new_v[b].append(v_all)
-        x = x + attn @ w["wo"]
-        h = _rms_norm(x, w["ffn_norm"], model.eps)
-        x = x + (_silu(h @ w["w_gate"]) * (h @ w["w_up"])) @ w["w_down"]
-    x = _rms_norm(x, model.final_norm, model.eps)
-    return x @ model.lm_head.T, [KVCache(new_k[b], new_v[b], pos + 1) for b in range(b_n)]
+        return attn
+
+    logits = model.decode_step(ids, pos, attend)
+    return logits, [KVCache(new_k[b], new_v[b], pos + 1) for b in range(b_n)]
 
 
 def greedy_batch(model: SmolLM2, caches: Sequence[KVCache], first_logits: np.ndarray,

@@ -391,6 +391,25 @@ class SmolLM2:
             result.q, result.k, result.v = np.stack(qs), np.stack(ks), np.stack(vs)
         return result
 
+    def decode_step(self, ids: Sequence[int], position: int, attend) -> np.ndarray:
+        """One new token for each row of a batch, all at RoPE ``position``: the layer loop
+        of the batched decoders, whose weight products serve every row at once.
+        ``attend(l, q, k, v)`` gets layer l's new q [B, Hq, 1, d], k and v [B, Hkv, 1, d],
+        stores k and v in each row's own cache and returns the attention output
+        [B, Hq * d]. Returns the logits [B, vocab]."""
+        b_n = len(ids)
+        x = self.embed[np.asarray(ids, np.int64)]                       # [B, D]
+        positions = np.array([position])
+        for l, w in enumerate(self.layers):
+            h = _rms_norm(x, w["attn_norm"], self.eps)
+            q = self._rope((h @ w["wq"]).reshape(b_n, self.n_heads, 1, self.head_dim), positions)
+            k = self._rope((h @ w["wk"]).reshape(b_n, self.n_kv_heads, 1, self.head_dim), positions)
+            v = (h @ w["wv"]).reshape(b_n, self.n_kv_heads, 1, self.head_dim)
+            x = x + attend(l, q, k, v) @ w["wo"]
+            h = _rms_norm(x, w["ffn_norm"], self.eps)
+            x = x + (_silu(h @ w["w_gate"]) * (h @ w["w_up"])) @ w["w_down"]
+        return _rms_norm(x, self.final_norm, self.eps) @ self.lm_head.T
+
 
 # --------------------------------------------------------------------------------------
 # Decoding helpers.
