@@ -29,7 +29,7 @@ using fc::KVView;
 namespace {
 
 // Caps that keep one input well under a millisecond.
-constexpr int kMaxLayers = 4, kMaxHeads = 4, kMaxTokens = 48, kMaxDim = 12, kMaxGroup = 2;
+constexpr int kMaxLayers = 3, kMaxHeads = 3, kMaxTokens = 40, kMaxDim = 8, kMaxGroup = 2;
 constexpr std::size_t kMaxElements = 1 << 14;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
