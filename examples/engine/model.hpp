@@ -104,6 +104,7 @@ struct Workspace {
 class Model {
  public:
   explicit Model(const GgufFile& f) {
+    Eigen::setNbThreads(1);  // the engine splits its products over threads itself (OpenMP)
     if (f.get_string("general.architecture") != "llama")
       throw std::invalid_argument("architecture '" + f.get_string("general.architecture") + "' is not llama");
     c_.layers = static_cast<int>(f.get_int("llama.block_count"));

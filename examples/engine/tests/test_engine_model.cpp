@@ -61,6 +61,33 @@ double worst_relative_error(const std::vector<float>& logits, const json& top) {
 
 std::vector<int> prompt_ids(const Loaded& L) { return L.ref["prompt_ids"].get<std::vector<int>>(); }
 
+// The reference prompt prefilled once for all tests, in pieces that end at each
+// reference position, so that each piece's last logits can be checked.
+struct Prefilled {
+  engine::KVCache cache;  // room for kRoom more tokens
+  std::vector<std::vector<float>> logits_at;  // at the reference positions; the last is the prompt's last token
+};
+constexpr int kRoom = 32;
+
+const Prefilled& prefilled(const Loaded& L) {
+  static std::unique_ptr<Prefilled> cached = [&L] {
+    const auto ids = prompt_ids(L);
+    auto p = std::make_unique<Prefilled>();
+    p->cache = engine::KVCache(L.model->config(), static_cast<std::int64_t>(ids.size()) + kRoom);
+    engine::Workspace ws;
+    std::int64_t done = 0;
+    for (const auto& at : L.ref["logits"]) {
+      const auto pos = at["position"].get<std::int64_t>();
+      p->logits_at.emplace_back(static_cast<std::size_t>(L.model->config().vocab));
+      L.model->forward(ids.data() + done, pos + 1 - done, p->cache, ws, kThreads, p->logits_at.back().data());
+      done = pos + 1;
+    }
+    EXPECT_EQ(done, static_cast<std::int64_t>(ids.size()));
+    return p;
+  }();
+  return *cached;
+}
+
 TEST(EngineTokenizer, SameIdsAsPythonOnAwkwardStrings) {
   REQUIRE_MODEL();
   for (const auto& c : L->ref["tokenizer"]) {
@@ -89,21 +116,14 @@ TEST(EngineTokenizer, RefusesInvalidUtf8) {
   EXPECT_THROW(L->tok->encode(std::string("\xED\xA0\x80")), std::invalid_argument);  // a surrogate
 }
 
-// Prefill in pieces that end at each reference position; each piece's last logits are checked.
 TEST(EngineModel, LogitsMatchNumpy) {
   REQUIRE_MODEL();
-  const auto ids = prompt_ids(*L);
-  engine::KVCache cache(L->model->config(), static_cast<std::int64_t>(ids.size()));
-  engine::Workspace ws;
-  std::vector<float> logits(static_cast<std::size_t>(L->model->config().vocab));
-  std::int64_t done = 0;
-  for (const auto& at : L->ref["logits"]) {
-    const auto p = at["position"].get<std::int64_t>();
-    L->model->forward(ids.data() + done, p + 1 - done, cache, ws, kThreads, logits.data());
-    done = p + 1;
-    const double err = worst_relative_error(logits, at);
-    EXPECT_LE(err, 1e-3) << "position " << p;
-    std::printf("position %lld: max relative logit error %.2e\n", static_cast<long long>(p), err);
+  const Prefilled& p = prefilled(*L);
+  for (std::size_t j = 0; j < p.logits_at.size(); ++j) {
+    const json& at = L->ref["logits"][j];
+    const double err = worst_relative_error(p.logits_at[j], at);
+    EXPECT_LE(err, 1e-3) << "position " << at["position"];
+    std::printf("position %d: max relative logit error %.2e\n", at["position"].get<int>(), err);
   }
 }
 
@@ -111,9 +131,10 @@ TEST(EngineModel, GreedyTokensMatchNumpyWithTheFullCache) {
   REQUIRE_MODEL();
   const auto ids = prompt_ids(*L);
   const auto want = L->ref["greedy_full"].get<std::vector<int>>();
-  engine::KVCache cache(L->model->config(), static_cast<std::int64_t>(ids.size() + want.size()));
+  ASSERT_LE(want.size(), static_cast<std::size_t>(kRoom));
+  engine::KVCache cache = prefilled(*L).cache;
   engine::Workspace ws;
-  const auto logits = engine::prefill(*L->model, ids, cache, ws, kThreads, 100);
+  const auto& logits = prefilled(*L).logits_at.back();
   EXPECT_EQ(engine::greedy(*L->model, logits, static_cast<int>(want.size()), cache, ws, kThreads), want);
 }
 
@@ -126,9 +147,9 @@ TEST(EngineModel, CompressedDecodeMatchesNumpyGather) {
   const auto budget = c["budget"].get<std::int64_t>();
   const auto want_kept = c["kept"].get<std::vector<int>>();
   const auto want_tokens = c["tokens"].get<std::vector<int>>();
-  engine::KVCache cache(L->model->config(), static_cast<std::int64_t>(ids.size()));
+  engine::KVCache cache = prefilled(*L).cache;
   engine::Workspace ws;
-  const auto logits = engine::prefill(*L->model, ids, cache, ws, kThreads);
+  const auto& logits = prefilled(*L).logits_at.back();
 
   engine::CompressSettings s;
   s.policy = "streaming";
@@ -137,7 +158,8 @@ TEST(EngineModel, CompressedDecodeMatchesNumpyGather) {
   s.uniform = true;
   s.room = static_cast<std::int64_t>(want_tokens.size());
   const auto budgets = engine::compress_cache(cache, s);
-  ASSERT_EQ(budgets, std::vector<std::int64_t>(budgets.size(), budget));
+  ASSERT_EQ(budgets.size(), static_cast<std::size_t>(cache.layers()));
+  for (const auto b : budgets) ASSERT_EQ(b, budget);
   for (int l = 0; l < cache.layers(); ++l)
     for (int h = 0; h < cache.kv_heads(); ++h)
       for (std::int64_t j = 0; j < budget; ++j)
@@ -158,9 +180,9 @@ TEST(EngineModel, FlashcacheDecodeEqualsAHandGatheredCache) {
   REQUIRE_MODEL();
   const auto ids = prompt_ids(*L);
   constexpr int kSteps = 6;
-  engine::KVCache full(L->model->config(), static_cast<std::int64_t>(ids.size()));
+  const engine::KVCache& full = prefilled(*L).cache;
   engine::Workspace ws;
-  const auto logits = engine::prefill(*L->model, ids, full, ws, kThreads);
+  const auto& logits = prefilled(*L).logits_at.back();
   engine::KVCache compact = full;
   engine::CompressSettings s;
   s.keep_ratio = 0.3;
