@@ -10,6 +10,11 @@
 #include <cstring>
 
 #include <cstdio>
+#if defined(__has_include)
+#if __has_include(<sanitizer/common_interface_defs.h>)
+#include <sanitizer/common_interface_defs.h>
+#endif
+#endif
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -19,8 +24,16 @@
 namespace flashcache::fuzz {
 
 // Aborts with a message: libFuzzer reports the crash and writes the input to crash-<hash>.
+// The message also goes through the sanitizers' report channel, which libFuzzer
+// keeps open when -close_fd_mask closes stderr (run_fuzz.sh does).
 [[noreturn]] inline void violated(const char* what, const std::string& detail) {
-  std::fprintf(stderr, "fuzz invariant violated: %s: %s\n", what, detail.c_str());
+  const std::string message = "fuzz invariant violated: " + std::string(what) + ": " + detail;
+  std::fprintf(stderr, "%s\n", message.c_str());
+#if defined(__has_include)
+#if __has_include(<sanitizer/common_interface_defs.h>)
+  __sanitizer_report_error_summary(message.c_str());
+#endif
+#endif
   std::abort();
 }
 
