@@ -45,6 +45,13 @@ FLASHCACHE_INLINE std::int64_t layer_floor(std::int64_t protected_count, double 
   return protected_count > share ? protected_count : share;
 }
 
+// A layer's high-frequency energy ratio R_l = E_high(K)/E(K) + E_high(V)/E(V),
+// from sums over its heads (and, with tensor parallelism, over every rank's
+// heads); a part without energy adds 0.
+FLASHCACHE_INLINE double energy_ratio(double k_total, double k_high, double v_total, double v_high) {
+  return (k_total > 0 ? k_high / k_total : 0.0) + (v_total > 0 ? v_high / v_total : 0.0);
+}
+
 // Block sizes of Transform::blocked: at least one token everywhere; the GPU
 // kernel holds a block's column in registers, so it takes at most 128.
 inline constexpr std::int64_t kMinBlockSize = 1;

@@ -66,11 +66,32 @@ __global__ void __launch_bounds__(kEnergyThreads) energy_kernel(EnergyParams p) 
   if (tid == 0) {
     const std::int64_t at = std::int64_t{layer} * p.sequences + b;
     for (int i = 0; i < 4; ++i) p.energy[at * 4 + i] = sum[i];
-    const double r = (sum[0] > 0 ? sum[1] / sum[0] : 0.0) + (sum[2] > 0 ? sum[3] / sum[2] : 0.0);
+    const double r = flashcache::rules::energy_ratio(sum[0], sum[1], sum[2], sum[3]);
     p.ratio[at] = r;
     p.protected_max[at] = static_cast<int>(most);
     if (p.ratio_out != nullptr) p.ratio_out[at] = static_cast<float>(r);
   }
+}
+
+// ---- R_l again, from sums reduced over tensor-parallel ranks ---------------------
+struct RatioParams {
+  int count = 0;                  // layers x sequences
+  const double* energy = nullptr;  // [L][B][4], reduced
+  double* ratio = nullptr;         // [L][B]
+  float* ratio_out = nullptr;      // optional caller copy
+  const int* status = nullptr;
+};
+
+inline constexpr int kRatioThreads = 256;
+
+template <int kOneDefinition = 0>
+__global__ void __launch_bounds__(kRatioThreads) ratio_kernel(RatioParams p) {
+  const int i = static_cast<int>(blockIdx.x) * kRatioThreads + static_cast<int>(threadIdx.x);
+  if (i >= p.count || failed(p.status)) return;  // no barrier in this kernel
+  const double* e = p.energy + std::int64_t{i} * 4;
+  const double r = flashcache::rules::energy_ratio(e[0], e[1], e[2], e[3]);
+  p.ratio[i] = r;
+  if (p.ratio_out != nullptr) p.ratio_out[i] = static_cast<float>(r);
 }
 
 }  // namespace flashcache::gpu::kernels

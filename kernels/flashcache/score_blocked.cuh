@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
   int* src = reinterpret_cast<int*>(smem + lay.src);
   float* energy = reinterpret_cast<float*>(smem + lay.energy);
   int* misc =
-      reinterpret_cast<int*>(smem + lay.misc);  // [0] protected count, [2] first finite row of the block
+      reinterpret_cast<int*>(smem + lay.misc);  // [0] protected count, [2] first finite row of the block, [3] zero
 
   // 1. Load the block's rows as stored, 16 bytes at a time when allowed.
   if (p.vector_ok) {
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
     }
   }
   for (int n = tid; n < kTile; n += kThreads) bad[n] = 0;
-  if (tid == 0) misc[0] = 0;
+  if (tid == 0) misc[0] = misc[3] = 0;
   __syncthreads();
 
   // 2. Mark rows holding a NaN or infinity in K or V.
@@ -272,6 +272,7 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
   for (int i = 0; i < kPerLane; ++i) acc_k[i] = acc_v[i] = 0.0f;
   float k_total = 0, k_high = 0, v_total = 0, v_high = 0;
   const float4* basis4 = reinterpret_cast<const float4*>(basis);
+  const int reload = misc[3];  // 0, written before the barrier above (see step 5's update loop)
 
   for (int c0 = 0; c0 < d; c0 += kThreads) {  // uniform trip count: every lane joins the shuffles
     const int c = c0 + tid;
@@ -292,28 +293,30 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
         }
         x[n] = value;
       }
+      // No `n < len` guards: past len the basis and x are zero, so the padded
+      // columns add nothing to y_k and stay zero (predicates would cost more
+      // than the FMAs they skip, and only the last block of a sequence is short).
       for (int k = 0; k < m; ++k) {
         float y0 = 0, y1 = 0, y2 = 0, y3 = 0;
 #pragma unroll
         for (int q = 0; q < kTile / 4; ++q) {
-          if (4 * q < len) {
-            const float4 w = basis4[k * (kTile / 4) + q];
-            y0 = fmaf(w.x, x[4 * q], y0);
-            y1 = fmaf(w.y, x[4 * q + 1], y1);
-            y2 = fmaf(w.z, x[4 * q + 2], y2);
-            y3 = fmaf(w.w, x[4 * q + 3], y3);
-          }
+          const float4 w = basis4[k * (kTile / 4) + q];
+          y0 = fmaf(w.x, x[4 * q], y0);
+          y1 = fmaf(w.y, x[4 * q + 1], y1);
+          y2 = fmaf(w.z, x[4 * q + 2], y2);
+          y3 = fmaf(w.w, x[4 * q + 3], y3);
         }
         const float y = (y0 + y1) + (y2 + y3);
+        // Read the basis again below rather than keep kTile values live in
+        // registers across both loops (at kTile 128 that spills): `reload` is
+        // 0, but the compiler cannot know it, so the loads are not merged.
 #pragma unroll
         for (int q = 0; q < kTile / 4; ++q) {
-          if (4 * q < len) {
-            const float4 w = basis4[k * (kTile / 4) + q];
-            x[4 * q] = fmaf(-w.x, y, x[4 * q]);
-            x[4 * q + 1] = fmaf(-w.y, y, x[4 * q + 1]);
-            x[4 * q + 2] = fmaf(-w.z, y, x[4 * q + 2]);
-            x[4 * q + 3] = fmaf(-w.w, y, x[4 * q + 3]);
-          }
+          const float4 w = basis4[k * (kTile / 4) + q + (kTile > 64 ? reload : 0)];
+          x[4 * q] = fmaf(-w.x, y, x[4 * q]);
+          x[4 * q + 1] = fmaf(-w.y, y, x[4 * q + 1]);
+          x[4 * q + 2] = fmaf(-w.z, y, x[4 * q + 2]);
+          x[4 * q + 3] = fmaf(-w.w, y, x[4 * q + 3]);
         }
       }
       float high = 0.0f;

@@ -7,7 +7,8 @@
 //   - the rest are the highest scores, ties to the lower token index;
 //   - the output is ascending.
 // The threshold comes from a radix select over the order-preserving bits of
-// the float scores (4 passes of 8 bits, a 256-bin shared histogram each), so
+// the float scores (4 passes of 8 bits, a 256-bin shared histogram each,
+// aggregated per warp before the shared atomics), so
 // the cost is O(N) per segment whatever the budget. A final pass in token
 // order decides each token (key above the threshold, or equal to it and among
 // the first `take_equal` such tokens) and writes it at its prefix-sum position.
@@ -79,10 +80,22 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
     for (int shift = 24; shift >= 0; shift -= 8) {
       hist[tid] = 0;
       __syncthreads();
-      for (std::int64_t t = tid; t < n; t += kSelectThreads) {
-        if (forced(t)) continue;
-        const std::uint32_t key = ordered_key(score[t]);
-        if ((key & prefix_mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+      // Scores crowd into few bins (the top byte is mostly the exponent), so
+      // the lanes of a warp that share a bin add once, through their leader.
+      for (std::int64_t base = 0; base < n; base += kSelectThreads) {  // one trip count for the warp
+        const std::int64_t t = base + tid;
+        std::uint32_t key = 0;
+        bool counted = t < n && !forced(t);
+        if (counted) {
+          key = ordered_key(score[t]);
+          counted = (key & prefix_mask) == prefix;
+        }
+        const unsigned voters = __ballot_sync(0xffffffffu, counted);
+        if (counted) {
+          const unsigned bin = (key >> shift) & 255u;
+          const unsigned peers = __match_any_sync(voters, bin);
+          if ((tid & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+        }
       }
       __syncthreads();
       // Counts from the top bin down; the bin where they reach `need` holds the threshold.

@@ -452,27 +452,29 @@ Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, 
 
 }  // namespace detail
 
-// Scores, allocates, selects and (optionally) gathers / compacts, on `stream`.
-// Never synchronises and never throws; a failed Status means nothing (or only
-// part) was enqueued. Device-side failures: see device_status().
+namespace detail {
+
+// can_implement, the layout, and the caller's workspace: what every run path checks first.
 template <class T>
-Status compress_async(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
-                      void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
-                      const GlobalPlan* plan = nullptr) {
+Status checked_layout(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
+                      const void* workspace, std::size_t workspace_bytes, const GlobalPlan* plan,
+                      WorkspaceLayout* layout) {
   FLASHCACHE_RETURN_IF_ERROR(can_implement(c, budget, opt, out, plan));
-  WorkspaceLayout layout;
-  FLASHCACHE_RETURN_IF_ERROR(workspace_layout(c, opt, plan, &layout));
-  if (workspace == nullptr || workspace_bytes < layout.total)
-    return make_error(Errc::invalid_shape, "workspace of ", workspace_bytes, " bytes < ", layout.total, " needed");
-  if (!detail::aligned16(workspace)) return make_error(Errc::invalid_shape, "workspace must be 16-byte aligned");
-  const Workspace ws(workspace, layout);
+  FLASHCACHE_RETURN_IF_ERROR(workspace_layout(c, opt, plan, layout));
+  if (workspace == nullptr || workspace_bytes < layout->total)
+    return make_error(Errc::invalid_shape, "workspace of ", workspace_bytes, " bytes < ", layout->total, " needed");
+  if (!aligned16(workspace)) return make_error(Errc::invalid_shape, "workspace must be 16-byte aligned");
+  return Status::success();
+}
+
+// Stages 0-1b: plan, score, per-(layer, sequence) energy sums and protected counts.
+template <class T>
+Status enqueue_scores(const Cache<T>& c, const Options& opt, const Outputs<T>& out, const Workspace& ws,
+                      cudaStream_t stream, const GlobalPlan* plan) {
+  const WorkspaceLayout& layout = ws.layout();
+  const unsigned L = static_cast<unsigned>(c.layers), B = static_cast<unsigned>(c.sequences);
   // Before anything is enqueued: the plan serves one stream and workspace (global_plan.cuh).
   if (opt.transform == Transform::global) FLASHCACHE_RETURN_IF_ERROR(plan->bind(stream, ws.fft_work()));
-  const unsigned L = static_cast<unsigned>(c.layers), H = static_cast<unsigned>(c.heads),
-                 B = static_cast<unsigned>(c.sequences);
-  std::int32_t* kept = out.kept != nullptr ? out.kept : ws.kept();
-  std::int32_t* kept_indptr = out.kept_indptr != nullptr ? out.kept_indptr : ws.kept_indptr();
-
   {  // 0. plan
     kernels::PlanParams p;
     p.sequences = c.sequences;
@@ -490,15 +492,15 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
     p.slots = ws.seq_slots();
     p.status = ws.status();
     kernels::plan_kernel<><<<1, kernels::kPlanThreads, 0, stream>>>(p);
-    FLASHCACHE_RETURN_IF_ERROR(detail::launched("plan_kernel"));
+    FLASHCACHE_RETURN_IF_ERROR(launched("plan_kernel"));
   }
   const kernels::SeqTable seq{ws.seq_len(), ws.seq_offset(), ws.seq_slots()};
 
   // 1. score
   if (opt.transform == Transform::blocked)
-    FLASHCACHE_RETURN_IF_ERROR(detail::score_blocked(c, opt, ws, seq, stream));
+    FLASHCACHE_RETURN_IF_ERROR(score_blocked(c, opt, ws, seq, stream));
   else
-    FLASHCACHE_RETURN_IF_ERROR(detail::score_global(c, opt, ws, seq, *plan, stream));
+    FLASHCACHE_RETURN_IF_ERROR(score_global(c, opt, ws, seq, *plan, stream));
 
   {  // 1b. energy
     kernels::EnergyParams p;
@@ -514,8 +516,20 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
     p.ratio_out = out.energy_ratio;
     p.status = ws.status();
     kernels::energy_kernel<><<<dim3(B, L), kernels::kEnergyThreads, 0, stream>>>(p);
-    FLASHCACHE_RETURN_IF_ERROR(detail::launched("energy_kernel"));
+    FLASHCACHE_RETURN_IF_ERROR(launched("energy_kernel"));
   }
+  return Status::success();
+}
+
+// Stages 2-4: budgets from the energy sums, selection, gather / compaction.
+template <class T>
+Status enqueue_selection(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
+                         const Workspace& ws, cudaStream_t stream) {
+  const unsigned L = static_cast<unsigned>(c.layers), H = static_cast<unsigned>(c.heads),
+                 B = static_cast<unsigned>(c.sequences);
+  const kernels::SeqTable seq{ws.seq_len(), ws.seq_offset(), ws.seq_slots()};
+  std::int32_t* kept = out.kept != nullptr ? out.kept : ws.kept();
+  std::int32_t* kept_indptr = out.kept_indptr != nullptr ? out.kept_indptr : ws.kept_indptr();
   {  // 2. allocate
     kernels::AllocateParams p;
     p.layers = c.layers;
@@ -536,7 +550,7 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
     p.kept_indptr = kept_indptr;
     p.status = ws.status();
     kernels::allocate_kernel<><<<1, kernels::kAllocateThreads, 0, stream>>>(p);
-    FLASHCACHE_RETURN_IF_ERROR(detail::launched("allocate_kernel"));
+    FLASHCACHE_RETURN_IF_ERROR(launched("allocate_kernel"));
   }
   {  // 3. select
     kernels::SelectParams p;
@@ -550,12 +564,12 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
     p.kept = kept;
     p.status = ws.status();
     kernels::select_kernel<><<<dim3(B, H, L), kernels::kSelectThreads, 0, stream>>>(p);
-    FLASHCACHE_RETURN_IF_ERROR(detail::launched("select_kernel"));
+    FLASHCACHE_RETURN_IF_ERROR(launched("select_kernel"));
   }
-  const kernels::RowMap rows = detail::row_map(c.head_stride, c.token_stride, c.indptr, c.pages, c.paged());
+  const kernels::RowMap rows = row_map(c.head_stride, c.token_stride, c.indptr, c.pages, c.paged());
   if (out.k_out != nullptr && c.capacity > 0) {  // 4a. gather
     kernels::GatherParams p{};
-    bool vector_ok = detail::rows_vectorizable(c);
+    bool vector_ok = rows_vectorizable(c);
     const auto e = static_cast<std::int64_t>(sizeof(T));
     vector_ok = vector_ok && (out.out_head_stride * e) % 16 == 0 && (out.out_token_stride * e) % 16 == 0;
     for (int l = 0; l < c.layers; ++l) {
@@ -563,7 +577,7 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
       p.v[l] = c.v[l];
       p.k_out[l] = out.k_out[l];
       p.v_out[l] = out.v_out[l];
-      vector_ok = vector_ok && detail::aligned16(out.k_out[l]) && detail::aligned16(out.v_out[l]);
+      vector_ok = vector_ok && aligned16(out.k_out[l]) && aligned16(out.v_out[l]);
     }
     p.rows = rows;
     p.sequences = c.sequences;
@@ -581,7 +595,7 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
       kernels::gather_kernel<2><<<grid, kernels::kGatherThreads, 0, stream>>>(p);
     else
       kernels::gather_kernel<4><<<grid, kernels::kGatherThreads, 0, stream>>>(p);
-    FLASHCACHE_RETURN_IF_ERROR(detail::launched("gather_kernel"));
+    FLASHCACHE_RETURN_IF_ERROR(launched("gather_kernel"));
   }
   if (out.compact_in_place) {  // 4b. compact, once every page is known to belong to one sequence
     const std::size_t owner_bytes = (static_cast<std::size_t>(c.pages.num_pages) + 31) / 32 * 4;
@@ -594,7 +608,7 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
     owners.owners = ws.page_owners();
     owners.status = ws.status();
     kernels::page_owner_kernel<><<<kernels::kPageOwnerCtas, kernels::kPageOwnerThreads, 0, stream>>>(owners);
-    FLASHCACHE_RETURN_IF_ERROR(detail::launched("page_owner_kernel"));
+    FLASHCACHE_RETURN_IF_ERROR(launched("page_owner_kernel"));
     kernels::CompactParams p{};
     for (int l = 0; l < c.layers; ++l) {
       p.k[l] = c.k[l];
@@ -604,7 +618,7 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
     p.sequences = c.sequences;
     p.head_dim = static_cast<int>(c.head_dim);
     p.capacity = c.capacity;
-    p.vector_ok = detail::rows_vectorizable(c);
+    p.vector_ok = rows_vectorizable(c);
     p.stage_rows =
         static_cast<int>(kernels::kCompactStageBytes / (2 * c.head_dim * static_cast<std::int64_t>(sizeof(T))));
     p.budget = ws.budget();
@@ -620,9 +634,80 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
       kernels::compact_paged_kernel<2><<<grid, kernels::kCompactThreads, kernels::kCompactStageBytes, stream>>>(p);
     else
       kernels::compact_paged_kernel<4><<<grid, kernels::kCompactThreads, kernels::kCompactStageBytes, stream>>>(p);
-    FLASHCACHE_RETURN_IF_ERROR(detail::launched("compact_paged_kernel"));
+    FLASHCACHE_RETURN_IF_ERROR(launched("compact_paged_kernel"));
   }
   return Status::success();
+}
+
+}  // namespace detail
+
+// Scores, allocates, selects and (optionally) gathers / compacts, on `stream`.
+// Never synchronises and never throws; a failed Status means nothing (or only
+// part) was enqueued. Device-side failures: see device_status().
+template <class T>
+Status compress_async(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
+                      void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
+                      const GlobalPlan* plan = nullptr) {
+  WorkspaceLayout layout;
+  FLASHCACHE_RETURN_IF_ERROR(detail::checked_layout(c, budget, opt, out, workspace, workspace_bytes, plan, &layout));
+  const Workspace ws(workspace, layout);
+  FLASHCACHE_RETURN_IF_ERROR(detail::enqueue_scores(c, opt, out, ws, stream, plan));
+  return detail::enqueue_selection(c, budget, opt, out, ws, stream);
+}
+
+// ---- tensor parallel: the heads of each layer split over ranks -------------------
+// R_l and the layer floors need every rank's heads. Each rank runs
+// score_async() on its heads, all-reduces the sums energy_sums() points at
+// (energy: sum; protected_max: max; e.g. with NCCL on `stream`), then runs
+// select_async(), which takes the ratios from the reduced sums. Every rank
+// then computes the same budgets. One rank alone: compress_async().
+struct EnergySums {
+  double* energy = nullptr;        // [layers][sequences][4]: K total, K high, V total, V high; reduce with sum
+  int* protected_max = nullptr;    // [layers][sequences]: largest protected count of a head; reduce with max
+  std::size_t layer_sequences = 0;  // layers x sequences (energy holds 4 doubles per entry)
+};
+
+template <class T>
+Status energy_sums(const Cache<T>& c, const Options& opt, void* workspace, const GlobalPlan* plan,
+                   EnergySums* sums) {
+  WorkspaceLayout layout;
+  FLASHCACHE_RETURN_IF_ERROR(workspace_layout(c, opt, plan, &layout));
+  if (workspace == nullptr || sums == nullptr) return make_error(Errc::invalid_shape, "energy_sums: null argument");
+  const Workspace ws(workspace, layout);
+  sums->energy = ws.energy();
+  sums->protected_max = ws.protected_max();
+  sums->layer_sequences = static_cast<std::size_t>(c.layers) * static_cast<std::size_t>(c.sequences);
+  return Status::success();
+}
+
+// Phase 1 of a tensor-parallel run: plan, scores and this rank's energy sums.
+template <class T>
+Status score_async(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
+                   void* workspace, std::size_t workspace_bytes, cudaStream_t stream, const GlobalPlan* plan = nullptr) {
+  WorkspaceLayout layout;
+  FLASHCACHE_RETURN_IF_ERROR(detail::checked_layout(c, budget, opt, out, workspace, workspace_bytes, plan, &layout));
+  return detail::enqueue_scores(c, opt, out, Workspace(workspace, layout), stream, plan);
+}
+
+// Phase 2, after the sums were reduced over the ranks: R_l from the sums,
+// budgets, selection, gather / compaction (the same workspace as phase 1).
+template <class T>
+Status select_async(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
+                    void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
+                    const GlobalPlan* plan = nullptr) {
+  WorkspaceLayout layout;
+  FLASHCACHE_RETURN_IF_ERROR(detail::checked_layout(c, budget, opt, out, workspace, workspace_bytes, plan, &layout));
+  const Workspace ws(workspace, layout);
+  kernels::RatioParams p;
+  p.count = c.layers * c.sequences;
+  p.energy = ws.energy();
+  p.ratio = ws.ratio();
+  p.ratio_out = out.energy_ratio;
+  p.status = ws.status();
+  kernels::ratio_kernel<><<<static_cast<unsigned>(kernels::ceil_div(p.count, kernels::kRatioThreads)),
+                            kernels::kRatioThreads, 0, stream>>>(p);
+  FLASHCACHE_RETURN_IF_ERROR(detail::launched("ratio_kernel"));
+  return detail::enqueue_selection(c, budget, opt, out, ws, stream);
 }
 
 // Waits for `stream` and reports what the last run on `workspace` found on the device.
