@@ -98,7 +98,9 @@ Status check_batch(const KVView<const T>* k, const KVView<const T>* v, int layer
     if (masks != nullptr) FLASHCACHE_RETURN_IF_ERROR(at_layer(check_mask(masks[l], capacity), 1, 0, l));
     if (k[l].heads * capacity > 0 && out.kept[l] == nullptr)
       return make_error(Errc::invalid_shape, "layer ", l, ": null kept buffer");
-    for (const KVView<U>* dst : {out.k_out, out.v_out})
+    // An array, not a braced list: nvcc's front end rejects a range-for over one here.
+    const KVView<U>* const outputs[2] = {out.k_out, out.v_out};
+    for (const KVView<U>* dst : outputs)
       if (dst != nullptr && (dst[l].heads != k[l].heads || dst[l].head_dim != k[l].head_dim))
         return make_error(Errc::invalid_shape, "layer ", l, ": output is ", dst[l].heads, " heads x ",
                           dst[l].head_dim, " dims but the cache is ", k[l].heads, " x ", k[l].head_dim);
@@ -170,7 +172,11 @@ Status compress_batch(const KVView<const T>* k, const KVView<const T>* v, int la
                         KeptView{kept, capacity}),
           sequences, b, l));
       out.kept_indptr[l * (sequences + 1) + b + 1] = row + static_cast<std::int32_t>(keep);
-      for (auto [src, dst] : {std::pair{k, out.k_out}, std::pair{v, out.v_out}}) {
+      const KVView<const T>* const sources[2] = {k, v};
+      const KVView<U>* const outputs[2] = {out.k_out, out.v_out};
+      for (int i = 0; i < 2; ++i) {
+        const KVView<const T>* src = sources[i];
+        const KVView<U>* dst = outputs[i];
         if (dst == nullptr) continue;
         if (row + keep > dst[l].tokens)
           return make_error(Errc::invalid_shape, "layer ", l, ": output holds ", dst[l].tokens, " rows, ",

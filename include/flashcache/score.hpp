@@ -91,8 +91,8 @@ class Scorer {
   // Scores one layer into caller buffers: score[h * tokens + t] and energy[h]
   // for every head, and the count of non-finite (head, token) rows into
   // *nonfinite when it is not null. Nothing is allocated once the scorer has
-  // seen this sequence length (Transform::global; the blocked transform's
-  // matrix products may allocate inside Eigen).
+  // seen this sequence length and block size (a test counts, Eigen's
+  // allocations included).
   template <class T>
   Status score(KVView<const T> k, KVView<const T> v, const Options& opt, float* score, HeadEnergy* energy,
                std::int64_t* nonfinite = nullptr) {
@@ -282,11 +282,16 @@ class Scorer {
   void residuals_blocked(KVView<const T> k, KVView<const T> v, std::int64_t h, double gamma, std::int64_t block,
                          HeadEnergy* e) {
     const std::int64_t n = k.tokens, d = k.head_dim;
+    // Buffers sized for a full block and written through topRows(), so that a
+    // shorter last block does not reallocate them (Eigen would, on resize).
+    const std::int64_t rows = std::min(block, n), most_m = lowpass_cutoff(rows, gamma);
+    Block* const buffers[3] = {&block_k_, &block_v_, &base_};
+    for (Block* b : buffers)
+      if (b->rows() != rows || b->cols() != d) b->resize(rows, d);
+    if (coeff_.rows() != most_m || coeff_.cols() != d) coeff_.resize(most_m, d);
     for (std::int64_t b0 = 0; b0 < n; b0 += block) {
-      const std::int64_t len = std::min(block, n - b0);
-      const Block& c = basis(len, lowpass_cutoff(len, gamma));  // m x len
-      block_k_.resize(len, d);
-      block_v_.resize(len, d);
+      const std::int64_t len = std::min(block, n - b0), m = lowpass_cutoff(len, gamma);
+      const Block& c = basis(len, m);  // m x len
       for (std::int64_t t = 0; t < len; ++t) {
         const std::int64_t src = source_[static_cast<std::size_t>(b0 + t)];
         for (std::int64_t j = 0; j < d; ++j) {
@@ -296,8 +301,8 @@ class Scorer {
       }
       // Residual = X - C^T (C X), rank m, so 2 m len d multiply-adds per input.
       for (auto [x, r] : {std::pair{&block_k_, &residual_k_}, std::pair{&block_v_, &residual_v_}}) {
-        coeff_.noalias() = c * *x;
-        base_.noalias() = c.transpose() * coeff_;
+        coeff_.topRows(m).noalias() = c * x->topRows(len);
+        base_.topRows(len).noalias() = c.transpose() * coeff_.topRows(m);
         for (std::int64_t t = 0; t < len; ++t)
           (*r)[static_cast<std::size_t>(b0 + t)] = (x->row(t) - base_.row(t)).squaredNorm();
       }
