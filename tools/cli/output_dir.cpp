@@ -39,12 +39,22 @@ bool is_empty_dir(const fs::path& p) {
   return fs::is_empty(p, ec) && !ec;
 }
 
-// A fresh hidden sibling of `target`: ".<name>.<tag>-<pid>-<n>".
+// Hidden siblings are ".<name>.flashcache-<tmp|old>-<pid>-<n>", with the name cut
+// so that they stay within the 255 bytes a file name may have.
+constexpr std::size_t kSiblingNameKeep = 200;
+
+bool name_is_cut(const fs::path& target) { return target.filename().string().size() > kSiblingNameKeep; }
+
+std::string sibling_prefix(const fs::path& target) {
+  return "." + target.filename().string().substr(0, kSiblingNameKeep) + ".flashcache-";
+}
+
+// A fresh hidden sibling of `target`; tag is "tmp" or "old".
 fs::path make_sibling(const fs::path& target, const char* tag) {
   const fs::path parent = parent_of(target);
   for (int n = 0; n < 1000; ++n) {
-    const fs::path p = parent / ("." + target.filename().string() + "." + tag + "-" + std::to_string(::getpid()) + "-" +
-                                 std::to_string(n));
+    const fs::path p =
+        parent / (sibling_prefix(target) + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(n));
     std::error_code ec;
     if (fs::create_directory(p, ec)) return p;
     if (ec) write_failure("cannot create a folder beside '" + target.string() + "'", ec);
@@ -83,7 +93,7 @@ bool process_gone(const std::string& digits) {
 // is the previous target moved aside by the non-atomic --force path: it is put
 // back if the target is missing, and deleted otherwise. Best effort.
 void clean_leftovers(const fs::path& target) {
-  const std::string prefix = "." + target.filename().string() + ".flashcache-";
+  const std::string prefix = sibling_prefix(target);
   std::vector<fs::path> staging, old;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(parent_of(target), ec)) {
@@ -94,7 +104,8 @@ void clean_leftovers(const fs::path& target) {
     if (rest.size() < 4 || rest[3] != '-' || dash == std::string::npos || !process_gone(rest.substr(4, dash - 4)))
       continue;
     if (rest.compare(0, 3, "tmp") == 0) staging.push_back(e.path());
-    if (rest.compare(0, 3, "old") == 0) old.push_back(e.path());
+    // With a cut name an "old" folder may belong to another target: left alone.
+    if (rest.compare(0, 3, "old") == 0 && !name_is_cut(target)) old.push_back(e.path());
   }
   for (const fs::path& p : old) {
     if (!fs::exists(fs::symlink_status(target, ec)))
@@ -114,6 +125,8 @@ void StagedDir::check_target(const fs::path& target, bool force) {
   if (fs::exists(parent) && !fs::is_directory(parent))
     usage_error("--out: '" + parent_of(t).string() + "' is not a directory");
   const fs::file_status st = fs::symlink_status(t, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)  // e.g. a name too long: refused before any work
+    usage_error("--out: '" + t.string() + "': " + ec.message());
   if (!fs::exists(st)) return;
   if (!fs::is_directory(st)) usage_error("--out: '" + t.string() + "' exists and is not a directory");
   if (!force && !is_empty_dir(t))
@@ -125,7 +138,7 @@ StagedDir::StagedDir(const fs::path& target, bool force) : target_(normal_target
   fs::create_directories(parent_of(target_), ec);
   if (ec) write_failure("cannot create '" + parent_of(target_).string() + "'", ec);
   clean_leftovers(target_);
-  staging_ = make_sibling(target_, "flashcache-tmp");
+  staging_ = make_sibling(target_, "tmp");
 }
 
 StagedDir::~StagedDir() {
@@ -153,7 +166,7 @@ void StagedDir::commit() {
   }
   if (ec) write_failure("cannot replace '" + target_.string() + "'", ec);
   // No atomic swap here: move the old folder aside, move ours in, delete the old one.
-  const fs::path old = make_sibling(target_, "flashcache-old");
+  const fs::path old = make_sibling(target_, "old");
   fs::remove(old, ec);
   if ((ec = rename_ec(target_, old))) write_failure("cannot move '" + target_.string() + "' aside", ec);
   if ((ec = rename_ec(staging_, target_))) {
