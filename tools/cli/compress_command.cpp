@@ -63,11 +63,9 @@ struct Plan {
   Budget budget = Budget::ratio(0.2);
   std::vector<std::uint8_t> mask;  // empty for none
 
-  // Options pointing at this plan's mask (kept out of `options` so a copy cannot dangle).
-  Options with_mask() const {
-    Options o = options;
-    o.protect = mask.empty() ? nullptr : mask.data();
-    return o;
+  // The mask for each of `layers` layers (all share the token count), or none.
+  std::vector<ProtectMask> masks(std::int64_t layers) const {
+    return mask.empty() ? std::vector<ProtectMask>{} : std::vector<ProtectMask>(static_cast<std::size_t>(layers), mask);
   }
 };
 
@@ -197,7 +195,7 @@ void compress_as(const CompressArgs& a, const KVCache& cache, const Queries* q, 
   const std::vector<KVView<const T>> qv = q ? q->views<T>(cache) : std::vector<KVView<const T>>{};
   const CompressedModel<T> model =
       policies::compress_model<const T>(plan.policy, qv, cache.views<T>(cache.k), cache.views<T>(cache.v), plan.budget,
-                                        plan.with_mask(), plan.policy_options);
+                                        plan.options, plan.policy_options, plan.masks(cache.layers));
   write_outputs(a, cache, q, plan, model);
 }
 
