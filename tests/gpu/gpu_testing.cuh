@@ -98,6 +98,7 @@ struct Case {
   };
   std::vector<BadRow> bad_rows;
   std::int64_t token_pad = 0;  // dense only: elements of padding after each token row (unaligned strides)
+  bool all_zero = false;       // every K and V value 0: every score ties
 };
 
 inline Options blocked(std::int64_t block) {
@@ -202,6 +203,10 @@ HostCache<T> make_cache(const Case& c) {
       const std::int64_t t = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(c.lengths[b]));
       const std::int64_t j = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(d));
       (i % 2 ? vs : ks)[hc.row(b, h, t) + j] = from_float<T>(std::numeric_limits<float>::quiet_NaN());
+    }
+    if (c.all_zero) {
+      std::fill(ks.begin(), ks.end(), from_float<T>(0.0f));
+      std::fill(vs.begin(), vs.end(), from_float<T>(0.0f));
     }
     for (const Case::BadRow& r : c.bad_rows)
       for (std::int64_t t = r.first; t <= r.last; ++t) ks[hc.row(r.sequence, r.head, t)] = from_float<T>(r.value);
