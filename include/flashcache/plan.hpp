@@ -33,7 +33,7 @@ struct LayerSummary {
 
   // R_l = E_high(K)/E(K) + E_high(V)/E(V) of the summed energies.
   double energy_ratio() const {
-    return high_share(energy.k_high, energy.k_total) + high_share(energy.v_high, energy.v_total);
+    return rules::energy_ratio(energy.k_total, energy.k_high, energy.v_total, energy.v_high);
   }
 };
 

@@ -23,6 +23,7 @@
 
 #include "dct.hpp"
 #include "options.hpp"
+#include "rules.hpp"
 #include "types.hpp"
 #include "view.hpp"
 
@@ -71,7 +72,7 @@ struct LayerScores {
   // R_l = E_high(K)/E(K) + E_high(V)/E(V), summed over the layer's heads.
   double energy_ratio() const {
     const HeadEnergy e = layer_energy();
-    return high_share(e.k_high, e.k_total) + high_share(e.v_high, e.v_total);
+    return rules::energy_ratio(e.k_total, e.k_high, e.v_total, e.v_high);
   }
 };
 
