@@ -52,6 +52,15 @@ FLASHCACHE_INLINE double energy_ratio(double k_total, double k_high, double v_to
   return (k_total > 0 ? k_high / k_total : 0.0) + (v_total > 0 ? v_high / v_total : 0.0);
 }
 
+// The recent window of a layer whose heads keep `budget` tokens: the fixed
+// `window`, or round(window_share * budget) (halves away from zero), whichever
+// is larger. Its tokens are kept after the protected set, newest first, while
+// the budget lasts.
+FLASHCACHE_INLINE std::int64_t recent_window(std::int64_t window, double window_share, std::int64_t budget) {
+  const auto share = static_cast<std::int64_t>(llround(window_share * static_cast<double>(budget)));
+  return window > share ? window : share;
+}
+
 // Block sizes of Transform::blocked: at least one token everywhere; the GPU
 // kernel holds a block's column in registers, so it takes at most 128.
 inline constexpr std::int64_t kMinBlockSize = 1;

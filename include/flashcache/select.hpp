@@ -67,7 +67,7 @@ inline std::int64_t protected_count(const LayerScores& s, const std::vector<std:
 // The recent window of a layer whose heads keep `budget` tokens: the fixed
 // `window` or round(window_share * budget), whichever is larger.
 inline std::int64_t window_tokens(const Options& opt, std::int64_t budget) {
-  return std::max(opt.window, static_cast<std::int64_t>(std::llround(opt.window_share * static_cast<double>(budget))));
+  return rules::recent_window(opt.window, opt.window_share, budget);
 }
 
 // Evenly spaced tokens of the base sample for a layer budget.

@@ -23,6 +23,7 @@ struct SelectParams {
   std::int64_t capacity = 0;
   SeqTable seq;
   ProtectRule protect;
+  double window_share = 0;                    // Options::window_share
   const float* scores = nullptr;              // [L][H][capacity]
   const std::int32_t* budget = nullptr;       // [L][B]
   const std::int32_t* kept_indptr = nullptr;  // [L][B+1]
@@ -53,6 +54,18 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
                       p.kept_indptr[std::int64_t{layer} * (p.sequences + 1) + b];
   auto forced = [&](std::int64_t t) {
     return flashcache::rules::always_kept_score(score[t]) || p.protect(t, n, packed + t);
+  };
+  // The recent window that scales with the budget (select.hpp's keep_recent):
+  // its tokens outrank every finite score, the newest first, so the top of the
+  // radix select takes them before any outlier, as the CPU does. The keys sit in
+  // the +inf/NaN band of ordered_key, which forced tokens never enter.
+  const std::int64_t recent = flashcache::rules::recent_window(p.protect.window, p.window_share, budget);
+  auto key_of = [&](std::int64_t t) -> std::uint32_t {
+    if (t >= n - recent) {
+      const std::int64_t age = n - 1 - t;
+      return 0xFFFFFFFFu - static_cast<std::uint32_t>(age < 0x7FFFFF ? age : 0x7FFFFF);
+    }
+    return ordered_key(score[t]);
   };
 
   // 1. The protected set, and how many of the rest to take.
@@ -87,7 +100,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
         std::uint32_t key = 0;
         bool counted = t < n && !forced(t);
         if (counted) {
-          key = ordered_key(score[t]);
+          key = key_of(t);
           counted = (key & prefix_mask) == prefix;
         }
         const unsigned voters = __ballot_sync(0xffffffffu, counted);
@@ -123,7 +136,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
     const std::int64_t t = base + tid;
     const bool valid = t < n;
     const bool f = valid && forced(t);
-    const std::uint32_t key = (valid && !f) ? ordered_key(score[t]) : 0u;
+    const std::uint32_t key = (valid && !f) ? key_of(t) : 0u;
     const bool equal = valid && !f && mode == kThreshold && key == threshold;
     int equal_rank = 0, equal_here = 0;
     Scan(scan_storage).ExclusiveSum(equal ? 1 : 0, equal_rank, equal_here);

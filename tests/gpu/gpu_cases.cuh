@@ -85,6 +85,35 @@ TYPED_TEST_P(GpuPipeline, RaggedBatchWithProtectionNaNsAndDynamicAllocation) {
     }
 }
 
+// The library's defaults: 4 sink tokens and the newest half of each layer's
+// budget, ranked above every score on the GPU, newest first, as on the CPU; then
+// a fixed window larger than the share, and the share with a mask and NaNs.
+TYPED_TEST_P(GpuPipeline, DefaultOptionsKeepTheRecentWindowShare) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  for (int variant = 0; variant < 3; ++variant) {
+    Case c;
+    c.name = "defaults, variant " + std::to_string(variant);
+    c.layers = 3;
+    c.heads = 2;
+    c.head_dim = 64;
+    c.lengths = {0, 33, 300, 1000, 57};
+    c.opt = Options{};
+    if (variant == 1) {
+      c.opt.transform = Transform::global;
+      c.opt.window = 40;  // larger than round(0.25 * budget) in the short sequences
+      c.opt.window_share = 0.25;
+    }
+    if (variant == 2) {
+      c.mask_every = 37;
+      c.nan_tokens = 4;
+      c.opt.allocation = Allocation::uniform;
+    }
+    c.budget = Budget::ratio(0.3);
+    c.seed = 4321 + static_cast<std::uint64_t>(variant);
+    run_and_check<TypeParam>(c);
+  }
+}
+
 TYPED_TEST_P(GpuPipeline, PagedCachesCompactInPlace) {
   FLASHCACHE_REQUIRE_DEVICE();
   for (std::int64_t page : {1, 3, 16})
@@ -173,7 +202,8 @@ TYPED_TEST_P(GpuPipeline, CapturesInACudaGraph) {
 
 REGISTER_TYPED_TEST_SUITE_P(GpuPipeline, BlockedScoresAwkwardLengthsBothLayouts,
                             BlockedEveryCompiledHeadDimAndTheGenericOne, GlobalScoresAwkwardLengths,
-                            RaggedBatchWithProtectionNaNsAndDynamicAllocation, PagedCachesCompactInPlace,
+                            RaggedBatchWithProtectionNaNsAndDynamicAllocation,
+                            DefaultOptionsKeepTheRecentWindowShare, PagedCachesCompactInPlace,
                             BudgetsNoneAllAndCounts, BudgetBelowProtectedIsReported, CountAboveAShortSequenceIsReported,
                             BlockedScoresAreReproducible, CapturesInACudaGraph);
 

@@ -83,7 +83,9 @@ struct Case {
   std::vector<std::int64_t> lengths{64};
   bool nhd = true;
   std::int64_t page_size = 0;  // 0: dense
-  Options opt;
+  // The paper's rules unless a case says otherwise; the defaults (sink 4, recent
+  // window share) have their own case, DefaultOptionsKeepTheRecentWindowShare.
+  Options opt = Options::paper();
   Budget budget = Budget::ratio(0.2);
   int nan_tokens = 0;  // (layer, head, token) rows given a NaN, per layer
   int mask_every = 0;  // protect every k-th packed token
@@ -102,13 +104,13 @@ struct Case {
 };
 
 inline Options blocked(std::int64_t block) {
-  Options o;
+  Options o = Options::paper();
   o.transform = Transform::blocked;
   o.block_size = block;
   return o;
 }
 inline Options global_transform() {
-  Options o;
+  Options o = Options::paper();
   o.transform = Transform::global;
   return o;
 }

@@ -133,6 +133,13 @@ Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt
                      const GlobalPlan* plan = nullptr) {
   static_assert(detail::is_element_v<T>, "flashcache::gpu: elements are float, half_t or bfloat16_t");
   FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
+  // Options the CPU has and these kernels do not yet; the defaults never need them.
+  if (opt.base_share > 0)
+    return make_error(Errc::unsupported, "base_share ", opt.base_share, ": the GPU does not sample the base yet (CPU only)");
+  if (opt.normalize_terms)
+    return make_error(Errc::unsupported, "normalize_terms: the GPU scores K and V unweighted only (CPU only)");
+  if (opt.rope.derotate)
+    return make_error(Errc::unsupported, "rope.derotate: the GPU scores keys as cached only (CPU only)");
   if (c.layers < 1 || c.layers > kMaxLayers)
     return make_error(Errc::unsupported, c.layers, " layers: one call takes 1 to ", kMaxLayers);
   if (c.k == nullptr || c.v == nullptr) return make_error(Errc::invalid_shape, "null K or V layer array");
@@ -558,6 +565,7 @@ Status enqueue_selection(const Cache<T>& c, const Budget& budget, const Options&
     p.capacity = c.capacity;
     p.seq = seq;
     p.protect = {opt.sink, opt.window, opt.protect};
+    p.window_share = opt.window_share;
     p.scores = ws.scores();
     p.budget = ws.budget();
     p.kept_indptr = kept_indptr;
