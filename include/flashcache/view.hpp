@@ -8,6 +8,7 @@
 //   HND  [heads][tokens][head_dim]  -> hnd(ptr, heads, tokens, head_dim)
 //   NHD  [tokens][heads][head_dim]  -> nhd(ptr, tokens, heads, head_dim)
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "config.hpp"
@@ -78,6 +79,17 @@ Status check_view(const KVView<T>& v, const char* name) {
   if ((many_heads && v.head_stride <= 0) || (many_tokens && v.token_stride <= 0))
     return make_error(Errc::invalid_stride, name, ": strides must be positive (head_stride ", v.head_stride,
                       ", token_stride ", v.token_stride, ")");
+  // The elements spanned, (heads - 1) head_stride + (tokens - 1) token_stride +
+  // head_dim, must fit in int64 before any product below is formed.
+  std::int64_t span = v.head_dim;
+  const auto add_span = [&span](std::int64_t count, std::int64_t stride) {
+    if (count > 0 && stride > (std::numeric_limits<std::int64_t>::max() - span) / count) return false;
+    span += count * stride;
+    return true;
+  };
+  if (!add_span(many_heads ? v.heads - 1 : 0, v.head_stride) || !add_span(many_tokens ? v.tokens - 1 : 0, v.token_stride))
+    return make_error(Errc::invalid_shape, name, ": ", v.heads, " heads x stride ", v.head_stride, " and ", v.tokens,
+                      " tokens x stride ", v.token_stride, " span more than 2^63 elements");
   // Rows of head_dim contiguous elements must not overlap: the inner stride
   // spans a row, the outer stride spans all rows of the inner extent.
   std::int64_t inner_stride = v.token_stride, inner_n = v.tokens, outer_stride = v.head_stride;
