@@ -34,7 +34,8 @@ def render(doc):
         f"shared the machine); date {doc.get('date', '?')}; command `{doc.get('command', '?')}`. "
         f"Decode speed is the best of {len(doc['runs'][0]['configs'][0]['decode'][0]['tokens_per_s'])} runs. "
         f"Prefill used {doc['prefill_threads']} threads. Float weights ({doc['weight_bytes'] / 1e6:.0f} MB) are "
-        "read once per decoded token whatever the cache size, which limits the speed-up.",
+        "read once per decoded token whatever the cache size, which limits the speed-up."
+        + (f" {doc['note']}" if doc.get("note") else ""),
         "",
         "| prompt tokens | prefill s | keep | KV MB | compress ms | share of prefill | "
         + " | ".join(f"decode tok/s, {t} thr | speed-up, {t} thr" for t in threads) + " |",
