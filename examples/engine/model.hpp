@@ -305,7 +305,7 @@ class Model {
     const int d = c_.head_dim, H = c_.heads, group = c_.group();
     const std::int64_t total = cache.length(l), before = total - n;
     const std::int64_t blocks = (n + kBlock - 1) / kBlock;
-    const std::int64_t stride = total;
+    const std::int64_t stride = cache.capacity(l);  // fixed while decoding, so the buffer is allocated once
     Workspace::grow(static_cast<std::size_t>(threads * kBlock * stride), ws.scores);
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     using Strided = Eigen::Map<const RowMajor, 0, Eigen::OuterStride<>>;
