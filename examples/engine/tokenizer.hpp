@@ -91,7 +91,10 @@ class Tokenizer {
                                   std::to_string(tokens_.size()) + " tokens");
     for (std::size_t i = 0; i < tokens_.size(); ++i) {
       to_id_.insert_or_assign(tokens_[i], static_cast<int>(i));  // later duplicates win, as in a Python dict
-      if (types[i] == 3) special_.insert_or_assign(tokens_[i], static_cast<int>(i));
+      if (types[i] != 3) continue;
+      // An empty control token would match at every position and never advance.
+      if (tokens_[i].empty()) throw std::invalid_argument("tokenizer: control token " + std::to_string(i) + " is empty");
+      special_.insert_or_assign(tokens_[i], static_cast<int>(i));
     }
     for (std::size_t r = 0; r < merges.size(); ++r) {
       if (merges[r].find(' ') == std::string::npos)
