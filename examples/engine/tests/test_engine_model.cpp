@@ -219,7 +219,15 @@ TEST(EngineModel, FlashcacheDecodeEqualsAHandGatheredCache) {
   const auto ta = engine::greedy(*L->model, logits, kSteps, compact, ws, kThreads, {}, &a);
   const auto tb = engine::greedy(*L->model, logits, kSteps, gathered, ws, kThreads, {}, &b);
   EXPECT_EQ(ta, tb);
-  EXPECT_EQ(a, b);
+  // The caches hold bit-identical rows, but Eigen's vectorised sums start at
+  // each buffer's alignment, so the order of additions (and the last bits of
+  // the logits) may differ between two allocations.
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].size(), b[i].size());
+    for (std::size_t j = 0; j < a[i].size(); ++j)
+      ASSERT_NEAR(a[i][j], b[i][j], 1e-4f * (1.0f + std::fabs(a[i][j]))) << "step " << i << " logit " << j;
+  }
 }
 
 TEST(EngineModel, TeacherForcedNllEqualsStepwiseDecoding) {
