@@ -11,26 +11,11 @@
 #include <vector>
 
 #include "flashcache/cuda/compress.cuh"
+#include "example_checks.hpp"
 
 namespace fcc = flashcache::gpu;
 using flashcache::bfloat16_t;
 
-#define CHECK_CUDA(expr)                                               \
-  do {                                                                 \
-    const cudaError_t e_ = (expr);                                     \
-    if (e_ != cudaSuccess) {                                           \
-      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_)); \
-      return 1;                                                        \
-    }                                                                  \
-  } while (0)
-#define CHECK_STATUS(expr)                                           \
-  do {                                                               \
-    const flashcache::Status s_ = (expr);                            \
-    if (!s_.ok()) {                                                  \
-      std::fprintf(stderr, "%s: %s\n", #expr, s_.message().c_str()); \
-      return 1;                                                      \
-    }                                                                \
-  } while (0)
 
 int main() {
   int devices = 0;

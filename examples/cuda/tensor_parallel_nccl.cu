@@ -15,17 +15,10 @@
 #include <vector>
 
 #include "flashcache/cuda/compress.cuh"
+#include "example_checks.hpp"
 
 namespace fcg = flashcache::gpu;
 
-#define CHECK_CUDA(expr)                                               \
-  do {                                                                 \
-    const cudaError_t e_ = (expr);                                     \
-    if (e_ != cudaSuccess) {                                           \
-      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_)); \
-      return 1;                                                        \
-    }                                                                  \
-  } while (0)
 #define CHECK_NCCL(expr)                                               \
   do {                                                                 \
     const ncclResult_t r_ = (expr);                                    \
@@ -33,14 +26,6 @@ namespace fcg = flashcache::gpu;
       std::fprintf(stderr, "%s: %s\n", #expr, ncclGetErrorString(r_)); \
       return 1;                                                        \
     }                                                                  \
-  } while (0)
-#define CHECK_STATUS(expr)                                           \
-  do {                                                               \
-    const flashcache::Status s_ = (expr);                            \
-    if (!s_.ok()) {                                                  \
-      std::fprintf(stderr, "%s: %s\n", #expr, s_.message().c_str()); \
-      return 1;                                                      \
-    }                                                                \
   } while (0)
 
 namespace {
