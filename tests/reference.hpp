@@ -2,6 +2,7 @@
 // Independent references for the tests: the textbook O(N^2) orthonormal DCT in
 // double precision and a direct per-token score, written from the definitions
 // in ALGORITHM.md without any of the library's transforms.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -73,6 +74,32 @@ inline NaiveHead naive_score(const std::vector<double>& k, const std::vector<dou
     }
   }
   return out;
+}
+
+// 2D low-pass of a rows x cols grid (row-major): the 1D DCT down every column
+// and along every row, coefficients (u, v) outside `keep(u, v)` zeroed, then
+// the inverse the same way.
+template <class Keep>
+std::vector<double> naive_lowpass_2d(const std::vector<double>& x, std::int64_t rows, std::int64_t cols, Keep keep) {
+  auto along = [&](std::vector<double> g, bool inverse) {
+    for (std::int64_t c = 0; c < cols; ++c) {  // down the columns
+      std::vector<double> col(static_cast<std::size_t>(rows));
+      for (std::int64_t r = 0; r < rows; ++r) col[r] = g[r * cols + c];
+      col = inverse ? naive_dct3(col) : naive_dct2(col);
+      for (std::int64_t r = 0; r < rows; ++r) g[r * cols + c] = col[r];
+    }
+    for (std::int64_t r = 0; r < rows; ++r) {  // along the rows
+      std::vector<double> row(g.begin() + r * cols, g.begin() + (r + 1) * cols);
+      row = inverse ? naive_dct3(row) : naive_dct2(row);
+      std::copy(row.begin(), row.end(), g.begin() + r * cols);
+    }
+    return g;
+  };
+  std::vector<double> c = along(x, false);
+  for (std::int64_t u = 0; u < rows; ++u)
+    for (std::int64_t v = 0; v < cols; ++v)
+      if (!keep(u, v)) c[u * cols + v] = 0;
+  return along(c, true);
 }
 
 inline std::vector<double> random_normal(std::size_t n, std::mt19937_64& rng, double scale = 1.0) {

@@ -3,9 +3,11 @@
 // refuse anything out of range before any work starts.
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "config.hpp"
 #include "error.hpp"
+#include "grid.hpp"
 #include "rules.hpp"
 
 namespace flashcache {
@@ -78,6 +80,16 @@ struct Options {
   bool normalize_terms = false;
   // Score keys in their pre-RoPE form (see RopeOptions).
   RopeOptions rope;
+  // Image spans (grid.hpp): their tokens are scored by a 2D DCT over the patch
+  // grid, with a low-pass zone of about gamma of the 2D coefficients; the
+  // other tokens keep the 1D scores they have without spans. With
+  // Transform::blocked a span is cut into grid_tile x grid_tile tiles (the
+  // edge tiles at their own size), as JPEG does. The base sample (base_share)
+  // takes a regular sub-grid inside each span. Positions are within the
+  // sequence (each sequence of a batch), and must lie inside it.
+  std::vector<GridSpan> grids;
+  GridZone grid_zone = GridZone::rectangle;
+  std::int64_t grid_tile = 8;
   // Deprecated: pass a ProtectMask (mask.hpp) to the entry points instead,
   // which carries its length and may differ per layer. Kept while the GPU
   // API (include/flashcache/cuda/, device memory there) and the old front door
@@ -125,6 +137,8 @@ inline Status check_options(const Options& o) {
     return make_error(Errc::invalid_option, "window_share ", o.window_share, " is outside [0, 1]");
   if (!(o.base_share >= 0.0 && o.base_share <= 1.0))
     return make_error(Errc::invalid_option, "base_share ", o.base_share, " is outside [0, 1]");
+  if (o.grid_tile < 1) return make_error(Errc::invalid_option, "grid_tile ", o.grid_tile, " must be at least 1");
+  FLASHCACHE_RETURN_IF_ERROR(check_grid_spans(o.grids));
   if (o.rope.derotate && !(o.rope.theta > 1.0 && std::isfinite(o.rope.theta)))
     return make_error(Errc::invalid_option, "rope theta ", o.rope.theta, " must be finite and > 1");
   if (o.rope.derotate && o.rope.first_position < 0)

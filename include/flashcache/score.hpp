@@ -5,6 +5,9 @@
 // + MSE(V[n], Vb[n]), and the energies E(K), E_high(K) = ||K - Kb||^2 (Parseval),
 // likewise for V, from which the layer's ratio R_l follows.
 //
+// Tokens of an image span (Options::grids) are scored the same way over their
+// 2D patch grid instead: Base = the 2D low-pass of the grid (or of each tile).
+//
 // Non-finite values: a token whose K or V row holds a NaN or infinity is
 // certainly not smooth, so it scores +infinity and is always kept. So that it
 // cannot spread through the transform, its rows are replaced for the transform
@@ -18,10 +21,12 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "dct.hpp"
+#include "grid.hpp"
 #include "options.hpp"
 #include "rules.hpp"
 #include "types.hpp"
@@ -106,6 +111,7 @@ class Scorer {
     std::fill(score, score + heads * n, 0.0f);
     std::fill(energy, energy + heads, HeadEnergy{});
     if (k.empty()) return Status::success();
+    FLASHCACHE_RETURN_IF_ERROR(check_grids_fit(opt.grids, n));
     if (opt.rope.derotate && k.head_dim % 2 != 0)
       return make_error(Errc::invalid_option, "rope derotate needs an even head_dim, got ", k.head_dim);
 
@@ -181,12 +187,59 @@ class Scorer {
     return src < 0 ? Real(0) : static_cast<Real>(to_float(x(h, src, c)));
   }
 
+  // Per-token residual and total energies of head h (1D, then the 2D spans
+  // over their own tokens), and the head's energies from them (Parseval).
   template <class T>
   void residuals(KVView<const T> k, KVView<const T> v, std::int64_t h, const Options& opt, HeadEnergy* e) {
+    total_k_.assign(static_cast<std::size_t>(k.tokens), Real(0));
+    total_v_.assign(static_cast<std::size_t>(k.tokens), Real(0));
     if (opt.transform == Transform::global)
-      residuals_global(k, v, h, opt.gamma, e);
+      residuals_global(k, v, h, opt.gamma);
     else
-      residuals_blocked(k, v, h, opt.gamma, opt.block_size, e);
+      residuals_blocked(k, v, h, opt.gamma, opt.block_size);
+    for (const GridSpan& g : opt.grids) {
+      const bool whole = opt.transform == Transform::global;
+      const std::int64_t tile_rows = whole ? g.rows : opt.grid_tile, tile_cols = whole ? g.cols : opt.grid_tile;
+      for (std::int64_t i = 0; i * tile_rows < g.rows; ++i)
+        for (std::int64_t j = 0; j * tile_cols < g.cols; ++j)
+          residuals_tile(k, v, h, g, i * tile_rows, rules::tile_extent(g.rows, tile_rows, i), j * tile_cols,
+                         rules::tile_extent(g.cols, tile_cols, j), opt);
+    }
+    // Energies of the finite tokens: E from the input, E_high from the residual.
+    for (std::int64_t t = 0; t < k.tokens; ++t)
+      if (source_[static_cast<std::size_t>(t)] == t)
+        add_energy(e, total_k_[static_cast<std::size_t>(t)], residual_k_[static_cast<std::size_t>(t)],
+                   total_v_[static_cast<std::size_t>(t)], residual_v_[static_cast<std::size_t>(t)]);
+  }
+
+  // One tile of a span (rows [r0, r0 + tr), columns [c0, c0 + tc) of its
+  // grid): residual = X - B^T (B X) with B the tile's 2D low-pass basis.
+  template <class T>
+  void residuals_tile(KVView<const T> k, KVView<const T> v, std::int64_t h, const GridSpan& g, std::int64_t r0,
+                      std::int64_t tr, std::int64_t c0, std::int64_t tc, const Options& opt) {
+    const std::int64_t len = tr * tc, d = k.head_dim;
+    const Block& b = grid_basis(tr, tc, opt.grid_zone, opt.gamma);  // m x len
+    // Buffers only grow (rows used through topRows), so edge tiles and later
+    // calls of the same shapes allocate nothing.
+    for (Block* x : {&tile_k_, &tile_v_, &tile_base_})
+      if (x->rows() < len || x->cols() != d) x->resize(std::max<std::int64_t>(len, x->rows()), d);
+    if (tile_coeff_.rows() < b.rows() || tile_coeff_.cols() != d)
+      tile_coeff_.resize(std::max<std::int64_t>(b.rows(), tile_coeff_.rows()), d);
+    const std::int64_t m = b.rows();
+    auto token = [&](std::int64_t i) { return g.first + (r0 + i / tc) * g.cols + c0 + i % tc; };
+    for (std::int64_t i = 0; i < len; ++i) {
+      const std::int64_t src = source_[static_cast<std::size_t>(token(i))];
+      for (std::int64_t j = 0; j < d; ++j) {
+        tile_k_(i, j) = element(k, h, src, j);
+        tile_v_(i, j) = element(v, h, src, j);
+      }
+    }
+    for (auto [x, r] : {std::pair{&tile_k_, &residual_k_}, std::pair{&tile_v_, &residual_v_}}) {
+      tile_coeff_.topRows(m).noalias() = b * x->topRows(len);
+      tile_base_.topRows(len).noalias() = b.transpose() * tile_coeff_.topRows(m);
+      for (std::int64_t i = 0; i < len; ++i)
+        (*r)[static_cast<std::size_t>(token(i))] = (x->row(i) - tile_base_.row(i)).squaredNorm();
+    }
   }
 
   // score[t] = MSE_K + MSE_V of token t, +inf for a non-finite token. With
@@ -248,13 +301,11 @@ class Scorer {
   }
 
   template <class T>
-  void residuals_global(KVView<const T> k, KVView<const T> v, std::int64_t h, double gamma, HeadEnergy* e) {
+  void residuals_global(KVView<const T> k, KVView<const T> v, std::int64_t h, double gamma) {
     constexpr int W = kLanes;
     const std::int64_t n = k.tokens, d = k.head_dim, m = lowpass_cutoff(n, gamma);
     Dct<Real, W>& dct = plan(n);
     for (Panel* p : {&xk_, &xv_}) p->resize(static_cast<std::size_t>(n * W));
-    total_k_.assign(static_cast<std::size_t>(n), Real(0));
-    total_v_.assign(static_cast<std::size_t>(n), Real(0));
     for (std::int64_t c0 = 0; c0 < d; c0 += W) {
       const int lanes = static_cast<int>(std::min<std::int64_t>(W, d - c0));
       for (std::int64_t t = 0; t < n; ++t) {
@@ -272,16 +323,10 @@ class Scorer {
       }
       dct.lowpass_residual(xk_.data(), xv_.data(), m, residual_k_.data(), residual_v_.data());
     }
-    // Energies of the finite tokens: E from the input, E_high from the residual (Parseval).
-    for (std::int64_t t = 0; t < n; ++t)
-      if (source_[static_cast<std::size_t>(t)] == t)
-        add_energy(e, total_k_[static_cast<std::size_t>(t)], residual_k_[static_cast<std::size_t>(t)],
-                   total_v_[static_cast<std::size_t>(t)], residual_v_[static_cast<std::size_t>(t)]);
   }
 
   template <class T>
-  void residuals_blocked(KVView<const T> k, KVView<const T> v, std::int64_t h, double gamma, std::int64_t block,
-                         HeadEnergy* e) {
+  void residuals_blocked(KVView<const T> k, KVView<const T> v, std::int64_t h, double gamma, std::int64_t block) {
     const std::int64_t n = k.tokens, d = k.head_dim;
     // Buffers sized for a full block and written through topRows(), so that a
     // shorter last block does not reallocate them (Eigen would, on resize).
@@ -307,10 +352,10 @@ class Scorer {
         for (std::int64_t t = 0; t < len; ++t)
           (*r)[static_cast<std::size_t>(b0 + t)] = (x->row(t) - base_.row(t)).squaredNorm();
       }
-      for (std::int64_t t = 0; t < len; ++t)
-        if (source_[static_cast<std::size_t>(b0 + t)] == b0 + t)
-          add_energy(e, block_k_.row(t).squaredNorm(), residual_k_[static_cast<std::size_t>(b0 + t)],
-                     block_v_.row(t).squaredNorm(), residual_v_[static_cast<std::size_t>(b0 + t)]);
+      for (std::int64_t t = 0; t < len; ++t) {
+        total_k_[static_cast<std::size_t>(b0 + t)] = block_k_.row(t).squaredNorm();
+        total_v_[static_cast<std::size_t>(b0 + t)] = block_v_.row(t).squaredNorm();
+      }
     }
   }
 
@@ -334,6 +379,31 @@ class Scorer {
     return it->second;
   }
 
+  // The 2D low-pass basis of a tr x tc tile: one row per frequency (u, v) in
+  // the zone, the outer product of the 1D DCT-II rows u and v (m x tr tc).
+  const Block& grid_basis(std::int64_t tr, std::int64_t tc, GridZone zone, double gamma) {
+    const GridKey key{tr, tc, zone, gamma};
+    auto it = grid_bases_.find(key);
+    if (it != grid_bases_.end()) return it->second;
+    const Block row_basis = dct_basis<Real>(tr, tr), col_basis = dct_basis<Real>(tc, tc);
+    std::int64_t m = 0;
+    for (std::int64_t u = 0; u < tr; ++u)
+      for (std::int64_t w = 0; w < tc; ++w) m += rules::in_grid_zone(zone, u, w, tr, tc, gamma);
+    Block b(m, tr * tc);
+    std::int64_t row = 0;
+    for (std::int64_t u = 0; u < tr; ++u)
+      for (std::int64_t w = 0; w < tc; ++w) {
+        if (!rules::in_grid_zone(zone, u, w, tr, tc, gamma)) continue;
+        for (std::int64_t i = 0; i < tr; ++i)
+          for (std::int64_t j = 0; j < tc; ++j) b(row, i * tc + j) = row_basis(u, i) * col_basis(w, j);
+        ++row;
+      }
+    return grid_bases_.emplace(key, std::move(b)).first->second;
+  }
+
+  using GridKey = std::tuple<std::int64_t, std::int64_t, GridZone, double>;
+  std::map<GridKey, Block> grid_bases_;
+  Block tile_k_, tile_v_, tile_coeff_, tile_base_;
   std::vector<std::int64_t> source_;
   std::vector<float> derotated_k_, derotated_v_;
   std::vector<double> inv_freq_;

@@ -84,21 +84,75 @@ inline std::int64_t keep_recent(std::int64_t n, std::int64_t window, std::int64_
   return marked;
 }
 
-// Marks `count` of the not-yet-kept tokens, spread evenly over them: the
-// j-th pick is the free token at rank floor((j + 1/2) * free / count).
-inline std::int64_t keep_evenly_spaced(std::int64_t n, std::int64_t count, std::uint8_t* keep) {
+// Marks `count` of the not-yet-kept tokens outside `skip`, spread evenly over
+// them: the j-th pick is the free token at rank floor((j + 1/2) * free / count).
+template <class Skip>
+std::int64_t keep_evenly_spaced_if(std::int64_t n, std::int64_t count, std::uint8_t* keep, Skip skip) {
   std::int64_t free = 0;
-  for (std::int64_t t = 0; t < n; ++t) free += !keep[t];
+  for (std::int64_t t = 0; t < n; ++t) free += !keep[t] && !skip(t);
   count = std::min(count, free);
   if (count <= 0) return 0;
   std::int64_t j = 0, rank = 0;
   for (std::int64_t t = 0; t < n && j < count; ++t) {
-    if (keep[t]) continue;
+    if (keep[t] || skip(t)) continue;
     // (2j + 1) * free / (2 count) is the rank of pick j; ranks grow strictly, since free >= count.
     if (rank == ((2 * j + 1) * free) / (2 * count)) keep[t] = 1, ++j;
     ++rank;
   }
   return j;
+}
+
+inline std::int64_t keep_evenly_spaced(std::int64_t n, std::int64_t count, std::uint8_t* keep) {
+  return keep_evenly_spaced_if(n, count, keep, [](std::int64_t) { return false; });
+}
+
+// Marks up to `count` free tokens of a span on a regular sub-grid of about
+// sqrt(count rows / cols) rows by count / that columns, each pick at the
+// centre of its cell. Returns how many it marked (fewer where a pick is
+// already kept).
+inline std::int64_t keep_grid_sample(const GridSpan& g, std::int64_t count, std::uint8_t* keep) {
+  count = std::min(count, g.tokens());
+  if (count <= 0) return 0;
+  const double aspect = static_cast<double>(g.rows) / static_cast<double>(g.cols);
+  std::int64_t r = std::clamp<std::int64_t>(std::llround(std::sqrt(static_cast<double>(count) * aspect)), 1, g.rows);
+  const std::int64_t c = std::min(g.cols, (count + r - 1) / r);
+  r = std::min(g.rows, (count + c - 1) / c);
+  std::int64_t marked = 0;
+  for (std::int64_t i = 0; i < r; ++i)
+    for (std::int64_t j = 0; j < c && marked < count; ++j) {
+      const std::int64_t t = g.first + ((2 * i + 1) * g.rows / (2 * r)) * g.cols + (2 * j + 1) * g.cols / (2 * c);
+      if (!keep[t]) keep[t] = 1, ++marked;
+    }
+  return marked;
+}
+
+// The base sample of `count` tokens: each image span takes its share (by its
+// free tokens) as a sub-grid, the other tokens theirs evenly spaced, and what
+// rounding or collisions leave is spread evenly over all free tokens.
+inline std::int64_t keep_base_sample(std::int64_t n, std::int64_t count, const std::vector<GridSpan>& grids,
+                                     std::uint8_t* keep) {
+  if (grids.empty() || count <= 0) return keep_evenly_spaced(n, count, keep);
+  std::int64_t free = 0;
+  for (std::int64_t t = 0; t < n; ++t) free += !keep[t];
+  if (free == 0) return 0;
+  const auto share = [&](std::int64_t part) {
+    return static_cast<std::int64_t>(std::llround(static_cast<double>(count) * static_cast<double>(part) /
+                                                  static_cast<double>(free)));
+  };
+  std::int64_t marked = 0, free_in_spans = 0;
+  for (const GridSpan& g : grids) {
+    std::int64_t part = 0;
+    for (std::int64_t t = g.first; t < g.end(); ++t) part += !keep[t];
+    free_in_spans += part;
+    marked += keep_grid_sample(g, std::min(share(part), count - marked), keep);
+  }
+  const auto in_span = [&grids](std::int64_t t) {
+    for (const GridSpan& g : grids)
+      if (t >= g.first && t < g.end()) return true;
+    return false;
+  };
+  marked += keep_evenly_spaced_if(n, std::min(share(free - free_in_spans), count - marked), keep, in_span);
+  return marked + keep_evenly_spaced(n, count - marked, keep);
 }
 
 // Caller-owned scratch of select_tokens(): grows to the longest layer seen,
@@ -121,6 +175,7 @@ inline Status select_tokens(ScoreView s, std::int64_t budget, const Options& opt
                             SelectWorkspace* ws, KeptView kept) {
   FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
   FLASHCACHE_RETURN_IF_ERROR(check_mask(mask, s.tokens));
+  FLASHCACHE_RETURN_IF_ERROR(check_grids_fit(opt.grids, s.tokens));
   const std::int64_t n = s.tokens;
   if (s.heads < 0 || n < 0) return make_error(Errc::invalid_shape, "select: ", s.heads, " heads x ", n, " tokens");
   if (n > std::numeric_limits<std::int32_t>::max())
@@ -156,7 +211,7 @@ inline Status select_tokens(ScoreView s, std::int64_t budget, const Options& opt
     }
     std::int64_t taken = forced;
     taken += keep_recent(n, window_tokens(opt, budget), budget - taken, keep.data());
-    taken += keep_evenly_spaced(n, std::min(base_tokens(opt, budget), budget - taken), keep.data());
+    taken += keep_base_sample(n, std::min(base_tokens(opt, budget), budget - taken), opt.grids, keep.data());
     candidates.clear();
     for (std::int64_t t = 0; t < n; ++t)
       if (!keep[static_cast<std::size_t>(t)]) candidates.push_back(static_cast<std::int32_t>(t));

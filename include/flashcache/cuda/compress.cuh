@@ -140,6 +140,8 @@ Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt
     return make_error(Errc::unsupported, "normalize_terms: the GPU scores K and V unweighted only (CPU only)");
   if (opt.rope.derotate)
     return make_error(Errc::unsupported, "rope.derotate: the GPU scores keys as cached only (CPU only)");
+  if (!opt.grids.empty())
+    return make_error(Errc::unsupported, "grids: the GPU scores along the token axis only (CPU only)");
   if (c.layers < 1 || c.layers > kMaxLayers)
     return make_error(Errc::unsupported, c.layers, " layers: one call takes 1 to ", kMaxLayers);
   if (c.k == nullptr || c.v == nullptr) return make_error(Errc::invalid_shape, "null K or V layer array");
