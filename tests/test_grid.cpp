@@ -244,6 +244,7 @@ TEST(Grid, SelectionSpendsTheBaseShareOnSubGrids) {
   opt.sink = 0;
   opt.window_share = 0;
   opt.base_share = 1.0;  // everything on the base sample: the kept set is the sub-grids
+  opt.grid_base_share = 1.0;
   opt.grids = {{1, 8, 8}, {66, 8, 8}};
   fc::LayerScores s;
   fc::Scorer<float> scorer;

@@ -71,10 +71,13 @@ struct Options {
   // per head), newest first while the budget lasts. Half of the budget measured
   // best of {0, 1/8, 1/4, 1/2} on dev texts.
   double window_share = 0.5;
-  // Base + outliers: round(base_share * B) of what is left after the protected
-  // tokens and the window goes to evenly spaced tokens, a regular sample of the
-  // smooth base the outlier score discards; the rest to the highest scores.
+  // Base + outliers: after the protected tokens and the window, up to
+  // round(base_share * B) evenly spaced tokens, a regular sample of the smooth
+  // base the outlier score discards; the rest to the highest scores.
   double base_share = 0.0;
+  // The same inside image spans (grids below): a span's share of the budget
+  // (by its free tokens) times grid_base_share goes to a regular sub-grid.
+  double grid_base_share = 0.0;
   // Divide the K and V terms of the score each by its head's mean over the
   // tokens, so that neither dominates by scale (the paper sums them unweighted).
   bool normalize_terms = false;
@@ -110,6 +113,7 @@ struct Options {
     o.window = 0;
     o.window_share = 0.0;
     o.base_share = 0.0;
+    o.grid_base_share = 0.0;
     o.normalize_terms = false;
     o.rope = RopeOptions{};
     o.allocation = Allocation::dynamic;
@@ -137,6 +141,8 @@ inline Status check_options(const Options& o) {
     return make_error(Errc::invalid_option, "window_share ", o.window_share, " is outside [0, 1]");
   if (!(o.base_share >= 0.0 && o.base_share <= 1.0))
     return make_error(Errc::invalid_option, "base_share ", o.base_share, " is outside [0, 1]");
+  if (!(o.grid_base_share >= 0.0 && o.grid_base_share <= 1.0))
+    return make_error(Errc::invalid_option, "grid_base_share ", o.grid_base_share, " is outside [0, 1]");
   if (o.grid_tile < 1) return make_error(Errc::invalid_option, "grid_tile ", o.grid_tile, " must be at least 1");
   FLASHCACHE_RETURN_IF_ERROR(check_grid_spans(o.grids));
   if (o.rope.derotate && !(o.rope.theta > 1.0 && std::isfinite(o.rope.theta)))

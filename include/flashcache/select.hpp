@@ -126,33 +126,36 @@ inline std::int64_t keep_grid_sample(const GridSpan& g, std::int64_t count, std:
   return marked;
 }
 
-// The base sample of `count` tokens: each image span takes its share (by its
-// free tokens) as a sub-grid, the other tokens theirs evenly spaced, and what
-// rounding or collisions leave is spread evenly over all free tokens.
-inline std::int64_t keep_base_sample(std::int64_t n, std::int64_t count, const std::vector<GridSpan>& grids,
+// The base sample of a head keeping `budget` tokens, at most `room` of them.
+// Without spans: round(base_share * budget) tokens evenly spaced. With spans,
+// the budget is shared by free tokens: span g takes
+// round(grid_base_share * budget * free_g / free) as a sub-grid, the tokens
+// outside the spans round(base_share * budget * free_rest / free) evenly
+// spaced among themselves.
+inline std::int64_t keep_base_sample(std::int64_t n, std::int64_t budget, std::int64_t room, const Options& opt,
                                      std::uint8_t* keep) {
-  if (grids.empty() || count <= 0) return keep_evenly_spaced(n, count, keep);
+  if (opt.grids.empty()) return keep_evenly_spaced(n, std::min(base_tokens(opt, budget), room), keep);
   std::int64_t free = 0;
   for (std::int64_t t = 0; t < n; ++t) free += !keep[t];
-  if (free == 0) return 0;
-  const auto share = [&](std::int64_t part) {
-    return static_cast<std::int64_t>(std::llround(static_cast<double>(count) * static_cast<double>(part) /
+  if (free == 0 || room <= 0) return 0;
+  const auto share = [&](double ratio, std::int64_t part) {
+    return static_cast<std::int64_t>(std::llround(ratio * static_cast<double>(budget) * static_cast<double>(part) /
                                                   static_cast<double>(free)));
   };
   std::int64_t marked = 0, free_in_spans = 0;
-  for (const GridSpan& g : grids) {
+  for (const GridSpan& g : opt.grids) {
     std::int64_t part = 0;
     for (std::int64_t t = g.first; t < g.end(); ++t) part += !keep[t];
     free_in_spans += part;
-    marked += keep_grid_sample(g, std::min(share(part), count - marked), keep);
+    marked += keep_grid_sample(g, std::min(share(opt.grid_base_share, part), room - marked), keep);
   }
-  const auto in_span = [&grids](std::int64_t t) {
-    for (const GridSpan& g : grids)
+  const auto in_span = [&opt](std::int64_t t) {
+    for (const GridSpan& g : opt.grids)
       if (t >= g.first && t < g.end()) return true;
     return false;
   };
-  marked += keep_evenly_spaced_if(n, std::min(share(free - free_in_spans), count - marked), keep, in_span);
-  return marked + keep_evenly_spaced(n, count - marked, keep);
+  return marked + keep_evenly_spaced_if(n, std::min(share(opt.base_share, free - free_in_spans), room - marked),
+                                        keep, in_span);
 }
 
 // Caller-owned scratch of select_tokens(): grows to the longest layer seen,
@@ -211,7 +214,7 @@ inline Status select_tokens(ScoreView s, std::int64_t budget, const Options& opt
     }
     std::int64_t taken = forced;
     taken += keep_recent(n, window_tokens(opt, budget), budget - taken, keep.data());
-    taken += keep_base_sample(n, std::min(base_tokens(opt, budget), budget - taken), opt.grids, keep.data());
+    taken += keep_base_sample(n, budget, budget - taken, opt, keep.data());
     candidates.clear();
     for (std::int64_t t = 0; t < n; ++t)
       if (!keep[static_cast<std::size_t>(t)]) candidates.push_back(static_cast<std::int32_t>(t));
