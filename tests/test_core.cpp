@@ -141,22 +141,9 @@ TEST(Core, PerLayerMasksOfDifferentLengths) {
   }
 }
 
-TEST(Core, MaskArgumentEqualsOptionsProtect) {
+TEST(Core, MaskOfTheWrongLengthIsNamed) {
   const Model m(2, 4, {40, 40});
   const auto bytes = every(40, 3, 0);
-  fc::Options old = kPaper;
-  old.protect = bytes.data();
-  const auto a = fc::compress_model(m.kv, m.vv, fc::Budget::ratio(0.5), old);
-  const auto b = fc::compress_model(m.kv, m.vv, fc::Budget::ratio(0.5), kPaper, {bytes, bytes});
-  EXPECT_EQ(a.budgets, b.budgets);
-  for (std::size_t l = 0; l < 2; ++l) EXPECT_EQ(a.layers[l].kept, b.layers[l].kept);
-  // Given twice, or of the wrong length: a named error.
-  try {
-    (void)fc::compress_model(m.kv, m.vv, fc::Budget::ratio(0.5), old, {bytes, bytes});
-    FAIL() << "mask given twice was accepted";
-  } catch (const fc::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("protect mask given twice"), std::string::npos) << e.what();
-  }
   const auto short_mask = every(39, 3, 0);
   try {
     (void)fc::compress_model(m.kv, m.vv, fc::Budget::ratio(0.5), kPaper, {bytes, short_mask});

@@ -32,9 +32,9 @@ fc::LayerScores random_scores(std::int64_t heads, std::int64_t tokens, std::uint
 
 // The selection rules themselves, without the default sink and recent window.
 std::vector<std::int32_t> select(const fc::LayerScores& s, std::int64_t budget,
-                                 const fc::Options& opt = fc::Options::paper()) {
+                                 const fc::Options& opt = fc::Options::paper(), fc::ProtectMask mask = {}) {
   std::vector<std::int32_t> kept;
-  const fc::Status st = fc::select_tokens(s, budget, opt, &kept);
+  const fc::Status st = fc::select_tokens(s, budget, opt, &kept, mask);
   EXPECT_TRUE(st.ok()) << st.message();
   return kept;
 }
@@ -98,9 +98,8 @@ TEST(Select, ProtectedTokensAreAlwaysKept) {
   fc::Options opt = fc::Options::paper();
   opt.sink = 1;
   opt.window = 2;
-  opt.protect = mask.data();
-  EXPECT_EQ(select(s, 5, opt), (std::vector<std::int32_t>{0, 1, 6, 8, 9}));
-  EXPECT_EQ(select(s, 4, opt), (std::vector<std::int32_t>{0, 6, 8, 9}));
+  EXPECT_EQ(select(s, 5, opt, mask), (std::vector<std::int32_t>{0, 1, 6, 8, 9}));
+  EXPECT_EQ(select(s, 4, opt, mask), (std::vector<std::int32_t>{0, 6, 8, 9}));
 }
 
 TEST(Select, NonFiniteTokensAreAlwaysKept) {

@@ -154,7 +154,8 @@ int main(int argc, char** argv) {
       const std::int64_t per_head = cfg.at("per_head");
       // ratio per_head / P: per layer round(ratio * P) = per_head, in all per_head * L.
       const auto budget = fc::Budget::ratio(static_cast<double>(per_head) / static_cast<double>(c.tokens));
-      const auto model = fc::detail::compress_scored_model<float>(k, v, it->second, budget, opt);
+      fc::CompressedModel<float> model;
+      fc::throw_if_error(fc::compress_scored_model<float>(k, v, it->second, budget, opt, {}, &model));
       std::vector<std::int32_t> kept;
       std::int64_t total = 0;
       for (const auto& layer : model.layers) kept.insert(kept.end(), layer.kept.begin(), layer.kept.end());

@@ -95,18 +95,31 @@ Status select_and_gather(KVView<const T> k, KVView<const T> v, std::int64_t budg
   return Status::success();
 }
 
-// Layer l's mask: masks[l] when given, else the deprecated Options::protect
-// (its length implied by the layer); both at once is an error.
+// Layer l's mask: masks[l] when given, else none; it must cover the layer.
 inline Status layer_mask(const std::vector<ProtectMask>& masks, std::size_t l, std::int64_t tokens,
-                         const Options& opt, ProtectMask* out) {
-  *out = masks.empty() ? ProtectMask(opt.protect, opt.protect ? tokens : 0) : masks[l];
-  if (!masks.empty() && opt.protect != nullptr)
-    return make_error(Errc::invalid_option, "protect mask given twice: as an argument and in Options::protect");
+                         ProtectMask* out) {
+  *out = masks.empty() ? ProtectMask{} : masks[l];
   return check_mask(*out, tokens);
 }
 
-// Plan, select and gather for a whole model whose layers are scored already
-// (masks: one per layer, or none). Does not throw.
+// Views of const elements.
+template <class T>
+std::vector<KVView<const std::remove_const_t<T>>> const_views(const std::vector<KVView<T>>& x) {
+  return {x.begin(), x.end()};
+}
+
+template <class T>
+Status check_model_inputs(const std::vector<KVView<T>>& k, std::size_t v_layers, const Options& opt) {
+  if (k.size() != v_layers)
+    return make_error(Errc::invalid_shape, k.size(), " K layers but ", v_layers, " V layers");
+  return check_options(opt);
+}
+
+}  // namespace detail
+
+// Plan, select and gather for a whole model whose layers are scored already,
+// by Scorer or by any policy that writes LayerScores (masks: one per layer, or
+// none). The owning no-throw form of compress_model's second half.
 template <class T>
 Status compress_scored_model(const std::vector<KVView<const T>>& k, const std::vector<KVView<const T>>& v,
                              std::vector<LayerScores> scores, Budget budget, const Options& opt,
@@ -120,7 +133,7 @@ Status compress_scored_model(const std::vector<KVView<const T>>& k, const std::v
   model->energy_ratio.resize(k.size());
   model->nonfinite = 0;
   for (std::size_t l = 0; l < k.size(); ++l) {
-    FLASHCACHE_RETURN_IF_ERROR(at_layer(layer_mask(masks, l, k[l].tokens, opt, &mask[l]), 1, 0, static_cast<int>(l)));
+    FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(detail::layer_mask(masks, l, k[l].tokens, &mask[l]), 1, 0, static_cast<int>(l)));
     summary[l] = summarize(scores[l].view(), scores[l].energy.data(), opt, mask[l]);
     model->energy_ratio[l] = summary[l].energy_ratio();
     model->nonfinite += scores[l].nonfinite;
@@ -131,45 +144,14 @@ Status compress_scored_model(const std::vector<KVView<const T>>& k, const std::v
   model->layers.resize(k.size());
   SelectWorkspace ws;
   for (std::size_t l = 0; l < k.size(); ++l)
-    FLASHCACHE_RETURN_IF_ERROR(at_layer(select_and_gather<T>(k[l], v[l], model->budgets[l], opt, mask[l], &ws,
+    FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(detail::select_and_gather<T>(k[l], v[l], model->budgets[l], opt, mask[l], &ws,
                                                              std::move(scores[l]), &model->layers[l]),
                                         1, 0, static_cast<int>(l)));
   return Status::success();
 }
 
-// Views of const elements.
-template <class T>
-std::vector<KVView<const std::remove_const_t<T>>> const_views(const std::vector<KVView<T>>& x) {
-  return {x.begin(), x.end()};
-}
-
-// The deprecated Options::protect is one pointer for all layers, so they must agree on length.
-template <class T>
-Status check_model_inputs(const std::vector<KVView<T>>& k, std::size_t v_layers, const Options& opt) {
-  if (k.size() != v_layers)
-    return make_error(Errc::invalid_shape, k.size(), " K layers but ", v_layers, " V layers");
-  FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
-  for (std::size_t l = 0; l < k.size(); ++l)
-    if (opt.protect != nullptr && k[l].tokens != k[0].tokens)
-      return make_error(Errc::invalid_option, "a protect mask needs every layer to have the same tokens; layer ", l,
-                        " has ", k[l].tokens, ", layer 0 has ", k[0].tokens);
-  return Status::success();
-}
-
-}  // namespace detail
-
 #if FLASHCACHE_EXCEPTIONS
 
-namespace detail {
-// The throwing form, with the mask of the deprecated Options::protect.
-template <class T>
-CompressedModel<T> compress_scored_model(const std::vector<KVView<const T>>& k, const std::vector<KVView<const T>>& v,
-                                         std::vector<LayerScores> scores, Budget budget, const Options& opt) {
-  CompressedModel<T> model;
-  throw_if_error(compress_scored_model<T>(k, v, std::move(scores), budget, opt, {}, &model));
-  return model;
-}
-}  // namespace detail
 
 // Compresses one layer: every head keeps `budget` tokens (a count, or a ratio
 // of the layer's tokens), chosen by outlier score; `mask` marks tokens always
@@ -186,7 +168,7 @@ CompressedLayer<std::remove_const_t<T>> compress(KVView<T> k, KVView<T> v, Budge
   throw_if_error(budget.resolve(k.tokens, &keep));
   ProtectMask layer;
   throw_if_error(detail::layer_mask(mask.empty() ? std::vector<ProtectMask>{} : std::vector<ProtectMask>{mask}, 0,
-                                    k.tokens, opt, &layer));
+                                    k.tokens, &layer));
   CompressedLayer<E> out;
   SelectWorkspace ws;
   throw_if_error(detail::select_and_gather<E>(kc, vc, keep, opt, layer, &ws, std::move(scores), &out));
@@ -209,7 +191,7 @@ CompressedModel<std::remove_const_t<T>> compress_model(const std::vector<KVView<
   for (std::size_t l = 0; l < k.size(); ++l)
     throw_if_error(detail::at_layer(scorer.score(kc[l], vc[l], opt, &scores[l]), 1, 0, static_cast<int>(l)));
   CompressedModel<E> model;
-  throw_if_error(detail::compress_scored_model<E>(kc, vc, std::move(scores), budget, opt, masks, &model));
+  throw_if_error(compress_scored_model<E>(kc, vc, std::move(scores), budget, opt, masks, &model));
   return model;
 }
 

@@ -30,11 +30,10 @@ inline bool is_protected(std::int64_t t, std::int64_t n, const Options& opt, Pro
   return rules::is_protected(t, n, opt.sink, opt.window, mask[t]);
 }
 
-// The protected set of a layer of `tokens` tokens as bytes, from the
-// deprecated Options::protect (tests and the GPU tests' references use it).
-inline std::vector<std::uint8_t> protected_tokens(std::int64_t tokens, const Options& opt) {
+// The protected set (sink, window, mask) of a layer of `tokens` tokens as
+// bytes (tests and the GPU tests' references use it).
+inline std::vector<std::uint8_t> protected_tokens(std::int64_t tokens, const Options& opt, ProtectMask mask = {}) {
   std::vector<std::uint8_t> keep(static_cast<std::size_t>(tokens), 0);
-  const ProtectMask mask(opt.protect, tokens);
   for (std::int64_t t = 0; t < tokens; ++t) keep[static_cast<std::size_t>(t)] = is_protected(t, tokens, opt, mask);
   return keep;
 }
@@ -236,13 +235,12 @@ inline Status select_tokens(ScoreView s, std::int64_t budget, const Options& opt
   return Status::success();
 }
 
-// Owning form: kept[h * budget + i], with the mask of the deprecated
-// Options::protect (its length implied by the layer).
+// Owning form: kept[h * budget + i].
 inline Status select_tokens(const LayerScores& s, std::int64_t budget, const Options& opt,
-                            std::vector<std::int32_t>* kept) {
+                            std::vector<std::int32_t>* kept, ProtectMask mask = {}) {
   if (budget >= 0 && budget <= s.tokens) kept->resize(static_cast<std::size_t>(s.heads * budget));
   SelectWorkspace ws;
-  return select_tokens(s.view(), budget, opt, ProtectMask(opt.protect, s.tokens), &ws, KeptView{kept->data(), budget});
+  return select_tokens(s.view(), budget, opt, mask, &ws, KeptView{kept->data(), budget});
 }
 
 }  // namespace flashcache

@@ -134,17 +134,24 @@ void set_shares(FuzzedDataProvider& in, O* o) {
   }
 }
 
-fc::Options make_options(FuzzedDataProvider& in, const std::vector<std::uint8_t>* mask) {
+fc::Options make_options(FuzzedDataProvider& in) {
   fc::Options o;
   if (in.ConsumeBool()) o.gamma = pick_real(in, {0.2, 1.0, 0.0, -0.5, 1e-12, 1.0000001, kNaN, kInf});
   o.transform = in.ConsumeBool() ? fc::Transform::blocked : fc::Transform::global;
   if (in.ConsumeBool()) o.block_size = pick_count(in, -2, 70);
   if (in.ConsumeBool()) o.sink = pick_count(in, -2, 50);
   if (in.ConsumeBool()) o.window = pick_count(in, -2, 50);
-  o.protect = mask ? mask->data() : nullptr;
   o.allocation = in.ConsumeBool() ? fc::Allocation::uniform : fc::Allocation::dynamic;
   if (in.ConsumeBool()) o.min_layer_ratio = pick_real(in, {0.0, 0.5, 1.0, -0.1, 1.5, kNaN});
   set_shares(in, &o);
+  if (in.ConsumeIntegralInRange(0, 3) == 0) {  // image spans, possibly overlapping or outside the layer
+    const int spans = in.ConsumeIntegralInRange(1, 2);
+    for (int i = 0; i < spans; ++i)
+      o.grids.push_back({pick_count(in, -1, 40), pick_count(in, -1, 8), pick_count(in, -1, 8)});
+    if (in.ConsumeBool()) o.grid_zone = fc::GridZone::triangle;
+    if (in.ConsumeBool()) o.grid_tile = pick_count(in, -1, 9);
+    if (in.ConsumeBool()) o.grid_base_share = pick_real(in, {0.0, 0.5, 1.0, -0.1, kNaN});
+  }
   return o;
 }
 
@@ -165,7 +172,7 @@ std::string shape(std::int64_t h, std::int64_t n, std::int64_t d) {
 // One compressed layer against its inputs.
 template <class T>
 void check_layer(const fc::CompressedLayer<T>& out, KVView<const T> k, KVView<const T> v, std::int64_t budget,
-                 const fc::Options& o) {
+                 const fc::Options& o, const std::vector<std::uint8_t>& mask) {
   const std::string where = shape(k.heads, k.tokens, k.head_dim) + " budget " + std::to_string(budget);
   FUZZ_CHECK(out.heads == k.heads && out.tokens == k.tokens && out.head_dim == k.head_dim, where);
   FUZZ_CHECK(out.budget == budget && budget >= 0 && budget <= k.tokens, where);
@@ -188,7 +195,7 @@ void check_layer(const fc::CompressedLayer<T>& out, KVView<const T> k, KVView<co
       FUZZ_CHECK(std::memcmp(&out.v[row], v.row(h, idx[j]), bytes) == 0, where + ": V' row differs");
     }
     for (std::int64_t t = 0; t < n; ++t) {
-      const bool forced = t < o.sink || t >= n - o.window || (o.protect && o.protect[t]) ||
+      const bool forced = t < o.sink || t >= n - o.window || (!mask.empty() && mask[static_cast<std::size_t>(t)]) ||
                           fc::is_forced_score(out.scores(h, t));
       FUZZ_CHECK(!forced || kept[static_cast<std::size_t>(t)],
                  where + ": protected or non-finite token " + std::to_string(t) + " dropped");
@@ -198,12 +205,13 @@ void check_layer(const fc::CompressedLayer<T>& out, KVView<const T> k, KVView<co
 
 template <class T>
 void check_model(const fc::CompressedModel<T>& m, const std::vector<KVView<const T>>& k,
-                 const std::vector<KVView<const T>>& v, const fc::Budget& b, const fc::Options& o) {
+                 const std::vector<KVView<const T>>& v, const fc::Budget& b, const fc::Options& o,
+                 const std::vector<std::uint8_t>& mask) {
   const std::size_t L = k.size();
   FUZZ_CHECK(m.layers.size() == L && m.budgets.size() == L && m.energy_ratio.size() == L, "layer count");
   std::int64_t sum = 0, all_tokens = 0;
   for (std::size_t l = 0; l < L; ++l) {
-    check_layer(m.layers[l], k[l], v[l], m.budgets[l], o);
+    check_layer(m.layers[l], k[l], v[l], m.budgets[l], o, mask);
     sum += m.budgets[l];
     all_tokens += k[l].tokens;
     if (o.allocation == fc::Allocation::uniform) {
@@ -263,7 +271,10 @@ void run(FuzzedDataProvider& in) {
     mask.resize(static_cast<std::size_t>(ks[0].view.tokens));
     for (auto& m : mask) m = in.ConsumeIntegralInRange(0, 5) == 0 ? in.ConsumeIntegral<std::uint8_t>() : 0;
   }
-  const fc::Options opt = make_options(in, use_mask && !mask.empty() ? &mask : nullptr);
+  const fc::Options opt = make_options(in);
+  // One mask for every layer: a layer of another length is a named error.
+  const fc::ProtectMask layer_mask = mask.empty() ? fc::ProtectMask{} : fc::ProtectMask(mask);
+  const std::vector<fc::ProtectMask> masks(mask.empty() ? 0 : ks.size(), layer_mask);
   const fc::Budget budget = make_budget(in);
   fc::policies::PolicyOptions po;
   po.seed = in.ConsumeIntegral<std::uint64_t>();
@@ -278,17 +289,17 @@ void run(FuzzedDataProvider& in) {
 
   try {
     if (entry == 0) {
-      const auto out = exact ? fc::compress<const T, double>(k[0], v[0], budget, opt)
-                             : fc::compress<const T>(k[0], v[0], budget, opt);
-      check_layer(out, k[0], v[0], resolved(budget, k[0].tokens), opt);
+      const auto out = exact ? fc::compress<const T, double>(k[0], v[0], budget, opt, layer_mask)
+                             : fc::compress<const T>(k[0], v[0], budget, opt, layer_mask);
+      check_layer(out, k[0], v[0], resolved(budget, k[0].tokens), opt, mask);
     } else if (entry == 1) {
-      const auto m = exact ? fc::compress_model<const T, double>(k, v, budget, opt)
-                           : fc::compress_model<const T>(k, v, budget, opt);
-      check_model(m, k, v, budget, opt);
+      const auto m = exact ? fc::compress_model<const T, double>(k, v, budget, opt, masks)
+                           : fc::compress_model<const T>(k, v, budget, opt, masks);
+      check_model(m, k, v, budget, opt, mask);
     } else {
-      const auto m = exact ? fc::policies::compress_model<const T, double>(policy, q, k, v, budget, opt, po)
-                           : fc::policies::compress_model<const T>(policy, q, k, v, budget, opt, po);
-      check_model(m, k, v, budget, opt);
+      const auto m = exact ? fc::policies::compress_model<const T, double>(policy, q, k, v, budget, opt, po, masks)
+                           : fc::policies::compress_model<const T>(policy, q, k, v, budget, opt, po, masks);
+      check_model(m, k, v, budget, opt, mask);
     }
   } catch (const fc::Error& e) {
     check_error(e);

@@ -239,7 +239,7 @@ CompressedModel<std::remove_const_t<T>> compress_model(Policy p, const std::vect
                                                 1, 0, static_cast<int>(l)));
   }
   CompressedModel<E> model;
-  throw_if_error(flashcache::detail::compress_scored_model<E>(kc, vc, std::move(scores), budget, opt, masks, &model));
+  throw_if_error(flashcache::compress_scored_model<E>(kc, vc, std::move(scores), budget, opt, masks, &model));
   return model;
 }
 #endif  // FLASHCACHE_EXCEPTIONS
