@@ -22,48 +22,87 @@ struct CompressSettings {
   bool uniform = false;                // same budget in every layer instead of flashcache's dynamic split
 };
 
-// Per-layer budgets (tokens kept per KV head). Throws flashcache::Error on bad settings.
-inline std::vector<std::int64_t> compress_cache(KVCache& cache, const CompressSettings& s) {
-  namespace fc = flashcache;
-  namespace fp = flashcache::policies;
-  fp::Policy policy = fp::Policy::flashcache;
-  fc::throw_if_error(fp::parse_policy(s.policy, &policy));
-  if (fp::needs_queries(policy))
-    throw fc::Error(fc::Errc::unsupported, "policy " + s.policy + " needs the prompt's queries, which this engine does not keep");
+// Compresses engine caches with flashcache's no-throw core: score every layer
+// into scores the compressor keeps, plan the budgets, then select and gather
+// each layer's kept rows straight into the new cache. One compressor serves
+// many prompts: its transforms, planner and scratch are reused, so a second
+// prompt of the same length allocates only the new cache.
+class CacheCompressor {
+ public:
+  // Replaces `cache` by a compact one holding budgets[l] tokens per head in
+  // layer l (plus `room` for new tokens). On failure the cache is unchanged.
+  flashcache::Status compress(KVCache& cache, const CompressSettings& s, std::vector<std::int64_t>* budgets) {
+    namespace fc = flashcache;
+    namespace fp = flashcache::policies;
+    fp::Policy policy = fp::Policy::flashcache;
+    FLASHCACHE_RETURN_IF_ERROR(fp::parse_policy(s.policy, &policy));
+    if (fp::needs_queries(policy))
+      return fc::make_error(fc::Errc::unsupported, "policy ", s.policy,
+                            " needs the prompt's queries, which this engine does not keep");
+    fc::Options opt;  // the library's defaults, but for what the caller set
+    if (s.sink >= 0) opt.sink = s.sink;
+    if (s.window >= 0) opt.window = s.window;
+    opt.allocation = s.uniform ? fc::Allocation::uniform : fc::Allocation::dynamic;
 
-  // The cache as one flashcache view per layer: [kv_heads][capacity][head_dim], `length` tokens in use.
-  const int layers = cache.layers();
-  const std::int64_t heads = cache.kv_heads(), dim = cache.head_dim();
-  std::vector<fc::KVView<const float>> k, v;
-  for (int l = 0; l < layers; ++l) {
-    k.emplace_back(cache.k(l, 0, 0), heads, cache.length(l), dim, cache.capacity(l) * dim, dim);
-    v.emplace_back(cache.v(l, 0, 0), heads, cache.length(l), dim, cache.capacity(l) * dim, dim);
-  }
-  fc::Options opt;  // the library's defaults, but for what the caller set
-  if (s.sink >= 0) opt.sink = s.sink;
-  if (s.window >= 0) opt.window = s.window;
-  opt.allocation = s.uniform ? fc::Allocation::uniform : fc::Allocation::dynamic;
-  const auto budget = fc::Budget::ratio(s.keep_ratio);
-  const auto out = policy == fp::Policy::flashcache ? fc::compress_model(k, v, budget, opt)
-                                                    : fp::compress_model(policy, {}, k, v, budget, opt);
-
-  // A new, smaller cache: layer l holds budgets[l] tokens per head, plus room for new ones.
-  std::vector<std::int64_t> capacity(static_cast<std::size_t>(layers));
-  for (int l = 0; l < layers; ++l) capacity[l] = out.budgets[l] + s.room;
-  KVCache small(cache.config(), capacity);
-  for (int l = 0; l < layers; ++l) {
-    const auto& layer = out.layers[static_cast<std::size_t>(l)];
-    for (int h = 0; h < heads; ++h) {
-      const std::int64_t src = h * layer.budget * dim;
-      std::copy_n(layer.k.data() + src, layer.budget * dim, small.k(l, h, 0));
-      std::copy_n(layer.v.data() + src, layer.budget * dim, small.v(l, h, 0));
-      for (std::int64_t j = 0; j < layer.budget; ++j) small.position(l, h, j) = cache.position(l, h, layer.kept_head(h)[j]);
+    // The cache as one view per layer: [kv_heads][capacity][head_dim], `length` tokens in use.
+    const int layers = cache.layers();
+    const std::int64_t heads = cache.kv_heads(), dim = cache.head_dim();
+    auto view = [&](const float* base, int l) {
+      return fc::KVView<const float>(base, heads, cache.length(l), dim, cache.capacity(l) * dim, dim);
+    };
+    scores_.resize(static_cast<std::size_t>(layers));
+    summary_.resize(static_cast<std::size_t>(layers));
+    budgets->resize(static_cast<std::size_t>(layers));
+    for (int l = 0; l < layers; ++l) {
+      const auto k = view(cache.k(l, 0, 0), l), v = view(cache.v(l, 0, 0), l);
+      fc::LayerScores& scores = scores_[static_cast<std::size_t>(l)];
+      FLASHCACHE_RETURN_IF_ERROR(policy == fp::Policy::flashcache
+                                     ? scorer_.score(k, v, opt, &scores)
+                                     : fp::score_with_policy(policy, {}, k, v, opt, fp::PolicyOptions{}, &scores));
+      summary_[static_cast<std::size_t>(l)] = fc::summarize(scores.view(), scores.energy.data(), opt, {});
     }
-    small.set_length(l, layer.budget);
+    FLASHCACHE_RETURN_IF_ERROR(
+        planner_.plan(summary_.data(), layers, fc::Budget::ratio(s.keep_ratio), opt, budgets->data()));
+
+    // A new, smaller cache: layer l holds budgets[l] tokens per head, plus room for new ones.
+    std::vector<std::int64_t> capacity(static_cast<std::size_t>(layers));
+    for (int l = 0; l < layers; ++l) capacity[l] = (*budgets)[l] + s.room;
+    KVCache small(cache.config(), capacity);
+    for (int l = 0; l < layers; ++l) {
+      const std::int64_t budget = (*budgets)[l];
+      kept_.resize(static_cast<std::size_t>(heads * budget));
+      FLASHCACHE_RETURN_IF_ERROR(fc::select_tokens(scores_[static_cast<std::size_t>(l)].view(), budget, opt, {},
+                                                   &select_, fc::KeptView{kept_.data(), budget}));
+      const fc::KVView<float> k_out(small.k(l, 0, 0), heads, budget, dim, small.capacity(l) * dim, dim);
+      const fc::KVView<float> v_out(small.v(l, 0, 0), heads, budget, dim, small.capacity(l) * dim, dim);
+      FLASHCACHE_RETURN_IF_ERROR(fc::gather(view(cache.k(l, 0, 0), l), kept_.data(), budget, k_out));
+      FLASHCACHE_RETURN_IF_ERROR(fc::gather(view(cache.v(l, 0, 0), l), kept_.data(), budget, v_out));
+      for (int h = 0; h < heads; ++h)
+        for (std::int64_t j = 0; j < budget; ++j)
+          small.position(l, h, j) = cache.position(l, h, kept_[static_cast<std::size_t>(h * budget + j)]);
+      small.set_length(l, budget);
+    }
+    small.next_position = cache.next_position;  // new tokens continue the uncompressed sequence
+    cache = std::move(small);
+    return fc::Status::success();
   }
-  small.next_position = cache.next_position;  // new tokens continue the uncompressed sequence
-  cache = std::move(small);
-  return out.budgets;
+
+ private:
+  flashcache::Scorer<float> scorer_;
+  std::vector<flashcache::LayerScores> scores_;
+  std::vector<flashcache::LayerSummary> summary_;
+  flashcache::BudgetPlanner planner_;
+  flashcache::SelectWorkspace select_;
+  std::vector<std::int32_t> kept_;
+};
+
+// One-shot form: per-layer budgets (tokens kept per KV head). Throws
+// flashcache::Error on bad settings.
+inline std::vector<std::int64_t> compress_cache(KVCache& cache, const CompressSettings& s) {
+  CacheCompressor compressor;
+  std::vector<std::int64_t> budgets;
+  flashcache::throw_if_error(compressor.compress(cache, s, &budgets));
+  return budgets;
 }
 
 }  // namespace engine
