@@ -475,6 +475,33 @@ TEST_F(CliTest, WindowShareAndBaseShareAreRecorded) {
   EXPECT_EQ(o.summary["options"]["paper"], false);
 }
 
+// 37 tokens: token 0, a 6 x 6 image. With every free token of the budget on
+// the base sample, the image keeps a regular sub-grid; the spans are recorded.
+TEST_F(CliTest, GridSpansAreScoredAndRecorded) {
+  const Result r = run_cli(compress({"--keep", "5", "--sink", "1", "--window-share", "0", "--grid", "1:6:6",
+                                     "--grid-base-share", "1", "--grid-zone", "triangle", "--grid-tile", "3"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Outputs o = check_outputs(out, k, v);
+  // Token 0, then 4 of the 36 free image tokens: a 2 x 2 sub-grid at rows and columns 1 and 4.
+  for (std::size_t l = 0; l < 2; ++l)
+    for (std::int64_t h = 0; h < 2; ++h)
+      EXPECT_EQ(kept_row(o.kept[l], h), (std::vector<std::int32_t>{0, 1 + 6 + 1, 1 + 6 + 4, 1 + 24 + 1, 1 + 24 + 4}));
+  EXPECT_EQ(o.summary["options"]["grids"], nlohmann::json::parse("[[1, 6, 6]]"));
+  EXPECT_EQ(o.summary["options"]["grid_zone"], "triangle");
+  EXPECT_EQ(o.summary["options"]["grid_tile"], 3);
+  EXPECT_EQ(o.summary["options"]["grid_base_share"], 1.0);
+  // Without the base share the 2D scores choose, and differ from the 1D ones.
+  ASSERT_EQ(run_cli(compress({"--keep", "9", "--force", "--sink", "0", "--window-share", "0", "--grid", "1:6:6",
+                                  "--grid", "0:1:1"})).code, 0);
+  const Outputs two_d = check_outputs(out, k, v);
+  ASSERT_EQ(run_cli(compress({"--keep", "9", "--force", "--sink", "0", "--window-share", "0"})).code, 0);
+  const Outputs one_d = check_outputs(out, k, v);
+  bool differ = false;
+  for (std::size_t l = 0; l < 2; ++l)
+    for (std::int64_t h = 0; h < 2; ++h) differ |= kept_row(two_d.kept[l], h) != kept_row(one_d.kept[l], h);
+  EXPECT_TRUE(differ);
+}
+
 TEST_F(CliTest, PaperIsThePapersAlgorithm) {
   const Result r = run_cli(compress({"--paper", "--keep-ratio", "0.3"}));
   ASSERT_EQ(r.code, 0) << r.err;
@@ -892,6 +919,41 @@ TEST_F(CliTest, BadInputIsOneLineExitTwoAndNoOutput) {
          return std::vector<std::string>{"--window-share", "1.5"};
        },
        "--window-share 1.5 is outside [0, 1]"},
+      {"grid past the end",
+       [](CliTest&) {
+         return std::vector<std::string>{"--grid", "2:6:6"};
+       },
+       "--grid 2:6:6: tokens [2, 38) reach past the 37 tokens of the cache"},
+      {"grid not three numbers",
+       [](CliTest&) {
+         return std::vector<std::string>{"--grid", "1:6"};
+       },
+       "--grid 1:6 is not FIRST:ROWS:COLS"},
+      {"grid of no rows",
+       [](CliTest&) {
+         return std::vector<std::string>{"--grid", "1:0:6"};
+       },
+       "ROWS and COLS must be at least 1"},
+      {"grids overlap",
+       [](CliTest&) {
+         return std::vector<std::string>{"--grid", "1:3:3", "--grid", "9:2:2"};
+       },
+       "--grid 9:2:2 overlaps --grid 1:3:3"},
+      {"grid zone without grid",
+       [](CliTest&) {
+         return std::vector<std::string>{"--grid-zone", "triangle"};
+       },
+       "--grid-zone and --grid-tile need --grid"},
+      {"grid tile 0",
+       [](CliTest&) {
+         return std::vector<std::string>{"--grid", "1:3:3", "--grid-tile", "0"};
+       },
+       "--grid-tile 0 must be at least 1"},
+      {"grid with paper",
+       [](CliTest&) {
+         return std::vector<std::string>{"--grid", "1:3:3", "--paper"};
+       },
+       "excludes"},
       {"base share negative",
        [](CliTest&) {
          return std::vector<std::string>{"--base-share", "-0.25"};

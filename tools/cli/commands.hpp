@@ -3,6 +3,7 @@
 // points. Each returns the exit code or throws CliError / flashcache::Error.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "flashcache/options.hpp"
 
@@ -31,12 +32,17 @@ struct CompressArgs {
   std::string rope_layout = "half";
   std::int64_t rope_first_position = 0;
   bool paper = false;  // Options::paper(): the paper's algorithm exactly
+  std::vector<std::string> grids;  // --grid FIRST:ROWS:COLS, one per image
+  std::string grid_zone = to_string(Options{}.grid_zone);
+  std::int64_t grid_tile = Options{}.grid_tile;
+  double grid_base_share = Options{}.grid_base_share;
   TransformArgs transform;
   bool no_allocate = false;
   bool force = false;
   // Which of the policy-specific options were given on the command line, so
   // that one meant for another policy is refused rather than ignored.
   bool has_seed = false, has_observation_window = false, has_transform_option = false, has_rope_option = false;
+  bool has_grid_option = false;  // --grid-zone or --grid-tile (scoring options of flashcache)
 };
 
 struct InspectArgs {

@@ -54,6 +54,12 @@ void check_args(const CompressArgs& a) {
   if (a.rope_first_position < 0)
     usage_error("--rope-first-position " + std::to_string(a.rope_first_position) + " is negative");
   if (a.paper && a.has_transform_option) usage_error("--paper fixes --gamma, --transform and --block; give neither");
+  if (a.has_grid_option && a.grids.empty()) usage_error("--grid-zone and --grid-tile need --grid");
+  if (a.has_grid_option && p != policies::Policy::flashcache)
+    usage_error("--grid-zone and --grid-tile are used only by --policy flashcache, not " + a.policy);
+  if (a.grid_tile < 1) usage_error("--grid-tile " + std::to_string(a.grid_tile) + " must be at least 1");
+  if (!(a.grid_base_share >= 0.0 && a.grid_base_share <= 1.0))
+    usage_error("--grid-base-share " + num(a.grid_base_share) + " is outside [0, 1]");
 }
 
 struct Plan {
@@ -68,6 +74,32 @@ struct Plan {
     return mask.empty() ? std::vector<ProtectMask>{} : std::vector<ProtectMask>(static_cast<std::size_t>(layers), mask);
   }
 };
+
+// --grid FIRST:ROWS:COLS as a span, checked against the sequence and the
+// spans before it, with the command-line text in the messages.
+GridSpan parse_grid(const std::string& text, std::int64_t tokens, const std::vector<GridSpan>& before) {
+  std::int64_t v[3] = {0, 0, 0};
+  std::size_t pos = 0;
+  for (int i = 0; i < 3; ++i) {
+    const std::size_t end = i < 2 ? text.find(':', pos) : text.size();
+    const std::string part = end == std::string::npos ? "" : text.substr(pos, end - pos);
+    const bool digits = !part.empty() && part.size() <= 12 && part.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || (i == 2 && text.find(':', pos) != std::string::npos))
+      usage_error("--grid " + text + " is not FIRST:ROWS:COLS (three non-negative integers)");
+    v[i] = std::stoll(part);
+    pos = end + 1;
+  }
+  const GridSpan g{v[0], v[1], v[2]};
+  if (g.rows < 1 || g.cols < 1) usage_error("--grid " + text + ": ROWS and COLS must be at least 1");
+  if (g.rows * g.cols > tokens || g.first > tokens - g.rows * g.cols)
+    usage_error("--grid " + text + ": tokens [" + std::to_string(g.first) + ", " + std::to_string(g.end()) +
+                ") reach past the " + std::to_string(tokens) + " tokens of the cache");
+  for (const GridSpan& o : before)
+    if (g.first < o.end() && o.first < g.end())
+      usage_error("--grid " + text + " overlaps --grid " + std::to_string(o.first) + ":" + std::to_string(o.rows) +
+                  ":" + std::to_string(o.cols));
+  return g;
+}
 
 Plan make_plan(const CompressArgs& a, const KVCache& cache) {
   Plan p;
@@ -88,6 +120,10 @@ Plan make_plan(const CompressArgs& a, const KVCache& cache) {
     p.options.rope.layout = a.rope_layout == "interleaved" ? RopeLayout::interleaved : RopeLayout::half;
     p.options.rope.first_position = a.rope_first_position;
   }
+  for (const std::string& g : a.grids) p.options.grids.push_back(parse_grid(g, cache.tokens, p.options.grids));
+  p.options.grid_zone = a.grid_zone == "triangle" ? GridZone::triangle : GridZone::rectangle;
+  p.options.grid_tile = a.grid_tile;
+  p.options.grid_base_share = a.grid_base_share;
   if (!a.protect.empty()) p.mask = load_mask(a.protect, cache.tokens);
   if (a.has_keep) {
     if (a.keep > cache.tokens)
@@ -110,6 +146,8 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
   for (auto b : budgets) kept += b;
   for (auto m : plan.mask) masked += m != 0;
   const std::int64_t row_bytes = 2 * cache.head_dim * size_of(cache.dtype);  // one token of K and V
+  nlohmann::ordered_json grids = nlohmann::ordered_json::array();
+  for (const GridSpan& g : o.grids) grids.push_back({g.first, g.rows, g.cols});
   nlohmann::ordered_json j;
   j["version"] = FLASHCACHE_VERSION_STRING;
   const auto null = nlohmann::ordered_json(nullptr);
@@ -143,6 +181,10 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
                   {"paper", a.paper},
                   {"transform", fc ? nlohmann::ordered_json(to_string(o.transform)) : null},
                   {"block", fc ? nlohmann::ordered_json(o.block_size) : null},
+                  {"grids", grids},
+                  {"grid_zone", fc && !o.grids.empty() ? nlohmann::ordered_json(to_string(o.grid_zone)) : null},
+                  {"grid_tile", fc && !o.grids.empty() ? nlohmann::ordered_json(o.grid_tile) : null},
+                  {"grid_base_share", o.grid_base_share},
                   {"protected_by_mask", masked}};
   j["budgets"] = budgets;
   j["energy_ratio"] = energy_ratio;

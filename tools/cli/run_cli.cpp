@@ -24,7 +24,7 @@ void add_transform_options(CLI::App* cmd, cli::TransformArgs* t) {
   cmd->add_option("--transform", "DCT over the whole sequence (global) or over blocks of --block tokens (blocked)")
       ->check(CLI::IsMember({"global", "blocked"}))
       ->each([t](const std::string& s) { t->transform = s == "blocked" ? Transform::blocked : Transform::global; })
-      ->default_str("global");
+      ->default_str(to_string(t->transform));  // the library default (blocked)
   cmd->add_option("--block", t->block, "Tokens per block with --transform blocked")->capture_default_str();
 }
 
@@ -97,6 +97,22 @@ int flashcache::cli::run_cli(int argc, char** argv) {
       "cached, global DCT, gamma 0.2)");
   for (CLI::Option* o : {sink, window, window_share, base_share, normalize, rope}) paper->excludes(o);
   compress->add_option("--protect", c.protect, "Bool or uint8 mask of N tokens; nonzero = always kept");
+  CLI::Option* grid = compress->add_option(
+      "--grid", c.grids,
+      "An image's tokens FIRST:ROWS:COLS (patch (r, c) at token FIRST + r * COLS + c), scored by a 2D DCT over its "
+      "grid; repeat for each image (spans inside the sequence, not overlapping)");
+  paper->excludes(grid);
+  compress->add_option("--grid-zone", c.grid_zone, "With --grid: the 2D low-pass zone")
+      ->check(CLI::IsMember({"rectangle", "triangle"}))
+      ->capture_default_str();
+  compress
+      ->add_option("--grid-tile", c.grid_tile,
+                   "With --grid and --transform blocked: tiles of T x T patches (edge tiles at their own size)")
+      ->capture_default_str();
+  compress
+      ->add_option("--grid-base-share", c.grid_base_share,
+                   "With --grid: spend this share of each image's budget on a regular sub-grid of its patches")
+      ->capture_default_str();
   add_transform_options(compress, &c.transform);
   compress->add_flag("--no-allocate", c.no_allocate,
                      "With --keep-ratio: every layer keeps round(R * N) instead of an energy-weighted share");
@@ -136,6 +152,7 @@ int flashcache::cli::run_cli(int argc, char** argv) {
   c.has_transform_option = compress->count("--gamma") + compress->count("--transform") + compress->count("--block") +
                                compress->count("--normalize-terms") + compress->count("--no-normalize-terms") >
                            0;
+  c.has_grid_option = compress->count("--grid-zone") + compress->count("--grid-tile") > 0;
   c.has_rope_option = compress->count("--rope-theta") + compress->count("--rope-layout") +
                           compress->count("--rope-first-position") >
                       0;
