@@ -33,8 +33,12 @@ const ModelShape& shape_of(std::int64_t i) { return i == 0 ? kQwen : kSmol; }
 struct LayerData {
   std::int64_t heads, tokens, dim;
   std::vector<fc::bfloat16_t> q, k, v;
-  fc::KVView<const fc::bfloat16_t> kv() const { return fc::hnd(k.data(), heads, tokens, dim); }
-  fc::KVView<const fc::bfloat16_t> vv() const { return fc::hnd(v.data(), heads, tokens, dim); }
+  fc::KVView<const fc::bfloat16_t> kv() const {
+    return fc::hnd(k.data(), fc::Heads(heads), fc::Tokens(tokens), fc::HeadDim(dim));
+  }
+  fc::KVView<const fc::bfloat16_t> vv() const {
+    return fc::hnd(v.data(), fc::Heads(heads), fc::Tokens(tokens), fc::HeadDim(dim));
+  }
   std::int64_t bytes() const { return 2 * heads * tokens * dim * static_cast<std::int64_t>(sizeof(fc::bfloat16_t)); }
 };
 
@@ -99,8 +103,10 @@ void BM_FlashCache(benchmark::State& state) {
   for (auto _ : state) {
     (void)scorer.score(l.kv(), l.vv(), opt, &scores);
     (void)fc::select_tokens(scores, budget, opt, &kept);
-    (void)fc::gather(l.kv(), kept.data(), fc::hnd(ck.data(), l.heads, budget, l.dim));
-    (void)fc::gather(l.vv(), kept.data(), fc::hnd(cv.data(), l.heads, budget, l.dim));
+    (void)fc::gather(l.kv(), kept.data(),
+                     fc::hnd(ck.data(), fc::Heads(l.heads), fc::Tokens(budget), fc::HeadDim(l.dim)));
+    (void)fc::gather(l.vv(), kept.data(),
+                     fc::hnd(cv.data(), fc::Heads(l.heads), fc::Tokens(budget), fc::HeadDim(l.dim)));
     benchmark::DoNotOptimize(cv.data());
   }
   set_bytes(state, l.bytes(), l.bytes() * budget / l.tokens);
@@ -112,7 +118,8 @@ template <fp::Policy kPolicy>
 void BM_Baseline(benchmark::State& state) {
   const ModelShape& m = shape_of(state.range(0));
   const LayerData& l = layer(m.kv_heads, state.range(1), m.head_dim, m.query_heads);
-  const fc::KVView<const fc::bfloat16_t> q = fc::hnd(l.q.data(), m.query_heads, l.tokens, l.dim);
+  const fc::KVView<const fc::bfloat16_t> q =
+      fc::hnd(l.q.data(), fc::Heads(m.query_heads), fc::Tokens(l.tokens), fc::HeadDim(l.dim));
   fc::Options opt;
   fp::PolicyOptions po;
   po.observation_window = 32;
@@ -126,8 +133,10 @@ void BM_Baseline(benchmark::State& state) {
   for (auto _ : state) {
     (void)fp::score_with_policy(kPolicy, q, l.kv(), l.vv(), opt, po, &scores);
     (void)fc::select_tokens(scores, budget, opt, &kept);
-    (void)fc::gather(l.kv(), kept.data(), fc::hnd(ck.data(), l.heads, budget, l.dim));
-    (void)fc::gather(l.vv(), kept.data(), fc::hnd(cv.data(), l.heads, budget, l.dim));
+    (void)fc::gather(l.kv(), kept.data(),
+                     fc::hnd(ck.data(), fc::Heads(l.heads), fc::Tokens(budget), fc::HeadDim(l.dim)));
+    (void)fc::gather(l.vv(), kept.data(),
+                     fc::hnd(cv.data(), fc::Heads(l.heads), fc::Tokens(budget), fc::HeadDim(l.dim)));
     benchmark::DoNotOptimize(cv.data());
   }
   set_bytes(state, l.bytes() + (fp::needs_queries(kPolicy) ? l.bytes() / 2 * m.query_heads / m.kv_heads : 0),
@@ -200,7 +209,7 @@ void BM_Gather(benchmark::State& state) {
   for (std::size_t i = 0; i < kept.size(); ++i) kept[i] = static_cast<std::int32_t>((i % budget) * 5);
   std::vector<fc::bfloat16_t> out(static_cast<std::size_t>(4 * budget * 128));
   for (auto _ : state) {
-    (void)fc::gather(l.kv(), kept.data(), fc::hnd(out.data(), 4, budget, 128));
+    (void)fc::gather(l.kv(), kept.data(), fc::hnd(out.data(), fc::Heads(4), fc::Tokens(budget), fc::HeadDim(128)));
     benchmark::DoNotOptimize(out.data());
   }
   set_bytes(state, l.bytes() / 2 / 5, l.bytes() / 2 / 5);

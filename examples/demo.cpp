@@ -29,8 +29,8 @@ int main(int argc, char** argv) try {
   std::vector<fc::KVView<const float>> k, v;
   for (std::int64_t l = 0; l < shape.layers; ++l) layers.push_back(fc::synthetic::make_layer(shape, l));
   for (const auto& layer : layers) {
-    k.push_back(fc::hnd(layer.k.data(), h, n, d));
-    v.push_back(fc::hnd(layer.v.data(), h, n, d));
+    k.push_back(fc::hnd(layer.k.data(), fc::Heads(h), fc::Tokens(n), fc::HeadDim(d)));
+    v.push_back(fc::hnd(layer.v.data(), fc::Heads(h), fc::Tokens(n), fc::HeadDim(d)));
   }
 
   std::printf("flashcache %s demo: synthetic multimodal cache, %lld layers x %lld KV heads x %lld tokens x %lld dims\n",

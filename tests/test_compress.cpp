@@ -35,7 +35,8 @@ TEST(Compress, PlantedOutlierIsKeptAtFivePercent) {
     fc::Options opt;
     opt.transform = tr;
     const auto out =
-        fc::compress(fc::hnd(k.data(), heads, n, d), fc::hnd(v.data(), heads, n, d), fc::Budget::ratio(0.05), opt);
+        fc::compress(fc::hnd(k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)),
+                     fc::hnd(v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)), fc::Budget::ratio(0.05), opt);
     ASSERT_EQ(out.budget, 20);
     const auto* h0 = out.kept_head(0);
     const auto* h1 = out.kept_head(1);
@@ -50,7 +51,8 @@ TEST(Compress, OutputHoldsTheKeptRowsAndMatchesTheStages) {
   fc::Options opt;
   opt.sink = 2;
   opt.window = 5;
-  const auto kv = fc::hnd(k.data(), heads, n, d), vv = fc::hnd(v.data(), heads, n, d);
+  const auto kv = fc::hnd(k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)),
+             vv = fc::hnd(v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d));
   const auto out = fc::compress(kv, vv, fc::Budget::tokens(30), opt);
   // Same as running the stages by hand.
   const auto scores = fc::score_layer(kv, vv, opt);
@@ -74,14 +76,17 @@ TEST(Compress, ErrorsNameTheProblem) {
   opt.sink = 4;
   opt.window = 8;
   try {
-    fc::compress(fc::hnd(k.data(), heads, n, d), fc::hnd(v.data(), heads, n, d), fc::Budget::tokens(10), opt);
+    fc::compress(fc::hnd(k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)),
+                 fc::hnd(v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)), fc::Budget::tokens(10), opt);
     FAIL() << "expected flashcache::Error";
   } catch (const fc::Error& e) {
     EXPECT_EQ(e.code(), fc::Errc::invalid_budget);
     EXPECT_NE(std::string(e.what()).find("keep budget 10 < 12 protected tokens"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(fc::compress(fc::hnd(k.data(), heads, n, d), fc::hnd(v.data(), heads, n, d), fc::Budget::ratio(-0.1)),
-               fc::Error);
+  EXPECT_THROW(
+      fc::compress(fc::hnd(k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)),
+                   fc::hnd(v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)), fc::Budget::ratio(-0.1)),
+      fc::Error);
 }
 
 struct Model {
@@ -89,12 +94,12 @@ struct Model {
   std::vector<std::vector<float>> k, v;
   std::vector<fc::KVView<const float>> kv() const {
     std::vector<fc::KVView<const float>> out;
-    for (const auto& x : k) out.push_back(fc::hnd(x.data(), heads, n, d));
+    for (const auto& x : k) out.push_back(fc::hnd(x.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)));
     return out;
   }
   std::vector<fc::KVView<const float>> vv() const {
     std::vector<fc::KVView<const float>> out;
-    for (const auto& x : v) out.push_back(fc::hnd(x.data(), heads, n, d));
+    for (const auto& x : v) out.push_back(fc::hnd(x.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)));
     return out;
   }
 };

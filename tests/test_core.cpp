@@ -44,8 +44,8 @@ struct Model {
       v.push_back(layer_data(heads, tokens[l], d, 10 * l + 2));
     }
     for (std::size_t l = 0; l < tokens.size(); ++l) {
-      kv.push_back(fc::hnd<const float>(k[l].data(), heads, tokens[l], d));
-      vv.push_back(fc::hnd<const float>(v[l].data(), heads, tokens[l], d));
+      kv.push_back(fc::hnd<const float>(k[l].data(), fc::Heads(heads), fc::Tokens(tokens[l]), fc::HeadDim(d)));
+      vv.push_back(fc::hnd<const float>(v[l].data(), fc::Heads(heads), fc::Tokens(tokens[l]), fc::HeadDim(d)));
     }
   }
 };
@@ -57,8 +57,8 @@ struct CoreResult {
   std::vector<std::vector<float>> k, v;
 };
 
-fc::Status run_core(const Model& m, fc::Budget budget, const fc::Options& opt, const std::vector<fc::ProtectMask>& masks,
-                    CoreResult* r) {
+fc::Status run_core(const Model& m, fc::Budget budget, const fc::Options& opt,
+                    const std::vector<fc::ProtectMask>& masks, CoreResult* r) {
   fc::Scorer<float> scorer;  // one scorer for layers of every length
   const auto layers = m.tokens.size();
   std::vector<std::vector<float>> scores(layers);
@@ -86,8 +86,10 @@ fc::Status run_core(const Model& m, fc::Budget budget, const fc::Options& opt, c
     const fc::ProtectMask mask = masks.empty() ? fc::ProtectMask{} : masks[l];
     FLASHCACHE_RETURN_IF_ERROR(fc::select_tokens({scores[l].data(), m.heads, m.tokens[l]}, b, opt, mask, &ws,
                                                  fc::KeptView{r->kept[l].data(), b}));
-    FLASHCACHE_RETURN_IF_ERROR(fc::gather(m.kv[l], r->kept[l].data(), fc::hnd(r->k[l].data(), m.heads, b, m.d)));
-    FLASHCACHE_RETURN_IF_ERROR(fc::gather(m.vv[l], r->kept[l].data(), fc::hnd(r->v[l].data(), m.heads, b, m.d)));
+    FLASHCACHE_RETURN_IF_ERROR(fc::gather(
+        m.kv[l], r->kept[l].data(), fc::hnd(r->k[l].data(), fc::Heads(m.heads), fc::Tokens(b), fc::HeadDim(m.d))));
+    FLASHCACHE_RETURN_IF_ERROR(fc::gather(
+        m.vv[l], r->kept[l].data(), fc::hnd(r->v[l].data(), fc::Heads(m.heads), fc::Tokens(b), fc::HeadDim(m.d))));
   }
   return fc::Status::success();
 }
@@ -149,8 +151,7 @@ TEST(Core, MaskOfTheWrongLengthIsNamed) {
     (void)fc::compress_model(m.kv, m.vv, fc::Budget::ratio(0.5), kPaper, {bytes, short_mask});
     FAIL() << "a short mask was accepted";
   } catch (const fc::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("layer 1: protect mask has 39 tokens but the layer has 40"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("layer 1: protect mask has 39 tokens but the layer has 40"), std::string::npos)
         << e.what();
   }
   fc::SelectWorkspace ws;
@@ -218,8 +219,8 @@ TEST(Core, RaggedBatchMatchesEachSequenceAlone) {
   std::vector<fc::KVView<const float>> kv, vv;
   std::vector<fc::ProtectMask> masks;
   for (std::int64_t l = 0; l < layers; ++l) {
-    kv.push_back(fc::nhd<const float>(k_packed[l].data(), capacity, heads, d));
-    vv.push_back(fc::nhd<const float>(v_packed[l].data(), capacity, heads, d));
+    kv.push_back(fc::nhd<const float>(k_packed[l].data(), fc::Tokens(capacity), fc::Heads(heads), fc::HeadDim(d)));
+    vv.push_back(fc::nhd<const float>(v_packed[l].data(), fc::Tokens(capacity), fc::Heads(heads), fc::HeadDim(d)));
     masks.emplace_back(mask_bytes[l]);
   }
   std::vector<std::vector<std::int32_t>> kept(layers, std::vector<std::int32_t>(heads * capacity, -1));
@@ -228,8 +229,8 @@ TEST(Core, RaggedBatchMatchesEachSequenceAlone) {
   std::vector<fc::KVView<float>> k_out_view, v_out_view;
   for (std::int64_t l = 0; l < layers; ++l) {
     kept_ptr.push_back(kept[l].data());
-    k_out_view.push_back(fc::hnd(k_out[l].data(), heads, capacity, d));
-    v_out_view.push_back(fc::hnd(v_out[l].data(), heads, capacity, d));
+    k_out_view.push_back(fc::hnd(k_out[l].data(), fc::Heads(heads), fc::Tokens(capacity), fc::HeadDim(d)));
+    v_out_view.push_back(fc::hnd(v_out[l].data(), fc::Heads(heads), fc::Tokens(capacity), fc::HeadDim(d)));
   }
   const int sequences = static_cast<int>(len.size());
   std::vector<std::int32_t> kept_indptr(layers * (sequences + 1));
@@ -244,9 +245,9 @@ TEST(Core, RaggedBatchMatchesEachSequenceAlone) {
   out.v_out = v_out_view.data();
   fc::BatchWorkspace<> ws;
   for (int call = 0; call < 2; ++call) {  // the second call reuses the warm workspace
-    const fc::Status s = fc::compress_batch(kv.data(), vv.data(), static_cast<int>(layers),
-                                            fc::Batch{sequences, indptr.data()}, fc::Budget::ratio(0.25), opt,
-                                            masks.data(), &ws, out);
+    const fc::Status s =
+        fc::compress_batch(kv.data(), vv.data(), static_cast<int>(layers), fc::Batch{sequences, indptr.data()},
+                           fc::Budget::ratio(0.25), opt, masks.data(), &ws, out);
     ASSERT_TRUE(s.ok()) << s.message();
   }
 
@@ -336,8 +337,9 @@ TEST(Core, TensorParallelRanksPlanTheBudgetsOfOneRank) {
       for (int l = 0; l < layers; ++l) {
         auto& s = scores[r][l];
         s.resize(static_cast<std::size_t>(count * 45));
-        ASSERT_TRUE(scorer.score(head_range(m.kv[l], first, count), head_range(m.vv[l], first, count), opt, s.data(),
-                                 energy.data())
+        ASSERT_TRUE(scorer
+                        .score(head_range(m.kv[l], first, count), head_range(m.vv[l], first, count), opt, s.data(),
+                               energy.data())
                         .ok());
         const fc::LayerSummary mine = fc::summarize({s.data(), count, 45}, energy.data(), opt, {});
         reduced[l] = r == 0 ? mine : fc::combine(reduced[l], mine);  // the all-reduce

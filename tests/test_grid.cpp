@@ -23,8 +23,12 @@ struct Layer {
   std::vector<double> head(const std::vector<float>& x, std::int64_t h) const {
     return {x.begin() + h * tokens * dim, x.begin() + (h + 1) * tokens * dim};
   }
-  fc::KVView<const float> k_view() const { return fc::hnd(k.data(), heads, tokens, dim); }
-  fc::KVView<const float> v_view() const { return fc::hnd(v.data(), heads, tokens, dim); }
+  fc::KVView<const float> k_view() const {
+    return fc::hnd(k.data(), fc::Heads(heads), fc::Tokens(tokens), fc::HeadDim(dim));
+  }
+  fc::KVView<const float> v_view() const {
+    return fc::hnd(v.data(), fc::Heads(heads), fc::Tokens(tokens), fc::HeadDim(dim));
+  }
 };
 
 Layer random_layer(std::int64_t heads, std::int64_t tokens, std::int64_t dim, std::uint64_t seed) {
@@ -58,9 +62,8 @@ void naive_span(const std::vector<double>& k, const std::vector<double>& v, std:
           std::vector<double> tile(static_cast<std::size_t>(tr * tc));
           for (std::int64_t i = 0; i < tr; ++i)
             for (std::int64_t j = 0; j < tc; ++j) tile[i * tc + j] = src[token(i, j) * d + c];
-          const auto base = naive_lowpass_2d(tile, tr, tc, [&](std::int64_t u, std::int64_t w) {
-            return in_zone(zone, u, w, tr, tc, gamma);
-          });
+          const auto base = naive_lowpass_2d(
+              tile, tr, tc, [&](std::int64_t u, std::int64_t w) { return in_zone(zone, u, w, tr, tc, gamma); });
           for (std::int64_t i = 0; i < tr; ++i)
             for (std::int64_t j = 0; j < tc; ++j) {
               const double r = tile[i * tc + j] - base[i * tc + j];
@@ -165,10 +168,17 @@ TEST(Grid, SmoothImageIsSmoothIn2dOnly) {
   two_d.grids = {{0, rows, cols}};
   fc::Scorer<double> scorer;
   fc::LayerScores a, b;
-  ASSERT_TRUE(scorer.score(fc::hnd(kp, 1, n, d), fc::hnd(vp, 1, n, d), one_d, &a).ok());
-  ASSERT_TRUE(scorer.score(fc::hnd(kp, 1, n, d), fc::hnd(vp, 1, n, d), two_d, &b).ok());
+  ASSERT_TRUE(scorer
+                  .score(fc::hnd(kp, fc::Heads(1), fc::Tokens(n), fc::HeadDim(d)),
+                         fc::hnd(vp, fc::Heads(1), fc::Tokens(n), fc::HeadDim(d)), one_d, &a)
+                  .ok());
+  ASSERT_TRUE(scorer
+                  .score(fc::hnd(kp, fc::Heads(1), fc::Tokens(n), fc::HeadDim(d)),
+                         fc::hnd(vp, fc::Heads(1), fc::Tokens(n), fc::HeadDim(d)), two_d, &b)
+                  .ok());
   double max_1d = 0, max_2d = 0;
-  for (std::int64_t t = 0; t < n; ++t) max_1d = std::max<double>(max_1d, a(0, t)), max_2d = std::max<double>(max_2d, b(0, t));
+  for (std::int64_t t = 0; t < n; ++t)
+    max_1d = std::max<double>(max_1d, a(0, t)), max_2d = std::max<double>(max_2d, b(0, t));
   EXPECT_GT(max_1d, 1e-2);
   EXPECT_LT(max_2d, 1e-10);
   EXPECT_LT(b.energy_ratio(), 1e-10);
@@ -210,11 +220,16 @@ TEST(Grid, SpansAreChecked) {
   EXPECT_NE(message({{0, 3, 3}, {8, 2, 2}}).find("overlap"), std::string::npos);
   EXPECT_NE(message({{10, 5, 5}}).find("reaches past the 30 tokens"), std::string::npos);
   EXPECT_NE(message({{0, 2, 2}}, 0).find("grid_tile 0"), std::string::npos);
-  EXPECT_TRUE(scorer.score(l.k_view(), l.v_view(), [] {
-    fc::Options o;
-    o.grids = {{10, 4, 5}, {1, 3, 3}};  // any order, touching is fine
-    return o;
-  }(), &s).ok());
+  EXPECT_TRUE(scorer
+                  .score(
+                      l.k_view(), l.v_view(),
+                      [] {
+                        fc::Options o;
+                        o.grids = {{10, 4, 5}, {1, 3, 3}};  // any order, touching is fine
+                        return o;
+                      }(),
+                      &s)
+                  .ok());
 }
 
 // The base sample of a span is a regular sub-grid: 16 picks of a 16 x 16 span

@@ -14,8 +14,8 @@ namespace {
 std::atomic<long> eigen_heap_allocations{0};
 }
 #define EIGEN_RUNTIME_NO_MALLOC
-#define eigen_assert(x)                                              \
-  do {                                                               \
+#define eigen_assert(x)                                                       \
+  do {                                                                        \
     if (!(x)) eigen_heap_allocations.fetch_add(1, std::memory_order_relaxed); \
   } while (0)
 #include <gtest/gtest.h>
@@ -56,8 +56,8 @@ struct Layers {
         k[l][i] = static_cast<float>(std::sin(phase + 0.01 * static_cast<double>(i)) + (i % 97 == 0 ? 2.0 : 0.0));
         v[l][i] = static_cast<float>(std::cos(phase + 0.02 * static_cast<double>(i)));
       }
-      kv.push_back(fc::hnd<const float>(k[l].data(), heads, tokens[l], d));
-      vv.push_back(fc::hnd<const float>(v[l].data(), heads, tokens[l], d));
+      kv.push_back(fc::hnd<const float>(k[l].data(), fc::Heads(heads), fc::Tokens(tokens[l]), fc::HeadDim(d)));
+      vv.push_back(fc::hnd<const float>(v[l].data(), fc::Heads(heads), fc::Tokens(tokens[l]), fc::HeadDim(d)));
     }
   }
 };
@@ -104,8 +104,14 @@ struct Engine {
                              fc::KeptView{kept[l].data(), b})
                .ok())
         return false;
-      if (!fc::gather(m.kv[l], kept[l].data(), fc::hnd(k_out[l].data(), m.heads, b, m.d)).ok()) return false;
-      if (!fc::gather(m.vv[l], kept[l].data(), fc::hnd(v_out[l].data(), m.heads, b, m.d)).ok()) return false;
+      if (!fc::gather(m.kv[l], kept[l].data(),
+                      fc::hnd(k_out[l].data(), fc::Heads(m.heads), fc::Tokens(b), fc::HeadDim(m.d)))
+               .ok())
+        return false;
+      if (!fc::gather(m.vv[l], kept[l].data(),
+                      fc::hnd(v_out[l].data(), fc::Heads(m.heads), fc::Tokens(b), fc::HeadDim(m.d)))
+               .ok())
+        return false;
     }
     return true;
   }
@@ -162,8 +168,10 @@ TEST(NoAlloc, WarmBatchAllocatesNothing) {
   std::vector<std::int32_t*> kept_ptr{kept[0].data(), kept[1].data()};
   std::vector<std::int32_t> kept_indptr(6);
   std::vector<std::vector<float>> k_out(2, std::vector<float>(4 * 300 * 16)), v_out = k_out;
-  std::vector<fc::KVView<float>> k_view{fc::hnd(k_out[0].data(), 4, 300, 16), fc::hnd(k_out[1].data(), 4, 300, 16)};
-  std::vector<fc::KVView<float>> v_view{fc::hnd(v_out[0].data(), 4, 300, 16), fc::hnd(v_out[1].data(), 4, 300, 16)};
+  std::vector<fc::KVView<float>> k_view{fc::hnd(k_out[0].data(), fc::Heads(4), fc::Tokens(300), fc::HeadDim(16)),
+                                        fc::hnd(k_out[1].data(), fc::Heads(4), fc::Tokens(300), fc::HeadDim(16))};
+  std::vector<fc::KVView<float>> v_view{fc::hnd(v_out[0].data(), fc::Heads(4), fc::Tokens(300), fc::HeadDim(16)),
+                                        fc::hnd(v_out[1].data(), fc::Heads(4), fc::Tokens(300), fc::HeadDim(16))};
   fc::BatchOutputs<float> out;
   out.kept = kept_ptr.data();
   out.kept_indptr = kept_indptr.data();

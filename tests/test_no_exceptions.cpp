@@ -41,8 +41,8 @@ int main() {
     }
     // A spike at token 17 of head 1: the highest score, so it must be kept.
     for (std::int64_t c = 0; c < d; ++c) k[l][static_cast<std::size_t>((1 * n + 17) * d + c)] += 3.0f;
-    kv.push_back(fc::hnd<const float>(k[l].data(), heads, n, d));
-    vv.push_back(fc::hnd<const float>(v[l].data(), heads, n, d));
+    kv.push_back(fc::hnd<const float>(k[l].data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)));
+    vv.push_back(fc::hnd<const float>(v[l].data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)));
   }
 
   // Score, plan, select, gather, each returning a Status.
@@ -72,17 +72,20 @@ int main() {
     for (std::int64_t h = 0; h < heads; ++h) {
       sink = sink && kept[static_cast<std::size_t>(h * b)] == 0;
       for (std::int64_t i = 1; i < b; ++i)
-        ascending = ascending && kept[static_cast<std::size_t>(h * b + i - 1)] < kept[static_cast<std::size_t>(h * b + i)];
+        ascending =
+            ascending && kept[static_cast<std::size_t>(h * b + i - 1)] < kept[static_cast<std::size_t>(h * b + i)];
     }
     check(spike, "the spike is kept");
     check(sink, "the sink token is kept");
     check(ascending, "kept indices ascend");
     std::vector<float> k_out(static_cast<std::size_t>(heads * b * d));
-    check(fc::gather(kv[l], kept.data(), fc::hnd(k_out.data(), heads, b, d)).ok(), "gather");
+    check(fc::gather(kv[l], kept.data(), fc::hnd(k_out.data(), fc::Heads(heads), fc::Tokens(b), fc::HeadDim(d))).ok(),
+          "gather");
     bool rows = true;
     for (std::int64_t h = 0; h < heads; ++h)
       for (std::int64_t i = 0; i < b; ++i)
-        rows = rows && k_out[static_cast<std::size_t>((h * b + i) * d + 3)] == kv[l](h, kept[static_cast<std::size_t>(h * b + i)], 3);
+        rows = rows && k_out[static_cast<std::size_t>((h * b + i) * d + 3)] ==
+                           kv[l](h, kept[static_cast<std::size_t>(h * b + i)], 3);
     check(rows, "gathered rows");
   }
 
@@ -92,9 +95,10 @@ int main() {
   check(scorer.score(kv[0], vv[0], bad, scores[0].data(), energy[0].data()).code() == fc::Errc::invalid_option,
         "gamma 2 refused");
   std::vector<std::int32_t> kept(static_cast<std::size_t>(heads * tokens[1]));
-  check(fc::select_tokens({scores[1].data(), heads, tokens[1]}, tokens[1] + 1, opt, {}, &ws, fc::KeptView{kept.data(), 0})
-                .code() == fc::Errc::invalid_budget,
-        "budget past the tokens refused");
+  check(
+      fc::select_tokens({scores[1].data(), heads, tokens[1]}, tokens[1] + 1, opt, {}, &ws, fc::KeptView{kept.data(), 0})
+              .code() == fc::Errc::invalid_budget,
+      "budget past the tokens refused");
 
   // The batch entry over both sequences of layer 0 cut in two.
   const std::vector<std::int32_t> indptr{0, 20, 57};

@@ -58,7 +58,9 @@ TEST(Policies, KnormScoresAreNegativeKeyNorms) {
   const std::int64_t h = 2, n = 9, d = 5;
   const auto k = random_vec(h * n * d, 1);
   fc::LayerScores s;
-  ASSERT_TRUE(fp::knorm_scores(fc::KVView<const float>(fc::hnd(k.data(), h, n, d)), &s).ok());
+  ASSERT_TRUE(
+      fp::knorm_scores(fc::KVView<const float>(fc::hnd(k.data(), fc::Heads(h), fc::Tokens(n), fc::HeadDim(d))), &s)
+          .ok());
   for (std::int64_t i = 0; i < h * n; ++i) {
     double sq = 0;
     for (std::int64_t c = 0; c < d; ++c) sq += double(k[i * d + c]) * k[i * d + c];
@@ -79,9 +81,10 @@ TEST(Policies, H2oAccumulatesCausalAttentionOverQueryGroups) {
   const std::int64_t hk = 2, group = 2, n = 11, d = 4;
   const auto q = random_vec(hk * group * n * d, 2), k = random_vec(hk * n * d, 3);
   fc::LayerScores s;
-  ASSERT_TRUE(fp::h2o_scores(fc::KVView<const float>(fc::hnd(q.data(), hk * group, n, d)),
-                             fc::KVView<const float>(fc::hnd(k.data(), hk, n, d)), &s)
-                  .ok());
+  ASSERT_TRUE(
+      fp::h2o_scores(fc::KVView<const float>(fc::hnd(q.data(), fc::Heads(hk * group), fc::Tokens(n), fc::HeadDim(d))),
+                     fc::KVView<const float>(fc::hnd(k.data(), fc::Heads(hk), fc::Tokens(n), fc::HeadDim(d))), &s)
+          .ok());
   for (std::int64_t h = 0; h < hk; ++h) {
     std::vector<double> acc(n, 0.0);
     for (std::int64_t g = 0; g < group; ++g)
@@ -100,8 +103,9 @@ TEST(Policies, SnapkvPoolsWindowVotes) {
   po.observation_window = window;
   po.pool_kernel = 3;
   fc::LayerScores s;
-  ASSERT_TRUE(fp::snapkv_scores(fc::KVView<const float>(fc::hnd(q.data(), 1, n, d)),
-                                fc::KVView<const float>(fc::hnd(k.data(), 1, n, d)), po, &s)
+  ASSERT_TRUE(fp::snapkv_scores(fc::KVView<const float>(fc::hnd(q.data(), fc::Heads(1), fc::Tokens(n), fc::HeadDim(d))),
+                                fc::KVView<const float>(fc::hnd(k.data(), fc::Heads(1), fc::Tokens(n), fc::HeadDim(d))),
+                                po, &s)
                   .ok());
   std::vector<double> votes(n, 0.0);
   for (std::int64_t i = n - window; i < n; ++i) {
@@ -120,8 +124,9 @@ TEST(Policies, SnapkvPoolsWindowVotes) {
 TEST(Policies, QueriesAreCheckedByName) {
   std::vector<float> q(3 * 5 * 2), k(2 * 5 * 2);
   fc::LayerScores s;
-  const auto st = fp::h2o_scores(fc::KVView<const float>(fc::hnd(q.data(), 3, 5, 2)),
-                                 fc::KVView<const float>(fc::hnd(k.data(), 2, 5, 2)), &s);
+  const auto st =
+      fp::h2o_scores(fc::KVView<const float>(fc::hnd(q.data(), fc::Heads(3), fc::Tokens(5), fc::HeadDim(2))),
+                     fc::KVView<const float>(fc::hnd(k.data(), fc::Heads(2), fc::Tokens(5), fc::HeadDim(2))), &s);
   EXPECT_NE(st.message().find("3 query heads are not a multiple of 2 KV heads"), std::string::npos) << st.message();
 }
 
@@ -131,9 +136,9 @@ TEST(Policies, ModelCompressionWithBaselinesSplitsUniformly) {
   std::vector<fc::KVView<const float>> qs, ks, vs;
   for (std::int64_t l = 0; l < layers; ++l) data.push_back(random_vec(h * n * d, 10 + l));
   for (std::int64_t l = 0; l < layers; ++l) {
-    qs.push_back(fc::hnd(data[l].data(), h, n, d));
-    ks.push_back(fc::hnd(data[(l + 1) % layers].data(), h, n, d));
-    vs.push_back(fc::hnd(data[(l + 2) % layers].data(), h, n, d));
+    qs.push_back(fc::hnd(data[l].data(), fc::Heads(h), fc::Tokens(n), fc::HeadDim(d)));
+    ks.push_back(fc::hnd(data[(l + 1) % layers].data(), fc::Heads(h), fc::Tokens(n), fc::HeadDim(d)));
+    vs.push_back(fc::hnd(data[(l + 2) % layers].data(), fc::Heads(h), fc::Tokens(n), fc::HeadDim(d)));
   }
   for (auto p : {fp::Policy::streaming, fp::Policy::knorm, fp::Policy::random, fp::Policy::snapkv, fp::Policy::h2o}) {
     const auto m = fp::compress_model(p, qs, ks, vs, fc::Budget::ratio(0.25));
@@ -146,7 +151,9 @@ TEST(Policies, NanScoresAreKeptNotMisordered) {
   std::vector<float> k(1 * 6 * 2, 1.0f);
   k[3 * 2] = std::numeric_limits<float>::quiet_NaN();
   fc::LayerScores s;
-  ASSERT_TRUE(fp::knorm_scores(fc::KVView<const float>(fc::hnd(k.data(), 1, 6, 2)), &s).ok());
+  ASSERT_TRUE(
+      fp::knorm_scores(fc::KVView<const float>(fc::hnd(k.data(), fc::Heads(1), fc::Tokens(6), fc::HeadDim(2))), &s)
+          .ok());
   std::vector<std::int32_t> kept;
   ASSERT_TRUE(fc::select_tokens(s, 2, fc::Options::paper(), &kept).ok());
   EXPECT_EQ(kept, (std::vector<std::int32_t>{0, 3}));
@@ -164,7 +171,9 @@ TEST(Policies, KeydiffScoresAreMinusCosineToTheMeanUnitKey) {
   for (auto& x : k) x = nd(rng);
   std::fill(k.begin() + 3 * d, k.begin() + 4 * d, 0.0f);  // a zero key in head 0 scores 0
   fc::LayerScores s;
-  ASSERT_TRUE(fp::keydiff_scores(fc::KVView<const float>(fc::hnd(k.data(), heads, n, d)), &s).ok());
+  ASSERT_TRUE(fp::keydiff_scores(
+                  fc::KVView<const float>(fc::hnd(k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d))), &s)
+                  .ok());
   for (std::int64_t h = 0; h < heads; ++h) {
     std::vector<double> anchor(d, 0.0);
     for (std::int64_t t = 0; t < n; ++t) {
@@ -177,7 +186,8 @@ TEST(Policies, KeydiffScoresAreMinusCosineToTheMeanUnitKey) {
     for (std::int64_t t = 0; t < n; ++t) {
       const float* r = k.data() + (h * n + t) * d;
       double dot = 0, nk = 0, na = 0;
-      for (std::int64_t c = 0; c < d; ++c) dot += anchor[c] * r[c], nk += double(r[c]) * r[c], na += anchor[c] * anchor[c];
+      for (std::int64_t c = 0; c < d; ++c)
+        dot += anchor[c] * r[c], nk += double(r[c]) * r[c], na += anchor[c] * anchor[c];
       const double want = nk > 0 ? -dot / std::sqrt(nk * na) : 0.0;
       EXPECT_NEAR(s(h, t), want, 1e-5) << h << " " << t;
     }

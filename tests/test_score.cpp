@@ -47,8 +47,8 @@ TEST_P(ScoreVsReference, DoubleAndFloatMatchNaive) {
   fc::Options opt;
   opt.transform = transform;
   opt.block_size = block;
-  const auto kv = fc::hnd(l.k.data(), heads, n, dim);
-  const auto vv = fc::hnd(l.v.data(), heads, n, dim);
+  const auto kv = fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
+  const auto vv = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
   const fc::LayerScores sd = fc::score_layer<double>(kv, vv, opt);
   const fc::LayerScores sf = fc::score_layer<float>(kv, vv, opt);
   ASSERT_EQ(sd.score.size(), static_cast<std::size_t>(heads * n));
@@ -79,7 +79,8 @@ INSTANTIATE_TEST_SUITE_P(AwkwardSizes, ScoreVsReference,
 
 TEST(Score, EnergyRatioIsHighShareOfKPlusV) {
   const Layer l = random_layer(2, 97, 4, 5);
-  const auto s = fc::score_layer<double>(fc::hnd(l.k.data(), 2, 97, 4), fc::hnd(l.v.data(), 2, 97, 4));
+  const auto s = fc::score_layer<double>(fc::hnd(l.k.data(), fc::Heads(2), fc::Tokens(97), fc::HeadDim(4)),
+                                         fc::hnd(l.v.data(), fc::Heads(2), fc::Tokens(97), fc::HeadDim(4)));
   const auto e = s.layer_energy();
   EXPECT_DOUBLE_EQ(s.energy_ratio(), e.k_high / e.k_total + e.v_high / e.v_total);
   EXPECT_GT(s.energy_ratio(), 0.0);
@@ -97,8 +98,10 @@ TEST(Score, LayoutDoesNotChangeTheResult) {
         k_nhd[(t * heads + h) * dim + c] = l.k[(h * n + t) * dim + c];
         v_nhd[(t * heads + h) * dim + c] = l.v[(h * n + t) * dim + c];
       }
-  const auto a = fc::score_layer(fc::hnd(l.k.data(), heads, n, dim), fc::hnd(l.v.data(), heads, n, dim));
-  const auto b = fc::score_layer(fc::nhd(k_nhd.data(), n, heads, dim), fc::nhd(v_nhd.data(), n, heads, dim));
+  const auto a = fc::score_layer(fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
+                                 fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)));
+  const auto b = fc::score_layer(fc::nhd(k_nhd.data(), fc::Tokens(n), fc::Heads(heads), fc::HeadDim(dim)),
+                                 fc::nhd(v_nhd.data(), fc::Tokens(n), fc::Heads(heads), fc::HeadDim(dim)));
   EXPECT_EQ(a.score, b.score);
 }
 
@@ -109,8 +112,10 @@ TEST(Score, HalfInputsScoreTheirRoundedValues) {
   std::vector<float> kr, vr;  // the rounded values, as float
   for (float x : l.k) kh.emplace_back(x), kr.push_back(static_cast<float>(kh.back()));
   for (float x : l.v) vh.emplace_back(x), vr.push_back(static_cast<float>(vh.back()));
-  const auto a = fc::score_layer<double>(fc::hnd(kh.data(), heads, n, dim), fc::hnd(vh.data(), heads, n, dim));
-  const auto b = fc::score_layer<double>(fc::hnd(kr.data(), heads, n, dim), fc::hnd(vr.data(), heads, n, dim));
+  const auto a = fc::score_layer<double>(fc::hnd(kh.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
+                                         fc::hnd(vh.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)));
+  const auto b = fc::score_layer<double>(fc::hnd(kr.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
+                                         fc::hnd(vr.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)));
   EXPECT_EQ(a.score, b.score);
 }
 
@@ -124,7 +129,8 @@ TEST(Score, PlantedOutlierScoresHighest) {
       v[t * dim + c] = static_cast<float>(std::cos(0.03 * t * (c % 4 + 1)));
     }
   for (std::int64_t c = 0; c < dim; ++c) k[123 * dim + c] += (c % 2 ? 2.0f : -2.0f);
-  const auto s = fc::score_layer(fc::hnd(k.data(), 1, n, dim), fc::hnd(v.data(), 1, n, dim));
+  const auto s = fc::score_layer(fc::hnd(k.data(), fc::Heads(1), fc::Tokens(n), fc::HeadDim(dim)),
+                                 fc::hnd(v.data(), fc::Heads(1), fc::Tokens(n), fc::HeadDim(dim)));
   const auto best = std::max_element(s.score.begin(), s.score.end()) - s.score.begin();
   EXPECT_EQ(best, 123);
 }
@@ -139,7 +145,8 @@ TEST(Score, NonFiniteTokensScoreInfinityWithoutSpreading) {
     fc::Options opt;
     opt.transform = tr;
     opt.block_size = 16;
-    const auto s = fc::score_layer(fc::hnd(l.k.data(), heads, n, dim), fc::hnd(l.v.data(), heads, n, dim), opt);
+    const auto s = fc::score_layer(fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
+                                   fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)), opt);
     EXPECT_EQ(s.nonfinite, 2);
     EXPECT_TRUE(std::isinf(s(1, 10)));
     EXPECT_TRUE(std::isinf(s(0, 0)));
@@ -156,8 +163,8 @@ TEST(Score, NonFiniteTokensScoreInfinityWithoutSpreading) {
       patched.k[(1 * n + 10) * dim + c] = clean.k[(1 * n + 9) * dim + c];
       patched.v[(1 * n + 10) * dim + c] = clean.v[(1 * n + 9) * dim + c];
     }
-    const auto p =
-        fc::score_layer(fc::hnd(patched.k.data(), heads, n, dim), fc::hnd(patched.v.data(), heads, n, dim), opt);
+    const auto p = fc::score_layer(fc::hnd(patched.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
+                                   fc::hnd(patched.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)), opt);
     for (std::int64_t t = 0; t < n; ++t)
       if (t != 10) {
         EXPECT_FLOAT_EQ(s(1, t), p(1, t)) << t;
@@ -167,14 +174,16 @@ TEST(Score, NonFiniteTokensScoreInfinityWithoutSpreading) {
 
 TEST(Score, AllNonFiniteHeadStillScores) {
   std::vector<float> k(3 * 2, std::numeric_limits<float>::quiet_NaN()), v(3 * 2, 1.0f);
-  const auto s = fc::score_layer(fc::hnd(k.data(), 1, 3, 2), fc::hnd(v.data(), 1, 3, 2));
+  const auto s = fc::score_layer(fc::hnd(k.data(), fc::Heads(1), fc::Tokens(3), fc::HeadDim(2)),
+                                 fc::hnd(v.data(), fc::Heads(1), fc::Tokens(3), fc::HeadDim(2)));
   EXPECT_EQ(s.nonfinite, 3);
   EXPECT_EQ(s.energy_ratio(), 0.0);
 }
 
 TEST(Score, EmptyLayerIsFine) {
   std::vector<float> none;
-  const auto s = fc::score_layer(fc::hnd(none.data(), 4, 0, 8), fc::hnd(none.data(), 4, 0, 8));
+  const auto s = fc::score_layer(fc::hnd(none.data(), fc::Heads(4), fc::Tokens(0), fc::HeadDim(8)),
+                                 fc::hnd(none.data(), fc::Heads(4), fc::Tokens(0), fc::HeadDim(8)));
   EXPECT_TRUE(s.score.empty());
   EXPECT_EQ(s.energy_ratio(), 0.0);
 }
@@ -184,13 +193,16 @@ TEST(Score, BadInputThrowsNamedError) {
   fc::Options opt;
   opt.gamma = 2;
   try {
-    fc::score_layer(fc::hnd(k.data(), 2, 3, 4), fc::hnd(v.data(), 2, 3, 4), opt);
+    fc::score_layer(fc::hnd(k.data(), fc::Heads(2), fc::Tokens(3), fc::HeadDim(4)),
+                    fc::hnd(v.data(), fc::Heads(2), fc::Tokens(3), fc::HeadDim(4)), opt);
     FAIL() << "expected flashcache::Error";
   } catch (const fc::Error& e) {
     EXPECT_EQ(e.code(), fc::Errc::invalid_option);
     EXPECT_NE(std::string(e.what()).find("gamma 2"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(fc::score_layer(fc::hnd(k.data(), 2, 3, 4), fc::hnd(v.data(), 3, 2, 4)), fc::Error);
+  EXPECT_THROW(fc::score_layer(fc::hnd(k.data(), fc::Heads(2), fc::Tokens(3), fc::HeadDim(4)),
+                               fc::hnd(v.data(), fc::Heads(3), fc::Tokens(2), fc::HeadDim(4))),
+               fc::Error);
 }
 
 }  // namespace
@@ -203,7 +215,8 @@ TEST(Score, NormalizedTermsAreDividedByTheirHeadMeans) {
   const Layer l = random_layer(heads, n, dim, 99);
   fc::Options opt;
   opt.normalize_terms = true;
-  const auto kv = fc::hnd(l.k.data(), heads, n, dim), vv = fc::hnd(l.v.data(), heads, n, dim);
+  const auto kv = fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
+             vv = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
   const fc::LayerScores s = fc::score_layer<double>(kv, vv, opt);
   for (std::int64_t h = 0; h < heads; ++h) {
     // The reference's score is the sum of both terms: rebuild each from K alone and V alone.
@@ -242,10 +255,13 @@ TEST(Score, DerotatedKeysScoreAsBeforeRope) {
     opt.rope.layout = layout;
     opt.rope.first_position = first;
     const float* rot = rotated.data();
-    const auto vv = fc::hnd(l.v.data(), heads, n, dim);
-    const auto plain = fc::score_layer<double>(fc::hnd(l.k.data(), heads, n, dim), vv, fc::Options{});
-    const auto derotated = fc::score_layer<double>(fc::hnd(rot, heads, n, dim), vv, opt);
-    const auto as_cached = fc::score_layer<double>(fc::hnd(rot, heads, n, dim), vv, fc::Options{});
+    const auto vv = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
+    const auto plain = fc::score_layer<double>(fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
+                                               vv, fc::Options{});
+    const auto derotated =
+        fc::score_layer<double>(fc::hnd(rot, fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)), vv, opt);
+    const auto as_cached =
+        fc::score_layer<double>(fc::hnd(rot, fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)), vv, fc::Options{});
     double changed = 0;
     for (std::int64_t i = 0; i < heads * n; ++i) {
       EXPECT_NEAR(derotated.score[i], plain.score[i], 1e-5 * (1 + std::fabs(plain.score[i])));
@@ -256,7 +272,9 @@ TEST(Score, DerotatedKeysScoreAsBeforeRope) {
   fc::Options odd;
   odd.rope.derotate = true;
   std::vector<float> x(3 * 5, 1.0f);
-  EXPECT_THROW(fc::score_layer(fc::hnd(x.data(), 1, 3, 5), fc::hnd(x.data(), 1, 3, 5), odd), fc::Error);
+  EXPECT_THROW(fc::score_layer(fc::hnd(x.data(), fc::Heads(1), fc::Tokens(3), fc::HeadDim(5)),
+                               fc::hnd(x.data(), fc::Heads(1), fc::Tokens(3), fc::HeadDim(5)), odd),
+               fc::Error);
 }
 
 }  // namespace

@@ -73,7 +73,8 @@ inline std::vector<HeadEnergy> layer_energy(const float* k, const float* v, std:
   opt.transform = Transform::global;
   Scorer<double> scorer;
   LayerScores scores;
-  throw_if_error(scorer.score(hnd(k, heads, tokens, d), hnd(v, heads, tokens, d), opt, &scores));
+  throw_if_error(scorer.score(hnd(k, Heads(heads), Tokens(tokens), HeadDim(d)),
+                              hnd(v, Heads(heads), Tokens(tokens), HeadDim(d)), opt, &scores));
   return scores.energy;
 }
 

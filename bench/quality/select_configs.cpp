@@ -46,7 +46,8 @@ struct Cache {
   std::vector<fc::KVView<const float>> views(const fc::npy::Array& a, std::int64_t h) const {
     std::vector<fc::KVView<const float>> out;
     for (std::int64_t l = 0; l < layers; ++l)
-      out.push_back(fc::hnd(a.data<float>() + l * h * tokens * head_dim, h, tokens, head_dim));
+      out.push_back(fc::hnd(a.data<float>() + l * h * tokens * head_dim, fc::Heads(h), fc::Tokens(tokens),
+                            fc::HeadDim(head_dim)));
     return out;
   }
 };
@@ -61,7 +62,8 @@ fc::npy::Array load_float(const std::string& path, std::int64_t layers_expected)
 fc::Options options_from(const Json& j) {
   fc::Options o;
   o.gamma = j.value("gamma", o.gamma);
-  o.transform = j.value("transform", std::string("global")) == "blocked" ? fc::Transform::blocked : fc::Transform::global;
+  o.transform =
+      j.value("transform", std::string("global")) == "blocked" ? fc::Transform::blocked : fc::Transform::global;
   o.block_size = j.value("block_size", o.block_size);
   o.sink = j.value("sink", o.sink);
   o.window = j.value("window", o.window);
@@ -71,10 +73,10 @@ fc::Options options_from(const Json& j) {
   const double theta = j.value("rope_theta", 0.0);
   o.rope.derotate = theta > 0;
   if (theta > 0) o.rope.theta = theta;
-  o.rope.layout = j.value("rope_layout", std::string("half")) == "interleaved" ? fc::RopeLayout::interleaved
-                                                                                : fc::RopeLayout::half;
-  o.allocation = j.value("allocation", std::string("dynamic")) == "uniform" ? fc::Allocation::uniform
-                                                                              : fc::Allocation::dynamic;
+  o.rope.layout =
+      j.value("rope_layout", std::string("half")) == "interleaved" ? fc::RopeLayout::interleaved : fc::RopeLayout::half;
+  o.allocation =
+      j.value("allocation", std::string("dynamic")) == "uniform" ? fc::Allocation::uniform : fc::Allocation::dynamic;
   return o;
 }
 

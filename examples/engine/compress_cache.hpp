@@ -18,8 +18,8 @@ struct CompressSettings {
   double keep_ratio = 0.2;  // of the model's prompt tokens, split over layers by the policy
   std::string policy = "flashcache";
   std::int64_t sink = -1, window = -1;  // always-kept first / last tokens; -1: the library's default
-  std::int64_t room = 0;               // new tokens each layer must still have room for
-  bool uniform = false;                // same budget in every layer instead of flashcache's dynamic split
+  std::int64_t room = 0;                // new tokens each layer must still have room for
+  bool uniform = false;                 // same budget in every layer instead of flashcache's dynamic split
 };
 
 // Compresses engine caches with flashcache's no-throw core: score every layer

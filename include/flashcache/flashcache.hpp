@@ -7,8 +7,9 @@
 //   select    per head: protected tokens + top scores, ascending
 //   gather    dense compact K', V'
 //
-//   auto out = flashcache::compress(flashcache::hnd(k, H, N, d), flashcache::hnd(v, H, N, d),
-//                                    flashcache::Budget::ratio(0.2));
+//   namespace fc = flashcache;
+//   auto out = fc::compress(fc::hnd(k, fc::Heads(H), fc::Tokens(N), fc::HeadDim(d)),
+//                           fc::hnd(v, fc::Heads(H), fc::Tokens(N), fc::HeadDim(d)), fc::Budget::ratio(0.2));
 //
 // Every entry point validates its input and throws flashcache::Error with a
 // message naming the problem; this throwing front door exists only when
@@ -50,8 +51,8 @@ struct CompressedLayer {
   std::vector<T> k, v;             // [heads][budget][head_dim]
   LayerScores scores;
 
-  KVView<const T> k_view() const { return hnd(k.data(), heads, budget, head_dim); }
-  KVView<const T> v_view() const { return hnd(v.data(), heads, budget, head_dim); }
+  KVView<const T> k_view() const { return hnd(k.data(), Heads(heads), Tokens(budget), HeadDim(head_dim)); }
+  KVView<const T> v_view() const { return hnd(v.data(), Heads(heads), Tokens(budget), HeadDim(head_dim)); }
   const std::int32_t* kept_head(std::int64_t h) const { return kept.data() + h * budget; }
 };
 
@@ -89,15 +90,16 @@ Status select_and_gather(KVView<const T> k, KVView<const T> v, std::int64_t budg
   const auto size = static_cast<std::size_t>(k.heads * budget * k.head_dim);
   out->k.resize(size);
   out->v.resize(size);
-  FLASHCACHE_RETURN_IF_ERROR(gather(k, out->kept.data(), hnd(out->k.data(), k.heads, budget, k.head_dim)));
-  FLASHCACHE_RETURN_IF_ERROR(gather(v, out->kept.data(), hnd(out->v.data(), k.heads, budget, k.head_dim)));
+  FLASHCACHE_RETURN_IF_ERROR(
+      gather(k, out->kept.data(), hnd(out->k.data(), Heads(k.heads), Tokens(budget), HeadDim(k.head_dim))));
+  FLASHCACHE_RETURN_IF_ERROR(
+      gather(v, out->kept.data(), hnd(out->v.data(), Heads(k.heads), Tokens(budget), HeadDim(k.head_dim))));
   out->scores = std::move(scores);
   return Status::success();
 }
 
 // Layer l's mask: masks[l] when given, else none; it must cover the layer.
-inline Status layer_mask(const std::vector<ProtectMask>& masks, std::size_t l, std::int64_t tokens,
-                         ProtectMask* out) {
+inline Status layer_mask(const std::vector<ProtectMask>& masks, std::size_t l, std::int64_t tokens, ProtectMask* out) {
   *out = masks.empty() ? ProtectMask{} : masks[l];
   return check_mask(*out, tokens);
 }
@@ -110,8 +112,7 @@ std::vector<KVView<const std::remove_const_t<T>>> const_views(const std::vector<
 
 template <class T>
 Status check_model_inputs(const std::vector<KVView<T>>& k, std::size_t v_layers, const Options& opt) {
-  if (k.size() != v_layers)
-    return make_error(Errc::invalid_shape, k.size(), " K layers but ", v_layers, " V layers");
+  if (k.size() != v_layers) return make_error(Errc::invalid_shape, k.size(), " K layers but ", v_layers, " V layers");
   return check_options(opt);
 }
 
@@ -133,7 +134,8 @@ Status compress_scored_model(const std::vector<KVView<const T>>& k, const std::v
   model->energy_ratio.resize(k.size());
   model->nonfinite = 0;
   for (std::size_t l = 0; l < k.size(); ++l) {
-    FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(detail::layer_mask(masks, l, k[l].tokens, &mask[l]), 1, 0, static_cast<int>(l)));
+    FLASHCACHE_RETURN_IF_ERROR(
+        detail::at_layer(detail::layer_mask(masks, l, k[l].tokens, &mask[l]), 1, 0, static_cast<int>(l)));
     summary[l] = summarize(scores[l].view(), scores[l].energy.data(), opt, mask[l]);
     model->energy_ratio[l] = summary[l].energy_ratio();
     model->nonfinite += scores[l].nonfinite;
@@ -144,14 +146,14 @@ Status compress_scored_model(const std::vector<KVView<const T>>& k, const std::v
   model->layers.resize(k.size());
   SelectWorkspace ws;
   for (std::size_t l = 0; l < k.size(); ++l)
-    FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(detail::select_and_gather<T>(k[l], v[l], model->budgets[l], opt, mask[l], &ws,
-                                                             std::move(scores[l]), &model->layers[l]),
-                                        1, 0, static_cast<int>(l)));
+    FLASHCACHE_RETURN_IF_ERROR(
+        detail::at_layer(detail::select_and_gather<T>(k[l], v[l], model->budgets[l], opt, mask[l], &ws,
+                                                      std::move(scores[l]), &model->layers[l]),
+                         1, 0, static_cast<int>(l)));
   return Status::success();
 }
 
 #if FLASHCACHE_EXCEPTIONS
-
 
 // Compresses one layer: every head keeps `budget` tokens (a count, or a ratio
 // of the layer's tokens), chosen by outlier score; `mask` marks tokens always

@@ -77,8 +77,8 @@ inline Status check_grid_spans(const std::vector<GridSpan>& spans) {
       return make_error(Errc::invalid_option, "grid span ", i, ": ", g.rows, " x ", g.cols, " tokens is too large");
     for (std::size_t j = 0; j < i; ++j)
       if (g.first < spans[j].end() && spans[j].first < g.end())
-        return make_error(Errc::invalid_option, "grid spans ", j, " [", spans[j].first, ", ", spans[j].end(),
-                          ") and ", i, " [", g.first, ", ", g.end(), ") overlap");
+        return make_error(Errc::invalid_option, "grid spans ", j, " [", spans[j].first, ", ", spans[j].end(), ") and ",
+                          i, " [", g.first, ", ", g.end(), ") overlap");
   }
   return Status::success();
 }

@@ -126,8 +126,8 @@ class Scorer {
       if (opt.rope.derotate) {
         // The transform reads one de-rotated head from float buffers instead.
         derotated_head(k, v, h, opt.rope);
-        const KVView<const float> kh = hnd(derotated_k_.data(), 1, n, k.head_dim);
-        const KVView<const float> vh = hnd(derotated_v_.data(), 1, n, k.head_dim);
+        const KVView<const float> kh = hnd(derotated_k_.data(), Heads(1), Tokens(n), HeadDim(k.head_dim));
+        const KVView<const float> vh = hnd(derotated_v_.data(), Heads(1), Tokens(n), HeadDim(k.head_dim));
         residuals(kh, vh, 0, opt, &e);
       } else {
         residuals(k, v, h, opt, &e);

@@ -138,8 +138,8 @@ inline std::int64_t keep_base_sample(std::int64_t n, std::int64_t budget, std::i
   for (std::int64_t t = 0; t < n; ++t) free += !keep[t];
   if (free == 0 || room <= 0) return 0;
   const auto share = [&](double ratio, std::int64_t part) {
-    return static_cast<std::int64_t>(std::llround(ratio * static_cast<double>(budget) * static_cast<double>(part) /
-                                                  static_cast<double>(free)));
+    return static_cast<std::int64_t>(
+        std::llround(ratio * static_cast<double>(budget) * static_cast<double>(part) / static_cast<double>(free)));
   };
   std::int64_t marked = 0, free_in_spans = 0;
   for (const GridSpan& g : opt.grids) {
@@ -153,8 +153,8 @@ inline std::int64_t keep_base_sample(std::int64_t n, std::int64_t budget, std::i
       if (t >= g.first && t < g.end()) return true;
     return false;
   };
-  return marked + keep_evenly_spaced_if(n, std::min(share(opt.base_share, free - free_in_spans), room - marked),
-                                        keep, in_span);
+  return marked +
+         keep_evenly_spaced_if(n, std::min(share(opt.base_share, free - free_in_spans), room - marked), keep, in_span);
 }
 
 // Caller-owned scratch of select_tokens(): grows to the longest layer seen,
@@ -173,8 +173,8 @@ struct KeptView {
 // Writes the `budget` kept tokens of every head, ascending, into `kept`.
 // The mask, when given, must cover the layer's tokens. No allocation once
 // `ws` has seen a layer this long.
-inline Status select_tokens(ScoreView s, std::int64_t budget, const Options& opt, ProtectMask mask,
-                            SelectWorkspace* ws, KeptView kept) {
+inline Status select_tokens(ScoreView s, std::int64_t budget, const Options& opt, ProtectMask mask, SelectWorkspace* ws,
+                            KeptView kept) {
   FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
   FLASHCACHE_RETURN_IF_ERROR(check_mask(mask, s.tokens));
   FLASHCACHE_RETURN_IF_ERROR(check_grids_fit(opt.grids, s.tokens));

@@ -5,8 +5,8 @@
 // three extents and two strides (in elements). The head dim is contiguous;
 // the head and token strides are free, so the two usual cache layouts are
 // the same type:
-//   HND  [heads][tokens][head_dim]  -> hnd(ptr, heads, tokens, head_dim)
-//   NHD  [tokens][heads][head_dim]  -> nhd(ptr, tokens, heads, head_dim)
+//   HND  [heads][tokens][head_dim]  -> hnd(ptr, Heads(h), Tokens(n), HeadDim(d))
+//   NHD  [tokens][heads][head_dim]  -> nhd(ptr, Tokens(n), Heads(h), HeadDim(d))
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -43,16 +43,32 @@ struct KVView {
       : data(d), heads(h), tokens(n), head_dim(c), head_stride(hs), token_stride(ns) {}
 };
 
+// Extents by name, for the dense layouts below: hnd and nhd take the same
+// three counts in different orders, so plain integers could be swapped
+// silently; these cannot (explicit, and distinct types).
+struct Heads {
+  constexpr explicit Heads(std::int64_t n) : value(n) {}
+  std::int64_t value;
+};
+struct Tokens {
+  constexpr explicit Tokens(std::int64_t n) : value(n) {}
+  std::int64_t value;
+};
+struct HeadDim {
+  constexpr explicit HeadDim(std::int64_t n) : value(n) {}
+  std::int64_t value;
+};
+
 // [heads][tokens][head_dim], densely packed.
 template <class T>
-KVView<T> hnd(T* data, std::int64_t heads, std::int64_t tokens, std::int64_t head_dim) {
-  return {data, heads, tokens, head_dim, tokens * head_dim, head_dim};
+KVView<T> hnd(T* data, Heads heads, Tokens tokens, HeadDim head_dim) {
+  return {data, heads.value, tokens.value, head_dim.value, tokens.value * head_dim.value, head_dim.value};
 }
 
 // [tokens][heads][head_dim], densely packed.
 template <class T>
-KVView<T> nhd(T* data, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim) {
-  return {data, heads, tokens, head_dim, head_dim, heads * head_dim};
+KVView<T> nhd(T* data, Tokens tokens, Heads heads, HeadDim head_dim) {
+  return {data, heads.value, tokens.value, head_dim.value, head_dim.value, heads.value * head_dim.value};
 }
 
 // Tokens [first, first + count) of a view: one sequence of a packed batch.
@@ -87,7 +103,8 @@ Status check_view(const KVView<T>& v, const char* name) {
     span += count * stride;
     return true;
   };
-  if (!add_span(many_heads ? v.heads - 1 : 0, v.head_stride) || !add_span(many_tokens ? v.tokens - 1 : 0, v.token_stride))
+  if (!add_span(many_heads ? v.heads - 1 : 0, v.head_stride) ||
+      !add_span(many_tokens ? v.tokens - 1 : 0, v.token_stride))
     return make_error(Errc::invalid_shape, name, ": ", v.heads, " heads x stride ", v.head_stride, " and ", v.tokens,
                       " tokens x stride ", v.token_stride, " span more than 2^63 elements");
   // Rows of head_dim contiguous elements must not overlap: the inner stride

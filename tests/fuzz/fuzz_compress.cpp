@@ -105,8 +105,15 @@ Tensor<T> make_tensor(FuzzedDataProvider& in, std::int64_t heads, std::int64_t t
     state = state * 1664525u + 1013904223u;
     x = from_float<T>(scale * (static_cast<float>(state >> 8) / 8388608.0f - 1.0f));
   }
-  static const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                                   -std::numeric_limits<float>::infinity(), 0.0f, -0.0f, 1e-40f, 65504.0f, 3e38f, -3e38f};
+  static const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                                   std::numeric_limits<float>::infinity(),
+                                   -std::numeric_limits<float>::infinity(),
+                                   0.0f,
+                                   -0.0f,
+                                   1e-40f,
+                                   65504.0f,
+                                   3e38f,
+                                   -3e38f};
   for (int s = in.ConsumeIntegralInRange(0, 3); s > 0 && !t.buf.empty(); --s) {
     const auto at = in.ConsumeIntegralInRange<std::size_t>(0, t.buf.size() - 1);
     t.buf[at] = from_float<T>(specials[in.ConsumeIntegralInRange<std::size_t>(0, std::size(specials) - 1)]);
@@ -235,7 +242,7 @@ void check_error(const fc::Error& e) {
 
 template <class T>
 void run(FuzzedDataProvider& in) {
-  const int entry = in.ConsumeIntegralInRange(0, 2);  // compress, compress_model, policies::compress_model
+  const int entry = in.ConsumeIntegralInRange(0, 2);        // compress, compress_model, policies::compress_model
   const bool exact = in.ConsumeIntegralInRange(0, 7) == 0;  // Real = double
   const int layers = entry == 0 ? 1 : in.ConsumeIntegralInRange(0, kMaxLayers);
   const bool same_shape = in.ConsumeBool();
@@ -258,8 +265,8 @@ void run(FuzzedDataProvider& in) {
     const int q_layers = layers + (in.ConsumeIntegralInRange(0, 15) == 0 ? 1 : 0);
     for (int l = 0; l < q_layers && layers > 0; ++l) {
       const auto& k = ks[static_cast<std::size_t>(std::min(l, layers - 1))].view;
-      const std::int64_t qh =
-          in.ConsumeIntegralInRange(0, 7) == 0 ? in.ConsumeIntegralInRange(0, 7) : k.heads * in.ConsumeIntegralInRange(1, kMaxGroup);
+      const std::int64_t qh = in.ConsumeIntegralInRange(0, 7) == 0 ? in.ConsumeIntegralInRange(0, 7)
+                                                                   : k.heads * in.ConsumeIntegralInRange(1, kMaxGroup);
       const int odd = in.ConsumeIntegralInRange(0, 15);
       qs.push_back(make_tensor<T>(in, qh, k.tokens + (odd == 1), k.head_dim + (odd == 2)));
     }

@@ -3,7 +3,9 @@
 int main() {
   std::vector<float> k(2 * 50 * 8), v(k.size());
   for (std::size_t i = 0; i < k.size(); ++i) k[i] = std::sin(0.1f * i), v[i] = std::cos(0.07f * i);
-  auto out = flashcache::compress(flashcache::hnd(k.data(), 2, 50, 8), flashcache::hnd(v.data(), 2, 50, 8),
-                                  flashcache::Budget::ratio(0.2));
+  auto out = flashcache::compress(
+      flashcache::hnd(k.data(), flashcache::Heads(2), flashcache::Tokens(50), flashcache::HeadDim(8)),
+      flashcache::hnd(v.data(), flashcache::Heads(2), flashcache::Tokens(50), flashcache::HeadDim(8)),
+      flashcache::Budget::ratio(0.2));
   std::printf("flashcache %s kept %lld of 50\n", flashcache::version_string(), (long long)out.budget);
 }

@@ -9,7 +9,9 @@ int main() {
     k[i] = std::sin(0.1f * static_cast<float>(i));
     v[i] = std::cos(0.07f * static_cast<float>(i));
   }
-  auto out = flashcache::compress(flashcache::hnd(k.data(), 2, 50, 8), flashcache::hnd(v.data(), 2, 50, 8),
-                                  flashcache::Budget::ratio(0.2));
+  auto out = flashcache::compress(
+      flashcache::hnd(k.data(), flashcache::Heads(2), flashcache::Tokens(50), flashcache::HeadDim(8)),
+      flashcache::hnd(v.data(), flashcache::Heads(2), flashcache::Tokens(50), flashcache::HeadDim(8)),
+      flashcache::Budget::ratio(0.2));
   std::printf("parent kept %lld of 50\n", static_cast<long long>(out.budget));
 }

@@ -25,7 +25,8 @@ struct KVCache {
   std::vector<KVView<const T>> views(const npy::Array& a) const {
     std::vector<KVView<const T>> out;
     const T* base = a.data<T>();
-    for (std::int64_t l = 0; l < layers; ++l) out.push_back(hnd(base + l * layer_elements(), heads, tokens, head_dim));
+    for (std::int64_t l = 0; l < layers; ++l)
+      out.push_back(hnd(base + l * layer_elements(), Heads(heads), Tokens(tokens), HeadDim(head_dim)));
     return out;
   }
 };
@@ -43,7 +44,8 @@ struct Queries {
     std::vector<KVView<const T>> out;
     const T* base = q.data<T>();
     const std::int64_t layer = heads * c.tokens * c.head_dim;
-    for (std::int64_t l = 0; l < c.layers; ++l) out.push_back(hnd(base + l * layer, heads, c.tokens, c.head_dim));
+    for (std::int64_t l = 0; l < c.layers; ++l)
+      out.push_back(hnd(base + l * layer, Heads(heads), Tokens(c.tokens), HeadDim(c.head_dim)));
     return out;
   }
 };

@@ -9,9 +9,9 @@
 
 #include "cli_error.hpp"
 #include "commands.hpp"
-#include "run_cli.hpp"
 #include "flashcache/error.hpp"
 #include "flashcache/version.hpp"
+#include "run_cli.hpp"
 
 namespace {
 
@@ -79,11 +79,10 @@ int flashcache::cli::run_cli(int argc, char** argv) {
           ->add_option("--base-share", c.base_share,
                        "Spend round(S * B) of the rest on evenly spaced tokens (a sample of the smooth base)")
           ->capture_default_str();
-  CLI::Option* normalize =
-      compress
-          ->add_flag("--normalize-terms,!--no-normalize-terms", c.normalize_terms,
-                     "flashcache: divide the K and V terms of the score each by its head's mean")
-          ->capture_default_str();
+  CLI::Option* normalize = compress
+                               ->add_flag("--normalize-terms,!--no-normalize-terms", c.normalize_terms,
+                                          "flashcache: divide the K and V terms of the score each by its head's mean")
+                               ->capture_default_str();
   CLI::Option* rope = compress->add_option(
       "--rope-theta", c.rope_theta, "flashcache: score keys rotated back to their pre-RoPE form, with this RoPE base");
   compress->add_option("--rope-layout", c.rope_layout, "With --rope-theta: pairs (i, i + d/2) or (2i, 2i + 1)")
@@ -119,7 +118,8 @@ int flashcache::cli::run_cli(int argc, char** argv) {
   compress
       ->add_option("--policy", c.policy,
                    "How tokens are scored: flashcache (outliers from the low-pass base), or a baseline: streaming "
-                   "(most recent), knorm (lowest key norm), keydiff (keys least aligned with the mean key), random, snapkv (attention of the last "
+                   "(most recent), knorm (lowest key norm), keydiff (keys least aligned with the mean key), random, "
+                   "snapkv (attention of the last "
                    "--observation-window queries), h2o (accumulated attention). Baselines have no energy ratios: "
                    "with --keep-ratio their total is split in proportion to each layer's tokens")
       ->check(CLI::IsMember({"flashcache", "streaming", "knorm", "keydiff", "random", "snapkv", "h2o"}))
@@ -153,9 +153,8 @@ int flashcache::cli::run_cli(int argc, char** argv) {
                                compress->count("--normalize-terms") + compress->count("--no-normalize-terms") >
                            0;
   c.has_grid_option = compress->count("--grid-zone") + compress->count("--grid-tile") > 0;
-  c.has_rope_option = compress->count("--rope-theta") + compress->count("--rope-layout") +
-                          compress->count("--rope-first-position") >
-                      0;
+  c.has_rope_option =
+      compress->count("--rope-theta") + compress->count("--rope-layout") + compress->count("--rope-first-position") > 0;
 
   try {
     if (compress->parsed()) return cli::run_compress(c);
