@@ -492,7 +492,9 @@ TEST_F(CliTest, GridSpansAreScoredAndRecorded) {
   EXPECT_EQ(o.summary["options"]["grid_base_share"], 1.0);
   // Without the base share the 2D scores choose, and differ from the 1D ones.
   ASSERT_EQ(run_cli(compress({"--keep", "9", "--force", "--sink", "0", "--window-share", "0", "--grid", "1:6:6",
-                                  "--grid", "0:1:1"})).code, 0);
+                              "--grid", "0:1:1", "--grid-base-share", "0"}))
+                .code,
+            0);
   const Outputs two_d = check_outputs(out, k, v);
   ASSERT_EQ(run_cli(compress({"--keep", "9", "--force", "--sink", "0", "--window-share", "0"})).code, 0);
   const Outputs one_d = check_outputs(out, k, v);
@@ -554,7 +556,8 @@ TEST_F(CliTest, PolicyKnormKeepsTheLowestKeyNorms) {
 
 TEST_F(CliTest, PolicyRandomDependsOnlyOnTheSeed) {
   auto kept_with = [&](const std::string& seed) {
-    const Result r = run_cli(compress({"--policy", "random", "--keep", "9", "--seed", seed, "--force", "--sink", "0", "--window-share", "0"}));
+    const Result r = run_cli(compress(
+        {"--policy", "random", "--keep", "9", "--seed", seed, "--force", "--sink", "0", "--window-share", "0"}));
     EXPECT_EQ(r.code, 0) << r.err;
     const Outputs o = check_outputs(out, k, v);
     EXPECT_EQ(o.summary["options"]["seed"], std::stoull(seed));
@@ -612,8 +615,8 @@ TEST_F(CliTest, PolicyH2oScoresComeFromTheQueries) {
 TEST_F(CliTest, PolicySnapkvKeepsItsObservationWindow) {
   const std::string q = dir / "q.npy";
   write_cache<float>(q, dir / "unused.npy", {2, 2, 37, 8}, 7);
-  const Result r = run_cli(compress({"--policy", "snapkv", "--q", q, "--keep", "7", "--observation-window", "4", "--sink", "0",
-                                      "--window-share", "0"}));
+  const Result r = run_cli(compress({"--policy", "snapkv", "--q", q, "--keep", "7", "--observation-window", "4",
+                                     "--sink", "0", "--window-share", "0"}));
   ASSERT_EQ(r.code, 0) << r.err;
   const Outputs o = check_outputs(out, k, v);
   EXPECT_EQ(o.summary["options"]["policy"], "snapkv");
@@ -627,7 +630,8 @@ TEST_F(CliTest, PolicySnapkvKeepsItsObservationWindow) {
   // float16 queries with a float16 cache work the same way.
   write_cache<half_t>(k, v, {2, 2, 37, 8});
   write_cache<half_t>(q, dir / "unused.npy", {2, 2, 37, 8}, 7);
-  const Result r16 = run_cli(compress({"--policy", "snapkv", "--q", q, "--keep", "7", "--force", "--sink", "0", "--window-share", "0"}));
+  const Result r16 = run_cli(
+      compress({"--policy", "snapkv", "--q", q, "--keep", "7", "--force", "--sink", "0", "--window-share", "0"}));
   ASSERT_EQ(r16.code, 0) << r16.err;
   EXPECT_EQ(check_outputs(out, k, v).summary["options"]["observation_window"], 32);  // the default
 }
