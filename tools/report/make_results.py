@@ -4,6 +4,7 @@ Each section comes from its own JSON, written by the run that measured it:
   cpu.json      bench/run_cpu.sh (Google Benchmark)        -> speed.py
   quality.json  bench/quality/run.sh                        -> quality.py
   quality_long.json  bench/quality/run_long.sh              -> quality_long.py
+  quality_grid.json  bench/quality/run_grid.sh              -> quality_grid.py
   engine.json   examples/engine (its benchmark)             -> engine.py
   static_sm90.json  bench/gpu/static_report.sh              -> static_gpu.py
 A missing JSON leaves its section out; numbers are never typed in by hand.
@@ -38,6 +39,7 @@ def main():
     # Sections rendered by their own modules from their own JSON, when both exist.
     for name, module, function in (("quality_long.json", "quality_long", "render"),
                                    ("quality_long_passkey.json", "quality_long", "render_passkey"),
+                                   ("quality_grid.json", "quality_grid", "render"),
                                    ("engine.json", "engine", "render"),
                                    ("static_sm90.json", "static_gpu", "render")):
         path = os.path.join(RESULTS, name)
