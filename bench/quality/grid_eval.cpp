@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "attention_error.hpp"
+#include "eval_util.hpp"
 #include "flashcache/flashcache.hpp"
 #include "flashcache/policies/baselines.hpp"
 #include "npy/npy.hpp"
@@ -64,6 +65,12 @@ namespace fs = std::filesystem;
 namespace fc = flashcache;
 namespace fp = flashcache::policies;
 namespace fq = flashcache::quality;
+using fq::load_floats;
+using fq::mean_of;
+using fq::median_of;
+using fq::run_text;
+using fq::split_list;
+using fq::utc_now;
 using json = nlohmann::ordered_json;
 using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic>;  // column-major
 
@@ -74,46 +81,6 @@ const std::vector<double> kSweepShares = {0.0, 0.25, 0.5, 0.75};
 const std::vector<fc::GridZone> kSweepZones = {fc::GridZone::rectangle, fc::GridZone::triangle};
 
 [[noreturn]] void fail(const std::string& m) { throw std::runtime_error(m); }
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-std::string run_text(const std::string& cmd) {
-  std::string out;
-  if (std::FILE* p = ::popen(cmd.c_str(), "r")) {
-    char buf[256];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    ::pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
-double mean_of(const std::vector<double>& x) {
-  double s = 0;
-  for (double e : x) s += e;
-  return x.empty() ? 0.0 : s / static_cast<double>(x.size());
-}
-
-double median_of(std::vector<double> x) {
-  if (x.empty()) return 0.0;
-  std::sort(x.begin(), x.end());
-  const std::size_t m = x.size() / 2;
-  return x.size() % 2 ? x[m] : 0.5 * (x[m - 1] + x[m]);
-}
 
 std::string share_text(double s) {
   char buf[32];
@@ -144,25 +111,6 @@ struct Entry {
     return g;
   }
 };
-
-std::vector<float> load_floats(const std::string& path, std::vector<std::int64_t>* shape) {
-  if (!fs::exists(path)) fail(path + ": missing");
-  const fc::npy::Array a = fc::npy::read(path);
-  if (a.shape.size() != 4) fail(path + ": expected a 4-d array [L, H, N, d]");
-  *shape = a.shape;
-  const auto n = static_cast<std::size_t>(fc::npy::element_count(a.shape));
-  std::vector<float> out(n);
-  if (a.is<fc::half_t>()) {
-    for (std::size_t i = 0; i < n; ++i) out[i] = fc::to_float(a.data<fc::half_t>()[i]);
-  } else if (a.is<float>()) {
-    std::copy_n(a.data<float>(), n, out.begin());
-  } else {
-    fail(path + ": expected float16 or float32");
-  }
-  for (float x : out)
-    if (!std::isfinite(x)) fail(path + ": holds a NaN or infinity");
-  return out;
-}
 
 std::string shape_text(const std::vector<std::int64_t>& s) {
   std::string t = "[";

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "attention_error.hpp"
+#include "eval_util.hpp"
 #include "energy.hpp"
 #include "flashcache/flashcache.hpp"
 #include "flashcache/policies/baselines.hpp"
@@ -76,22 +77,6 @@ struct Fixture {
   }
 };
 
-std::vector<float> load_floats(const std::string& path, std::vector<std::int64_t>* shape) {
-  const fc::npy::Array a = fc::npy::read(path);
-  if (a.shape.size() != 4) throw std::runtime_error(path + ": expected [L, H, N, d]");
-  *shape = a.shape;
-  const auto n = static_cast<std::size_t>(fc::npy::element_count(a.shape));
-  std::vector<float> out(n);
-  if (a.is<fc::half_t>()) {
-    for (std::size_t i = 0; i < n; ++i) out[i] = fc::to_float(a.data<fc::half_t>()[i]);
-  } else if (a.is<float>()) {
-    std::copy_n(a.data<float>(), n, out.begin());
-  } else {
-    throw std::runtime_error(path + ": expected float16 or float32");
-  }
-  return out;
-}
-
 Fixture load_fixture(const std::string& root, const std::string& name) {
   Fixture f;
   f.name = name;
@@ -100,9 +85,9 @@ Fixture load_fixture(const std::string& root, const std::string& name) {
   if (!in) throw std::runtime_error(f.dir + "/meta.json: cannot open");
   f.meta = json::parse(in);
   std::vector<std::int64_t> ks, vs, qs;
-  f.k = load_floats(f.dir + "/k.npy", &ks);
-  f.v = load_floats(f.dir + "/v.npy", &vs);
-  f.q = load_floats(f.dir + "/q.npy", &qs);
+  f.k = fq::load_floats(f.dir + "/k.npy", &ks);
+  f.v = fq::load_floats(f.dir + "/v.npy", &vs);
+  f.q = fq::load_floats(f.dir + "/q.npy", &qs);
   if (ks != vs || qs[0] != ks[0] || qs[2] != ks[2] || qs[3] != ks[3])
     throw std::runtime_error(f.dir + ": k, v, q shapes disagree");
   f.layers = ks[0];
@@ -196,24 +181,6 @@ json row_options(const Row& r, const fc::Options& o, const fp::PolicyOptions& po
 
 // ------------------------------------------------------------------- helpers
 
-std::string run_text(const std::string& cmd) {
-  std::string out;
-  if (std::FILE* p = ::popen(cmd.c_str(), "r")) {
-    char buf[256];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    ::pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
 json record(const std::string& part, const std::string& model, const std::string& policy, json options, json keep_ratio,
             const std::string& metric, double value, json layer = nullptr) {
   json r;
@@ -228,15 +195,6 @@ json record(const std::string& part, const std::string& model, const std::string
   return r;
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 // --------------------------------------------------------------- evaluation
 
 // Per-layer relative attention error of one compressed model.
@@ -249,12 +207,6 @@ std::vector<double> layer_errors(const Fixture& f, const fc::CompressedModel<flo
     out.push_back(s.relative());
   }
   return out;
-}
-
-double mean(const std::vector<double>& x) {
-  double s = 0;
-  for (double e : x) s += e;
-  return x.empty() ? 0.0 : s / static_cast<double>(x.size());
 }
 
 void evaluate_attention(const Fixture& f, const std::vector<double>& ratios, const std::vector<Row>& rows, int seeds,
@@ -293,16 +245,16 @@ void evaluate_attention(const Fixture& f, const std::vector<double>& ratios, con
                 (layer.budget > 0 && layer.kept_head(h)[0] == 0) / static_cast<double>(runs * f.layers * layer.heads);
         const auto e = layer_errors(f, model);
         for (std::size_t l = 0; l < e.size(); ++l) per_layer[l] += e[l] / runs;
-        overall.push_back(mean(e));
+        overall.push_back(fq::mean_of(e));
       }
       json options = row_options(row, opt, po, runs);
       options["kept_per_head_total"] = kept_total;  // over layers; n * L for every row
       options["prompt_tokens"] = f.setup.prompt;
       const std::string policy = fp::to_string(row.policy);
-      records->push_back(record("attention", f.name, policy, options, ratio, "attn_rel_err", mean(per_layer)));
+      records->push_back(record("attention", f.name, policy, options, ratio, "attn_rel_err", fq::mean_of(per_layer)));
       if (runs > 1) {
         double var = 0;
-        for (double x : overall) var += (x - mean(overall)) * (x - mean(overall));
+        for (double x : overall) var += (x - fq::mean_of(overall)) * (x - fq::mean_of(overall));
         records->push_back(record("attention", f.name, policy, options, ratio, "attn_rel_err_std_over_seeds",
                                   std::sqrt(var / static_cast<double>(runs - 1))));
       }
@@ -310,7 +262,7 @@ void evaluate_attention(const Fixture& f, const std::vector<double>& ratios, con
       for (std::size_t l = 0; l < per_layer.size(); ++l)
         records->push_back(record("attention", f.name, policy, options, ratio, "attn_rel_err", per_layer[l],
                                   l < model_layers.size() ? model_layers[l] : static_cast<int>(l)));
-      std::printf(" %9.4f", mean(per_layer));
+      std::printf(" %9.4f", fq::mean_of(per_layer));
       std::fflush(stdout);
     }
     std::printf("\n");
@@ -398,7 +350,7 @@ int main(int argc, char** argv) {
 
   try {
     std::vector<double> ratios;
-    for (const auto& r : split(ratios_text)) ratios.push_back(std::stod(r));
+    for (const auto& r : fq::split_list(ratios_text)) ratios.push_back(std::stod(r));
     std::vector<Row> rows;
     for (const Row& r : all_rows())
       if (rows_text.empty() || ("," + rows_text + ",").find("," + r.label + ",") != std::string::npos)
@@ -410,10 +362,10 @@ int main(int argc, char** argv) {
     for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
     const std::string src = FLASHCACHE_SOURCE_DIR;
     json header;
-    header["date"] = utc_now();
+    header["date"] = fq::utc_now();
     header["command"] = command;
-    header["git_revision"] = run_text("git -C '" + src + "' rev-parse HEAD 2>/dev/null");
-    header["git_dirty"] = !run_text("git -C '" + src + "' status --porcelain --untracked-files=no 2>/dev/null").empty();
+    header["git_revision"] = fq::run_text("git -C '" + src + "' rev-parse HEAD 2>/dev/null");
+    header["git_dirty"] = !fq::run_text("git -C '" + src + "' status --porcelain --untracked-files=no 2>/dev/null").empty();
     header["library"] = FLASHCACHE_VERSION_STRING;
     header["metric"] =
         "attn_rel_err: per layer sqrt(sum ||A(q,K',V') - A(q,K,V)||^2 / sum ||A(q,K,V)||^2) over all query heads "
@@ -430,7 +382,7 @@ int main(int argc, char** argv) {
 
     json records = json::array();
     const auto t0 = std::chrono::steady_clock::now();
-    for (const auto& name : split(models)) {
+    for (const auto& name : fq::split_list(models)) {
       const Fixture f = load_fixture(fixtures, name);
       json fx;
       fx["name"] = f.name;
