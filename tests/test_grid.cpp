@@ -278,4 +278,31 @@ TEST(Grid, SelectionSpendsTheBaseShareOnSubGrids) {
   for (int i = 1; i < 28; ++i) EXPECT_LT(kept[static_cast<std::size_t>(i - 1)], kept[static_cast<std::size_t>(i)]);
 }
 
+// base_share covers the tokens outside spans, grid_base_share those inside:
+// with only the latter, the base sample stays inside the span.
+TEST(Grid, GridBaseShareStaysInsideSpans) {
+  const fc::GridSpan g{10, 6, 6};
+  std::vector<std::uint8_t> keep(60, 0);
+  fc::Options opt;
+  opt.grids = {g};
+  opt.base_share = 0;
+  opt.grid_base_share = 1;
+  // 60 free tokens, budget 20: the span's part is round(20 * 36 / 60) = 12.
+  EXPECT_EQ(fc::keep_base_sample(60, 20, 20, opt, keep.data()), 12);
+  for (std::int64_t t = 0; t < 60; ++t)
+    if (t < g.first || t >= g.end()) {
+      EXPECT_EQ(keep[static_cast<std::size_t>(t)], 0) << t;
+    }
+  // And the other way round: round(20 * 24 / 60) = 8 evenly spaced tokens outside.
+  std::fill(keep.begin(), keep.end(), 0);
+  opt.base_share = 1;
+  opt.grid_base_share = 0;
+  EXPECT_EQ(fc::keep_base_sample(60, 20, 20, opt, keep.data()), 8);
+  for (std::int64_t t = g.first; t < g.end(); ++t) EXPECT_EQ(keep[static_cast<std::size_t>(t)], 0) << t;
+  // The room caps the sample.
+  std::fill(keep.begin(), keep.end(), 0);
+  opt.grid_base_share = 1;
+  EXPECT_EQ(fc::keep_base_sample(60, 20, 5, opt, keep.data()), 5);
+}
+
 }  // namespace
