@@ -97,11 +97,6 @@ struct Options {
   // Rectangle and triangle were within 1% on dev images; rectangle was lower.
   GridZone grid_zone = GridZone::rectangle;
   std::int64_t grid_tile = 8;
-  // Deprecated: pass a ProtectMask (mask.hpp) to the entry points instead,
-  // which carries its length and may differ per layer. Kept while the GPU
-  // API (include/flashcache/cuda/, device memory there) and the old front door
-  // still read it: a caller mask of `tokens` bytes, nonzero = always kept.
-  const std::uint8_t* protect = nullptr;
   // compress_model: how the total budget is split, and a floor on every
   // layer's share as a fraction of its tokens.
   Allocation allocation = Allocation::dynamic;
