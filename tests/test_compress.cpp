@@ -179,4 +179,17 @@ TEST(CompressModel, LayerErrorsSayWhichLayer) {
   EXPECT_THROW(fc::compress_model(m.kv(), std::vector<fc::KVView<const float>>{}, fc::Budget::ratio(0.5)), fc::Error);
 }
 
+// The arithmetic type comes first in every template of the front door, the
+// element type is deduced: compress<double> scores as Scorer<double> does.
+TEST(CompressModel, ArithmeticTypeIsTheFirstTemplateArgument) {
+  Model m = noisy_model(1, 2, 45, 4);
+  const auto out = fc::compress<double>(m.kv()[0], m.vv()[0], fc::Budget::ratio(0.3));
+  const auto model = fc::compress_model<double>(m.kv(), m.vv(), fc::Budget::ratio(0.3));
+  const auto scores = fc::score_layer<double>(m.kv()[0], m.vv()[0]);
+  EXPECT_EQ(out.scores.score, scores.score);
+  EXPECT_EQ(model.layers[0].scores.score, scores.score);
+  const auto single = fc::score_layer<float>(m.kv()[0], m.vv()[0]);
+  EXPECT_NE(single.score, scores.score);  // float arithmetic rounds differently
+}
+
 }  // namespace

@@ -29,14 +29,14 @@ namespace fc = flashcache;
 // Instantiations for the three element types and both arithmetic types.
 template <class T, class Real>
 void instantiate(std::vector<fc::KVView<T>>& k, std::vector<fc::KVView<const T>>& kc, const fc::Options& opt) {
-  (void)fc::compress<T, Real>(k[0], k[0], fc::Budget::ratio(0.2), opt);
-  (void)fc::compress_model<T, Real>(k, k, fc::Budget::ratio(0.2), opt);
+  (void)fc::compress<Real, T>(k[0], k[0], fc::Budget::ratio(0.2), opt);
+  (void)fc::compress_model<Real, T>(k, k, fc::Budget::ratio(0.2), opt);
   for (auto p : {fc::policies::Policy::flashcache, fc::policies::Policy::snapkv, fc::policies::Policy::keydiff})
-    (void)fc::policies::compress_model<T, Real>(p, k, k, k, fc::Budget::ratio(0.2), opt);
+    (void)fc::policies::compress_model<Real, T>(p, k, k, k, fc::Budget::ratio(0.2), opt);
   fc::BatchWorkspace<Real> ws;
   fc::BatchOutputs<T> out;
-  (void)fc::compress_batch(kc.data(), kc.data(), static_cast<int>(kc.size()), fc::Batch{}, fc::Budget::ratio(0.2),
-                           opt, nullptr, &ws, out);
+  (void)fc::compress_batch(kc.data(), kc.data(), static_cast<int>(kc.size()), fc::Batch{}, fc::Budget::ratio(0.2), opt,
+                           nullptr, &ws, out);
   (void)fc::score_layer<Real>(k[0], k[0], opt);
 }
 

@@ -43,8 +43,8 @@
 #include <vector>
 
 #include "attention_error.hpp"
-#include "eval_util.hpp"
 #include "energy.hpp"
+#include "eval_util.hpp"
 #include "flashcache/flashcache.hpp"
 #include "flashcache/policies/baselines.hpp"
 #include "npy/npy.hpp"
@@ -237,7 +237,8 @@ void evaluate_attention(const Fixture& f, const std::vector<double>& ratios, con
       double first_kept = 0;  // share of (layer, KV head) pairs that kept token 0
       for (int run = 0; run < runs; ++run) {
         po.seed = static_cast<std::uint64_t>(run);
-        const auto model = fp::compress_model<const float>(row.policy, qp, kp, vp, fc::Budget::tokens(n), opt, po);
+        const auto model =
+            fp::compress_model<float, const float>(row.policy, qp, kp, vp, fc::Budget::tokens(n), opt, po);
         kept_total = model.tokens_after();
         for (const auto& layer : model.layers)
           for (std::int64_t h = 0; h < layer.heads; ++h)
@@ -365,7 +366,8 @@ int main(int argc, char** argv) {
     header["date"] = fq::utc_now();
     header["command"] = command;
     header["git_revision"] = fq::run_text("git -C '" + src + "' rev-parse HEAD 2>/dev/null");
-    header["git_dirty"] = !fq::run_text("git -C '" + src + "' status --porcelain --untracked-files=no 2>/dev/null").empty();
+    header["git_dirty"] =
+        !fq::run_text("git -C '" + src + "' status --porcelain --untracked-files=no 2>/dev/null").empty();
     header["library"] = FLASHCACHE_VERSION_STRING;
     header["metric"] =
         "attn_rel_err: per layer sqrt(sum ||A(q,K',V') - A(q,K,V)||^2 / sum ||A(q,K,V)||^2) over all query heads "

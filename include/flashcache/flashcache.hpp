@@ -158,7 +158,7 @@ Status compress_scored_model(const std::vector<KVView<const T>>& k, const std::v
 // Compresses one layer: every head keeps `budget` tokens (a count, or a ratio
 // of the layer's tokens), chosen by outlier score; `mask` marks tokens always
 // kept. Throws flashcache::Error.
-template <class T, class Real = float>
+template <class Real = float, class T>
 CompressedLayer<std::remove_const_t<T>> compress(KVView<T> k, KVView<T> v, Budget budget, const Options& opt = {},
                                                  ProtectMask mask = {}) {
   using E = std::remove_const_t<T>;
@@ -181,7 +181,7 @@ CompressedLayer<std::remove_const_t<T>> compress(KVView<T> k, KVView<T> v, Budge
 // count or a ratio of each layer's tokens); with Allocation::dynamic the same
 // total is re-split across layers in proportion to their energy ratios R_l.
 // `masks` is empty or holds one protect mask per layer.
-template <class T, class Real = float>
+template <class Real = float, class T>
 CompressedModel<std::remove_const_t<T>> compress_model(const std::vector<KVView<T>>& k, const std::vector<KVView<T>>& v,
                                                        Budget budget, const Options& opt = {},
                                                        const std::vector<ProtectMask>& masks = {}) {

@@ -296,16 +296,16 @@ void run(FuzzedDataProvider& in) {
 
   try {
     if (entry == 0) {
-      const auto out = exact ? fc::compress<const T, double>(k[0], v[0], budget, opt, layer_mask)
-                             : fc::compress<const T>(k[0], v[0], budget, opt, layer_mask);
+      const auto out = exact ? fc::compress<double, const T>(k[0], v[0], budget, opt, layer_mask)
+                             : fc::compress<float, const T>(k[0], v[0], budget, opt, layer_mask);
       check_layer(out, k[0], v[0], resolved(budget, k[0].tokens), opt, mask);
     } else if (entry == 1) {
-      const auto m = exact ? fc::compress_model<const T, double>(k, v, budget, opt, masks)
-                           : fc::compress_model<const T>(k, v, budget, opt, masks);
+      const auto m = exact ? fc::compress_model<double, const T>(k, v, budget, opt, masks)
+                           : fc::compress_model<float, const T>(k, v, budget, opt, masks);
       check_model(m, k, v, budget, opt, mask);
     } else {
-      const auto m = exact ? fc::policies::compress_model<const T, double>(policy, q, k, v, budget, opt, po, masks)
-                           : fc::policies::compress_model<const T>(policy, q, k, v, budget, opt, po, masks);
+      const auto m = exact ? fc::policies::compress_model<double, const T>(policy, q, k, v, budget, opt, po, masks)
+                           : fc::policies::compress_model<float, const T>(policy, q, k, v, budget, opt, po, masks);
       check_model(m, k, v, budget, opt, mask);
     }
   } catch (const fc::Error& e) {

@@ -234,9 +234,9 @@ void write_outputs(const CompressArgs& a, const KVCache& cache, const Queries* q
 template <class T>
 void compress_as(const CompressArgs& a, const KVCache& cache, const Queries* q, const Plan& plan) {
   const std::vector<KVView<const T>> qv = q ? q->views<T>(cache) : std::vector<KVView<const T>>{};
-  const CompressedModel<T> model =
-      policies::compress_model<const T>(plan.policy, qv, cache.views<T>(cache.k), cache.views<T>(cache.v), plan.budget,
-                                        plan.options, plan.policy_options, plan.masks(cache.layers));
+  const CompressedModel<T> model = policies::compress_model<float, const T>(
+      plan.policy, qv, cache.views<T>(cache.k), cache.views<T>(cache.v), plan.budget, plan.options, plan.policy_options,
+      plan.masks(cache.layers));
   write_outputs(a, cache, q, plan, model);
 }
 

@@ -46,8 +46,8 @@ inline const char* to_string(Policy p) {
 }
 
 inline Status parse_policy(const std::string& name, Policy* out) {
-  for (Policy p : {Policy::flashcache, Policy::streaming, Policy::knorm, Policy::keydiff, Policy::random, Policy::snapkv,
-                   Policy::h2o})
+  for (Policy p : {Policy::flashcache, Policy::streaming, Policy::knorm, Policy::keydiff, Policy::random,
+                   Policy::snapkv, Policy::h2o})
     if (name == to_string(p)) {
       *out = p;
       return Status::success();
@@ -108,7 +108,8 @@ Status keydiff_scores(KVView<const T> k, LayerScores* out) {
     std::fill(anchor.begin(), anchor.end(), 0.0);
     for (std::int64_t t = 0; t < k.tokens; ++t) {
       double sq = 0;
-      for (std::int64_t c = 0; c < k.head_dim; ++c) sq += static_cast<double>(to_float(k(h, t, c))) * to_float(k(h, t, c));
+      for (std::int64_t c = 0; c < k.head_dim; ++c)
+        sq += static_cast<double>(to_float(k(h, t, c))) * to_float(k(h, t, c));
       norm[static_cast<std::size_t>(t)] = std::sqrt(sq);
       if (sq > 0)
         for (std::int64_t c = 0; c < k.head_dim; ++c)
@@ -184,7 +185,7 @@ Status h2o_scores(KVView<const T> q, KVView<const T> k, LayerScores* out) {
 }
 
 // Scores one layer with any policy; q may be empty unless the policy needs it.
-template <class T, class Real = float>
+template <class Real = float, class T>
 Status score_with_policy(Policy p, KVView<const T> q, KVView<const T> k, KVView<const T> v, const Options& opt,
                          const PolicyOptions& po, LayerScores* out) {
   FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
@@ -219,7 +220,7 @@ Status score_with_policy(Policy p, KVView<const T> q, KVView<const T> k, KVView<
 // ratios, so under Allocation::dynamic their budgets fall back to a uniform
 // ratio, as in their papers. `masks` is empty or one protect mask per layer.
 // Throws flashcache::Error.
-template <class T, class Real = float>
+template <class Real = float, class T>
 CompressedModel<std::remove_const_t<T>> compress_model(Policy p, const std::vector<KVView<T>>& q,
                                                        const std::vector<KVView<T>>& k, const std::vector<KVView<T>>& v,
                                                        Budget budget, const Options& opt = {},
@@ -235,8 +236,8 @@ CompressedModel<std::remove_const_t<T>> compress_model(Policy p, const std::vect
   std::vector<LayerScores> scores(k.size());
   for (std::size_t l = 0; l < k.size(); ++l) {
     const KVView<const E> ql = needs_queries(p) ? qc[l] : KVView<const E>{};
-    throw_if_error(flashcache::detail::at_layer(score_with_policy<E, Real>(p, ql, kc[l], vc[l], opt, po, &scores[l]),
-                                                1, 0, static_cast<int>(l)));
+    throw_if_error(flashcache::detail::at_layer(score_with_policy<Real, E>(p, ql, kc[l], vc[l], opt, po, &scores[l]), 1,
+                                                0, static_cast<int>(l)));
   }
   CompressedModel<E> model;
   throw_if_error(flashcache::compress_scored_model<E>(kc, vc, std::move(scores), budget, opt, masks, &model));
