@@ -1,7 +1,9 @@
 // GPU benchmarks: the whole Qwen2.5-VL-7B KV cache (28 layers, 4 KV heads,
 // head dim 128, bf16) at 8K and 64K tokens, keep ratio 0.2, blocked and
 // global transforms, beside a device-to-device copy of the same bytes (the
-// bandwidth reference, measured in the same run).
+// bandwidth reference, measured in the same run); both again with four
+// 24 x 24 image spans (Options::grids, 8 x 8 tiles with blocked): the cost
+// of the 2D pass.
 //
 // A plain CUDA program, so that it builds with nothing but the toolkit (the
 // GPU machine may lack Google Benchmark). It writes Google-Benchmark-shaped
@@ -136,52 +138,56 @@ std::vector<Result> bench_tokens(std::int64_t tokens) {
   out.out_capacity = tokens;
   const double compress_bytes = static_cast<double>(2 * cache_bytes + 2 * out_bytes);
 
-  for (flashcache::Transform transform : {flashcache::Transform::blocked, flashcache::Transform::global}) {
-    flashcache::Options opt;
-    opt.transform = transform;
-    opt.block_size = 64;
-    opt.allocation = flashcache::Allocation::dynamic;
-    fcc::GlobalPlan plan;
-    const fcc::GlobalPlan* plan_ptr = nullptr;
-    if (transform == flashcache::Transform::global) {
-      const std::int64_t lengths[1] = {tokens};
-      const flashcache::Status s = fcc::GlobalPlan::create(lengths, 1, kHeads, kHeadDim, &plan);
+  for (const bool grids : {false, true}) {
+    for (flashcache::Transform transform : {flashcache::Transform::blocked, flashcache::Transform::global}) {
+      flashcache::Options opt;
+      opt.transform = transform;
+      opt.block_size = 64;
+      opt.allocation = flashcache::Allocation::dynamic;
+      if (grids)  // four 24 x 24 images (2304 tokens) after a 512-token prompt, 128 text tokens apart
+        for (std::int64_t i = 0; i < 4; ++i) opt.grids.push_back({512 + i * (576 + 128), 24, 24});
+      fcc::GlobalPlan plan;
+      const fcc::GlobalPlan* plan_ptr = nullptr;
+      if (transform == flashcache::Transform::global) {
+        const std::int64_t lengths[1] = {tokens};
+        const flashcache::Status s = fcc::GlobalPlan::create(lengths, 1, kHeads, kHeadDim, &plan);
+        if (!s.ok()) {
+          std::fprintf(stderr, "GlobalPlan: %s\n", s.message().c_str());
+          continue;
+        }
+        plan_ptr = &plan;
+      }
+      std::size_t ws_bytes = 0;
+      flashcache::Status s = fcc::workspace_size(cache, opt, &ws_bytes, plan_ptr);
       if (!s.ok()) {
-        std::fprintf(stderr, "GlobalPlan: %s\n", s.message().c_str());
+        std::fprintf(stderr, "workspace_size: %s\n", s.message().c_str());
         continue;
       }
-      plan_ptr = &plan;
+      void* ws = nullptr;
+      BENCH_CHECK(cudaMalloc(&ws, ws_bytes));
+      const flashcache::Budget budget = flashcache::Budget::ratio(kKeep);
+      bool ok = true;
+      auto run = [&] {
+        const flashcache::Status r = fcc::compress_async(cache, budget, opt, out, ws, ws_bytes, nullptr, plan_ptr);
+        if (!r.ok() && ok) {
+          std::fprintf(stderr, "compress_async: %s\n", r.message().c_str());
+          ok = false;
+        }
+      };
+      const double ms = time_ms(run, 2, transform == flashcache::Transform::blocked ? 20 : 5);
+      const flashcache::Status device = fcc::device_status(
+          ws,
+          [&] {
+            fcc::WorkspaceLayout layout;
+            (void)fcc::workspace_layout(cache, opt, plan_ptr, &layout);
+            return layout;
+          }(),
+          nullptr);
+      if (!device.ok()) std::fprintf(stderr, "device status: %s\n", device.message().c_str());
+      const std::string name = std::string("compress_") + flashcache::to_string(transform) + (grids ? "_grids" : "");
+      if (ok && device.ok()) results.push_back({name, tokens, ms, compress_bytes, ""});
+      BENCH_CHECK(cudaFree(ws));
     }
-    std::size_t ws_bytes = 0;
-    flashcache::Status s = fcc::workspace_size(cache, opt, &ws_bytes, plan_ptr);
-    if (!s.ok()) {
-      std::fprintf(stderr, "workspace_size: %s\n", s.message().c_str());
-      continue;
-    }
-    void* ws = nullptr;
-    BENCH_CHECK(cudaMalloc(&ws, ws_bytes));
-    const flashcache::Budget budget = flashcache::Budget::ratio(kKeep);
-    bool ok = true;
-    auto run = [&] {
-      const flashcache::Status r = fcc::compress_async(cache, budget, opt, out, ws, ws_bytes, nullptr, plan_ptr);
-      if (!r.ok() && ok) {
-        std::fprintf(stderr, "compress_async: %s\n", r.message().c_str());
-        ok = false;
-      }
-    };
-    const double ms = time_ms(run, 2, transform == flashcache::Transform::blocked ? 20 : 5);
-    const flashcache::Status device = fcc::device_status(
-        ws,
-        [&] {
-          fcc::WorkspaceLayout layout;
-          (void)fcc::workspace_layout(cache, opt, plan_ptr, &layout);
-          return layout;
-        }(),
-        nullptr);
-    if (!device.ok()) std::fprintf(stderr, "device status: %s\n", device.message().c_str());
-    if (ok && device.ok())
-      results.push_back({std::string("compress_") + flashcache::to_string(transform), tokens, ms, compress_bytes, ""});
-    BENCH_CHECK(cudaFree(ws));
   }
 
   // The bandwidth reference: the same K and V bytes, device to device.

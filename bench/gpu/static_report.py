@@ -32,7 +32,7 @@ THREADS = {
     "plan_kernel": 256, "blocked_edges_kernel": 256, "finite_kernel": 256, "substitute_kernel": 256,
     "check_lengths_kernel": 256, "pack_kernel": 256, "lowpass_kernel": 256, "residual_kernel": 256,
     "energy_kernel": 128, "allocate_kernel": 256, "select_kernel": 256, "gather_kernel": 256,
-    "compact_paged_kernel": 256, "page_owner_kernel": 256,
+    "compact_paged_kernel": 256, "page_owner_kernel": 256, "score_grid_kernel": 256, "base_sample_kernel": 256,
 }
 ELEMENT_BYTES = {"float": 4, "flashcache::half_t": 2, "flashcache::bfloat16_t": 2}
 
@@ -57,6 +57,34 @@ def blocked_smem(head_dim, elem_bytes, tile, max_m, threads):
     at += 2 * align16(tile * 4)
     at += align16(threads * 4 * 4)
     return at + 16 * 4
+
+
+def grid_zone(tr, tc, gamma):
+    """U and V(0) of a tr x tc tile's triangle zone (rules::in_grid_zone)."""
+    s = math.sqrt(2 * gamma) - 1e-9
+    u = 1 + sum(1 for i in range(1, tr) if i / tr < s)
+    v = 1 + sum(1 for j in range(1, tc) if j / tc < s)
+    return u, v
+
+
+def grid_smem(tr, tc, head_dim, gamma, threads=256, preferred=48 * 1024, max_width=64):
+    """GridSmem in kernels/flashcache/score_grid.cuh and the width plan_grid_launch picks, line for line."""
+    u, v = grid_zone(tr, tc, gamma)
+    tokens = tr * tc
+
+    def total(w):
+        xs = w if w % 2 else w + 1
+        at = align16(u * tr * 4) + align16(v * tc * 4) + align16(tr * 4) + align16(tokens * 4)
+        at += align16(2 * tokens * xs * 4) + align16(2 * u * tc * w * 4) + align16(2 * u * v * w * 4)
+        at += align16(2 * tokens * 4) + align16(2 * threads * 4)
+        return at + 16 * 4
+
+    width = min(max_width, head_dim)
+    while width > 1 and total(width) > preferred:
+        width //= 2
+    chunks = -(-head_dim // width)
+    width = -(-head_dim // chunks)
+    return total(width), width
 
 
 def demangle(names):
@@ -118,6 +146,10 @@ def describe(k, gamma):
         k["dynamic_shared_note"] = "block_size %d, gamma %g, head_dim %d" % (tile, gamma, d)
     if base == "compact_paged_kernel":
         dynamic = 32 * 1024  # kCompactStageBytes
+    if base == "score_grid_kernel":
+        dynamic, width = grid_smem(8, 8, 128, gamma)
+        k["dynamic_shared_note"] = "8 x 8 tiles, triangle zone, gamma %g, head_dim 128 (%d columns a chunk)" % (
+            gamma, width)
     k["threads"] = threads
     k["dynamic_shared_bytes"] = dynamic
     k["shared_bytes"] = k.get("static_shared_bytes", 0) + dynamic

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "flashcache/grid.hpp"
 #include "flashcache/options.hpp"
 #include "flashcache/rules.hpp"
 
@@ -43,6 +44,7 @@ enum class DeviceErrc : int {
   output_capacity,         // info: layer, kept rows, output capacity
   length_mismatch,         // info: sequence, device length, plan length
   shared_page,             // info: page id, position in the page table
+  grid_past_sequence,      // info: sequence, its tokens, span index, span first, span end
 };
 
 inline constexpr int kStatusWords = 8;
@@ -118,6 +120,60 @@ struct ProtectRule {
     return flashcache::rules::is_protected(t, n, sink, window, mask != nullptr && mask[packed] != 0);
   }
 };
+
+// ---- image spans (Options::grids) ---------------------------------------------
+// At most this many spans per call: they travel by value in kernel parameters.
+inline constexpr int kMaxGridSpans = 16;
+
+// The spans of Options::grids (the same positions in every sequence of the
+// batch) and how they are cut into tiles: `tile` x `tile` patches with
+// Transform::blocked (edge tiles at their own size, rules::tile_extent), or
+// one tile per span (tile 0, Transform::global). Tiles are numbered span by
+// span, row-major inside a span: span g owns tiles [tile_start[g], tile_start[g + 1]).
+struct GridSpans {
+  int count = 0;
+  std::int32_t tile = 0;
+  std::int32_t first[kMaxGridSpans] = {};
+  std::int32_t rows[kMaxGridSpans] = {};
+  std::int32_t cols[kMaxGridSpans] = {};
+  std::int32_t tile_start[kMaxGridSpans + 1] = {};
+
+  FLASHCACHE_INLINE std::int32_t tiles() const { return tile_start[count]; }
+  // Whether token t of a sequence lies in a span.
+  FLASHCACHE_INLINE bool contains(std::int64_t t) const {
+    for (int g = 0; g < count; ++g)
+      if (t >= first[g] && t < first[g] + std::int64_t{rows[g]} * cols[g]) return true;
+    return false;
+  }
+};
+
+// One tile of a span: patches [r0, r0 + tr) x [c0, c0 + tc) of span g's grid.
+struct GridTile {
+  int span = 0;
+  std::int32_t r0 = 0, c0 = 0, tr = 0, tc = 0;
+
+  // Token (within the sequence) of patch t of the tile, t = i * tc + j.
+  FLASHCACHE_INLINE std::int64_t token(const GridSpans& s, int t) const {
+    return s.first[span] + std::int64_t{r0 + t / tc} * s.cols[span] + c0 + t % tc;
+  }
+};
+
+// Tile q (0 <= q < s.tiles()).
+FLASHCACHE_INLINE GridTile grid_tile_at(const GridSpans& s, int q) {
+  GridTile t;
+  int g = 0;
+  while (g + 1 < s.count && s.tile_start[g + 1] <= q) ++g;
+  const int local = q - s.tile_start[g];
+  const std::int32_t tile_rows = s.tile > 0 ? s.tile : s.rows[g], tile_cols = s.tile > 0 ? s.tile : s.cols[g];
+  const int across = static_cast<int>((s.cols[g] + tile_cols - 1) / tile_cols);
+  const int i = local / across, j = local % across;
+  t.span = g;
+  t.r0 = i * tile_rows;
+  t.c0 = j * tile_cols;
+  t.tr = static_cast<std::int32_t>(flashcache::rules::tile_extent(s.rows[g], tile_rows, i));
+  t.tc = static_cast<std::int32_t>(flashcache::rules::tile_extent(s.cols[g], tile_cols, j));
+  return t;
+}
 
 // Index of the sequence that owns item i, given ascending offsets[0..count]:
 // the last b with offsets[b] <= i. Requires offsets[0] <= i < offsets[count].

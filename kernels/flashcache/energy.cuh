@@ -5,7 +5,8 @@
 //
 // One CTA per (sequence, layer) sums the per-tile partials of the score pass
 // in double, in a fixed order (strided per thread, then a CUB block reduce,
-// itself a fixed tree), so the result does not change from run to run.
+// itself a fixed tree), so the result does not change from run to run. With
+// image spans, the 2D pass's per-tile partials join the same sums.
 #include <cub/block/block_reduce.cuh>
 
 #include "common.cuh"
@@ -19,6 +20,12 @@ struct EnergyParams {
   const std::int32_t* slots = nullptr;  // [B+1]
   const float4* energy_part = nullptr;  // [L][H][slot_count]
   const int* protected_part = nullptr;  // [L][H][slot_count]
+  // Image spans: E_high of the span tokens and the span tokens whose 2D
+  // score is unrankable, per tile (score_grid.cuh); the score pass left both
+  // out of the slots above. grid_tiles 0: no spans.
+  int grid_tiles = 0;
+  const float2* grid_energy = nullptr;  // [L][H][B][grid_tiles]: K high, V high
+  const int* grid_protected = nullptr;  // [L][H][B][grid_tiles]
   double* energy = nullptr;             // [L][B][4]
   double* ratio = nullptr;              // [L][B]
   int* protected_max = nullptr;         // [L][B]
@@ -53,6 +60,13 @@ __global__ void __launch_bounds__(kEnergyThreads) energy_kernel(EnergyParams p) 
       e[2] += part.z;
       e[3] += part.w;
       count += p.protected_part[base + s];
+    }
+    const std::int64_t grid_base = ((std::int64_t{layer} * p.heads + h) * p.sequences + b) * p.grid_tiles;
+    for (int s = tid; s < p.grid_tiles; s += kEnergyThreads) {
+      const float2 part = p.grid_energy[grid_base + s];
+      e[1] += part.x;
+      e[3] += part.y;
+      count += p.grid_protected[grid_base + s];
     }
     const long long head_count = ReduceInt(int_storage).Sum(count);
     __syncthreads();

@@ -5,7 +5,8 @@
 // One CTA walks the batch in chunks: lengths from indptr (dense) or from the
 // page table (paged), exclusive scans for the packed token offsets and for
 // the energy-partial slots (one per tile of `tile` tokens), and every
-// inconsistency reported through the status word.
+// inconsistency reported through the status word, as is a sequence shorter
+// than the image spans (Options::grids) reach.
 #include <cub/block/block_scan.cuh>
 
 #include "common.cuh"
@@ -21,6 +22,11 @@ struct PlanParams {
   const std::int32_t* last_page_len = nullptr;
   std::int64_t page_size = 0;
   std::int64_t num_pages = 0;
+  // Image spans (Options::grids): every sequence must hold the span that ends
+  // last, span `grid_span` = [grid_first, grid_end); grid_end 0: no spans.
+  std::int64_t grid_end = 0;
+  std::int64_t grid_first = 0;
+  int grid_span = 0;
   std::int32_t* len = nullptr;     // [B]
   std::int32_t* offset = nullptr;  // [B+1]
   std::int32_t* slots = nullptr;   // [B+1]
@@ -79,6 +85,8 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanParams p) {
     Scan(scan_storage).ExclusiveSum(ceil_div(len, p.tile), slots_before, slots_total);
     __syncthreads();
     if (b < p.sequences) {
+      if (p.grid_end > 0 && len < p.grid_end)
+        raise(p.status, DeviceErrc::grid_past_sequence, b, len, p.grid_span, p.grid_first, p.grid_end);
       p.len[b] = static_cast<std::int32_t>(len > 2147483647LL ? 0 : len);
       // Offsets are clamped so that a failed run never indexes past the buffers.
       const long long off = token_carry + tokens_before;

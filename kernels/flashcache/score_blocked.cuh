@@ -82,6 +82,11 @@ struct BlockedParams {
   int block_size = 0;
   double gamma = 0.2;
   ProtectRule protect;
+  // Image spans: their rows add no E_high here and leave their rank to the 2D
+  // pass (score_grid.cuh), which reads the row each one's transform reads
+  // from `grid_source` ([L][H][capacity], packed tokens; -1 zeros).
+  GridSpans grids;
+  std::int32_t* grid_source = nullptr;
   bool vector_ok = false;         // rows and strides allow 16-byte loads
   bool resolve = false;           // pass 1: only the blocks pass 0 deferred
   std::int64_t capacity = 0;      // score row length per (layer, head)
@@ -177,7 +182,7 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
   float* basis = reinterpret_cast<float*>(smem + lay.basis);
   float* part_k = reinterpret_cast<float*>(smem + lay.partk);
   float* part_v = reinterpret_cast<float*>(smem + lay.partv);
-  int* bad = reinterpret_cast<int*>(smem + lay.bad);
+  int* bad = reinterpret_cast<int*>(smem + lay.bad);  // bit 0: non-finite row; bit 1: row of an image span
   int* src = reinterpret_cast<int*>(smem + lay.src);
   float* energy = reinterpret_cast<float*>(smem + lay.energy);
   int* misc =
@@ -203,7 +208,7 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
       tile_v[i] = vbase[off];
     }
   }
-  for (int n = tid; n < kTile; n += kThreads) bad[n] = 0;
+  for (int n = tid; n < kTile; n += kThreads) bad[n] = (n < len && p.grids.contains(t0 + n)) ? 2 : 0;
   if (tid == 0) misc[0] = misc[3] = 0;
   __syncthreads();
 
@@ -218,7 +223,7 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
   if (tid == 0) {
     int last_good = -1, first_good = -1;
     for (int n = 0; n < len; ++n) {
-      if (!bad[n]) {
+      if (!(bad[n] & 1)) {
         src[n] = n;
         last_good = n;
         if (first_good < 0) first_good = n;
@@ -234,7 +239,7 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
   }
   __syncthreads();
   // bad[0] was written before the barrier above and is never rewritten: every thread agrees.
-  const bool leading_bad = len > 0 && bad[0] != 0;
+  const bool leading_bad = len > 0 && (bad[0] & 1) != 0;
   if (!p.resolve && leading_bad) return;  // deferred to pass 1, once the stand-in is known
   if (p.resolve) {
     const std::int32_t stand_in = p.source[slot_index];
@@ -289,7 +294,7 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
         if (active && n < len) {
           const int s = src[n];
           value = s >= 0 ? load_float(tile[s * d + c]) : (s == -2 ? load_float(ext[c]) : 0.0f);
-          if (!bad[n]) total += value * value;
+          if (!(bad[n] & 1)) total += value * value;
         }
         x[n] = value;
       }
@@ -323,7 +328,7 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
 #pragma unroll
       for (int n = 0; n < kTile; ++n) {
         x[n] = x[n] * x[n];  // zero for padding rows and inactive lanes
-        if (n < len && !bad[n]) high += x[n];
+        if (n < len && !bad[n]) high += x[n];  // finite rows outside the spans
       }
       transpose_reduce(x, lane);
       if (which == 0) {
@@ -361,9 +366,17 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
       rk += part_k[w * kTile + n];
       rv += part_v[w * kTile + n];
     }
-    const float score = bad[n] ? __int_as_float(0x7f800000) : rk * inv_d + rv * inv_d;
+    const int flags = bad[n];
+    const float score = (flags & 1) ? __int_as_float(0x7f800000) : rk * inv_d + rv * inv_d;
     p.scores[row + n] = score;
-    protected_here += (flashcache::rules::always_kept_score(score) || p.protect(t0 + n, n_seq, packed + n)) ? 1 : 0;
+    // A finite span row is ranked by its 2D score: the grid pass counts it.
+    const bool ranked_here = flags != 2;
+    protected_here +=
+        ((ranked_here && flashcache::rules::always_kept_score(score)) || p.protect(t0 + n, n_seq, packed + n)) ? 1 : 0;
+    if (flags & 2) {  // the row the 2D transform reads for this token
+      const int s = src[n];
+      p.grid_source[row + n] = s >= 0 ? static_cast<std::int32_t>(t0 + s) : (s == -2 ? p.source[slot_index] : -1);
+    }
   }
   if (protected_here) atomicAdd(&misc[0], protected_here);  // integer sum: order does not matter
   __syncthreads();

@@ -237,6 +237,7 @@ struct ResidualParams {
   std::int64_t n = 0;
   std::int64_t capacity = 0, slot_count = 0;
   ProtectRule protect;
+  GridSpans grids;  // span tokens add no E_high here and take their rank from the 2D pass (score_grid.cuh)
   const std::int32_t* sub = nullptr;  // this layer, head 0, packed token 0; heads `capacity` apart
   const float2* z = nullptr;          // [heads * head_dim][n], after the inverse FFT
   float* scores = nullptr;            // [L][H][capacity]
@@ -265,6 +266,7 @@ __global__ void __launch_bounds__(256) residual_kernel(ResidualParams<T> p) {
   const std::int64_t token = n0 + lane;
   const bool token_ok = token < p.n;
   const bool good = token_ok && sub[token] == token;
+  const bool in_span = token_ok && p.grids.contains(token);
   const std::int64_t j = token % 2 == 0 ? token / 2 : p.n - 1 - (token - 1) / 2;  // Makhoul position
   for (int c0 = 0; c0 < d; c0 += 32) {
     for (int r = warp; r < 32; r += 8) {  // rows n0 + r, lanes along the head dim
@@ -313,11 +315,15 @@ __global__ void __launch_bounds__(256) residual_kernel(ResidualParams<T> p) {
       const float inv_d = 1.0f / static_cast<float>(d);
       const float score = good ? s[0] * inv_d + s[1] * inv_d : __int_as_float(0x7f800000);
       p.scores[row + token] = score;
-      if (flashcache::rules::always_kept_score(score) || p.protect(token, p.n, p.seq.offset[p.sequence] + token))
+      // A finite span token is ranked by its 2D score: the grid pass counts it.
+      const bool ranked_here = !in_span || !good;
+      if ((ranked_here && flashcache::rules::always_kept_score(score)) ||
+          p.protect(token, p.n, p.seq.offset[p.sequence] + token))
         atomicAdd(&protected_count, 1);
     }
-    // Energies over finite tokens, reduced in a fixed order across the warp.
-    float e[4] = {good ? s[2] : 0.0f, good ? s[0] : 0.0f, good ? s[3] : 0.0f, good ? s[1] : 0.0f};
+    // Energies over finite tokens (E_high outside the spans), reduced in a fixed order across the warp.
+    const bool high = good && !in_span;
+    float e[4] = {good ? s[2] : 0.0f, high ? s[0] : 0.0f, good ? s[3] : 0.0f, high ? s[1] : 0.0f};
     for (int q = 0; q < 4; ++q)
       for (int o = 16; o >= 1; o >>= 1) e[q] += __shfl_xor_sync(0xffffffffu, e[q], o);
     if (lane == 0) p.energy_part[slot] = make_float4(e[0], e[1], e[2], e[3]);

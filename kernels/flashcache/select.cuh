@@ -4,6 +4,8 @@
 // One CTA of 256 threads per segment. The guarantees of select.hpp hold:
 //   - protected tokens (sink, window, mask, score +inf or NaN) are always kept, and a
 //     budget below them is reported through the status word;
+//   - then the recent window, then the base sample (base_share, and grid_base_share
+//     inside image spans), exactly as select.hpp's keep_recent / keep_base_sample;
 //   - the rest are the highest scores, ties to the lower token index;
 //   - the output is ascending.
 // The threshold comes from a radix select over the order-preserving bits of
@@ -12,18 +14,70 @@
 // the cost is O(N) per segment whatever the budget. A final pass in token
 // order decides each token (key above the threshold, or equal to it and among
 // the first `take_equal` such tokens) and writes it at its prefix-sum position.
+// The window and the base sample enter the radix select as keys above every
+// finite score (the window's newest first, then the sample), so its top takes
+// them before any outlier, as the CPU does. The sample's picks depend on ranks
+// among the free tokens, so base_sample_kernel (below) marks them first, in
+// token order, one byte per token in the workspace.
 #include <cub/block/block_scan.cuh>
 
 #include "common.cuh"
 
 namespace flashcache::gpu::kernels {
 
+// ---- the base sample: select.hpp's rules, host and device ---------------------------
+// A part's share of the sample: round(ratio * budget * part / free), the CPU's order of operations.
+FLASHCACHE_INLINE long long base_share_of(double ratio, long long budget, long long part, long long free) {
+  return llround(ratio * static_cast<double>(budget) * static_cast<double>(part) / static_cast<double>(free));
+}
+
+// Whether the free token at rank r is a pick of `count` spread evenly over
+// `free` (keep_evenly_spaced_if): pick j sits at rank floor((2j + 1) free / (2 count)),
+// and r's j is floor(r count / free) or the next (count <= free).
+FLASHCACHE_INLINE bool evenly_spaced_pick(long long r, long long count, long long free) {
+  const long long j = r * count / free;
+  for (long long q = j; q <= j + 1 && q < count; ++q)
+    if ((2 * q + 1) * free / (2 * count) == r) return true;
+  return false;
+}
+
+// keep_grid_sample's sub-grid for `count` picks (1 <= count <= rows * cols): r x c cells.
+struct GridSampleShape {
+  long long r = 0, c = 0;
+};
+FLASHCACHE_INLINE GridSampleShape grid_sample_shape(long long count, long long rows, long long cols) {
+  const double aspect = static_cast<double>(rows) / static_cast<double>(cols);
+  long long r = llround(sqrt(static_cast<double>(count) * aspect));
+  r = r < 1 ? 1 : (r > rows ? rows : r);
+  GridSampleShape s;
+  s.c = (count + r - 1) / r < cols ? (count + r - 1) / r : cols;
+  s.r = (count + s.c - 1) / s.c < rows ? (count + s.c - 1) / s.c : rows;
+  return s;
+}
+// Token (within the sequence) of cell p = i * c + j: the centre of the cell.
+FLASHCACHE_INLINE long long grid_sample_token(long long first, long long rows, long long cols, GridSampleShape s,
+                                              long long p) {
+  const long long i = p / s.c, j = p % s.c;
+  return first + ((2 * i + 1) * rows / (2 * s.r)) * cols + (2 * j + 1) * cols / (2 * s.c);
+}
+
+// Keys of the tokens the top of the radix select takes first (finite scores
+// stay below 0xFF800000): the recent window's, newest highest, then the sample's.
+inline constexpr std::uint32_t kBaseSampleKey = 0xFF800000u;
+inline constexpr long long kMaxWindowAge = 0x7FFFFE;  // window keys stay above kBaseSampleKey
+
 struct SelectParams {
   int sequences = 0;
   std::int64_t capacity = 0;
   SeqTable seq;
   ProtectRule protect;
-  double window_share = 0;                    // Options::window_share
+  double window_share = 0;  // Options::window_share
+  // The base sample (Options::base_share, grid_base_share inside `grids`);
+  // base_mark null: none. [L][H][capacity] bytes, packed tokens: 1 = picked.
+  double base_share = 0;
+  double grid_base_share = 0;
+  GridSpans grids;
+  std::uint8_t* base_mark = nullptr;
   const float* scores = nullptr;              // [L][H][capacity]
   const std::int32_t* budget = nullptr;       // [L][B]
   const std::int32_t* kept_indptr = nullptr;  // [L][B+1]
@@ -60,11 +114,14 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
   // radix select takes them before any outlier, as the CPU does. The keys sit in
   // the +inf/NaN band of ordered_key, which forced tokens never enter.
   const std::int64_t recent = flashcache::rules::recent_window(p.protect.window, p.window_share, budget);
+  std::uint8_t* mark =
+      p.base_mark != nullptr ? p.base_mark + (std::int64_t{layer} * heads + head) * p.capacity + packed : nullptr;
   auto key_of = [&](std::int64_t t) -> std::uint32_t {
     if (t >= n - recent) {
       const std::int64_t age = n - 1 - t;
-      return 0xFFFFFFFFu - static_cast<std::uint32_t>(age < 0x7FFFFF ? age : 0x7FFFFF);
+      return 0xFFFFFFFFu - static_cast<std::uint32_t>(age < kMaxWindowAge ? age : kMaxWindowAge);
     }
+    if (mark != nullptr && mark[t]) return kBaseSampleKey;
     return ordered_key(score[t]);
   };
 
@@ -150,6 +207,112 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
     if (keep && written + position < budget) out[written + position] = static_cast<std::int32_t>(t);
     written += kept_here;
     equal_seen += equal_here;
+  }
+}
+
+// ---- the base sample ------------------------------------------------------------------
+// select.hpp's keep_base_sample, for select_kernel: one CTA per (sequence, head,
+// layer) marks the picks in token order (block scans carried over chunks), one
+// byte per token of base_mark; select_kernel then ranks them above every finite
+// score. Launched only when a sample is taken. A budget below the protected set
+// is select_kernel's to report: this kernel only leaves that segment unmarked.
+template <int kOneDefinition = 0>
+__global__ void __launch_bounds__(kSelectThreads) base_sample_kernel(SelectParams p) {
+  using Scan = cub::BlockScan<int, kSelectThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int forced_total;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (stop_requested(p.status)) return;
+
+  const int b = static_cast<int>(blockIdx.x), head = static_cast<int>(blockIdx.y), layer = static_cast<int>(blockIdx.z);
+  const int heads = static_cast<int>(gridDim.y);
+  const std::int64_t n = p.seq.len[b], packed = p.seq.offset[b];
+  const int budget = p.budget[std::int64_t{layer} * p.sequences + b];
+  const float* score = p.scores + (std::int64_t{layer} * heads + head) * p.capacity + packed;
+  std::uint8_t* mark = p.base_mark + (std::int64_t{layer} * heads + head) * p.capacity + packed;
+  auto forced = [&](std::int64_t t) {
+    return flashcache::rules::always_kept_score(score[t]) || p.protect(t, n, packed + t);
+  };
+  const std::int64_t recent = flashcache::rules::recent_window(p.protect.window, p.window_share, budget);
+
+  if (tid == 0) forced_total = 0;
+  for (std::int64_t t = tid; t < n; t += kSelectThreads) mark[t] = 0;
+  __syncthreads();
+  int mine = 0;
+  for (std::int64_t t = tid; t < n; t += kSelectThreads) mine += forced(t) ? 1 : 0;
+  if (mine) atomicAdd(&forced_total, mine);
+  __syncthreads();
+  const long long forced_count = forced_total;
+  const long long rest = static_cast<long long>(budget) - forced_count;
+  if (rest < 0 || budget > n) return;  // select_kernel reports it; uniform
+
+  // Block-wide count of the tokens in [lo, hi) that satisfy `pred`; every thread gets it.
+  auto count_if = [&](std::int64_t lo, std::int64_t hi, auto pred) -> long long {
+    int mine = 0;
+    for (std::int64_t t = lo + tid; t < hi; t += kSelectThreads) mine += pred(t) ? 1 : 0;
+    int before = 0, total = 0;
+    Scan(scan_storage).ExclusiveSum(mine, before, total);
+    __syncthreads();
+    return total;
+  };
+  const std::int64_t window_start = n - recent > 0 ? n - recent : 0;
+  const long long window_free = count_if(window_start, n, [&](std::int64_t t) { return !forced(t); });
+  const long long room = rest;  // budget - forced_count
+  const long long window_taken = window_free < room ? window_free : room;
+  const long long room_left = room - window_taken;
+  const long long free = n - forced_count - window_taken;
+  // Taken before the sample: forced, or the window (which took all its free tokens when room is left).
+  auto taken = [&](std::int64_t t) { return t >= window_start || forced(t); };
+  // Marks `count` picks spread evenly over the free tokens that `eligible` admits (`pool` of them).
+  auto mark_evenly = [&](long long count, long long pool, auto eligible) {
+    count = count < pool ? count : pool;
+    if (count <= 0) return;
+    long long carry = 0;
+    for (std::int64_t base = 0; base < n; base += kSelectThreads) {  // one trip count for the CTA
+      const std::int64_t t = base + tid;
+      const bool e = t < n && eligible(t);
+      int rank = 0, chunk = 0;
+      Scan(scan_storage).ExclusiveSum(e ? 1 : 0, rank, chunk);
+      __syncthreads();
+      if (e && evenly_spaced_pick(carry + rank, count, pool)) mark[t] = 1;
+      carry += chunk;
+    }
+  };
+  if (room_left > 0 && free > 0) {
+    if (p.grids.count == 0) {
+      mark_evenly(llround(p.base_share * static_cast<double>(budget)) < room_left
+                      ? llround(p.base_share * static_cast<double>(budget))
+                      : room_left,
+                  free, [&](std::int64_t t) { return !taken(t); });
+    } else {
+      long long marked = 0, free_in_spans = 0;
+      for (int g = 0; g < p.grids.count; ++g) {
+        const long long first = p.grids.first[g], rows = p.grids.rows[g], cols = p.grids.cols[g];
+        const long long part = count_if(first, first + rows * cols, [&](std::int64_t t) { return !taken(t); });
+        free_in_spans += part;
+        long long count = base_share_of(p.grid_base_share, budget, part, free);
+        if (count > room_left - marked) count = room_left - marked;
+        if (count > rows * cols) count = rows * cols;
+        if (count <= 0) continue;
+        // keep_grid_sample: the first `count` free cells of the sub-grid, row-major.
+        const GridSampleShape shape = grid_sample_shape(count, rows, cols);
+        long long carry = 0;
+        for (long long base = 0; base < shape.r * shape.c; base += kSelectThreads) {
+          const long long cell = base + tid;
+          const long long t = cell < shape.r * shape.c ? grid_sample_token(first, rows, cols, shape, cell) : 0;
+          const bool e = cell < shape.r * shape.c && !taken(t);
+          int rank = 0, chunk = 0;
+          Scan(scan_storage).ExclusiveSum(e ? 1 : 0, rank, chunk);
+          __syncthreads();
+          if (e && carry + rank < count) mark[t] = 1;
+          carry += chunk;
+        }
+        marked += carry < count ? carry : count;
+      }
+      const long long outside = base_share_of(p.base_share, budget, free - free_in_spans, free);
+      mark_evenly(outside < room_left - marked ? outside : room_left - marked, free - free_in_spans,
+                  [&](std::int64_t t) { return !taken(t) && !p.grids.contains(t); });
+    }
   }
 }
 

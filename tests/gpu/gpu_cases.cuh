@@ -200,11 +200,109 @@ TYPED_TEST_P(GpuPipeline, CapturesInACudaGraph) {
   EXPECT_EQ(graph_matches_direct<TypeParam>(c), "");
 }
 
+// Image spans (Options::grids): their tokens scored by the 2D pass, against
+// the CPU scorer, on odd shapes: spans of 7 x 5 and 6 x 6 patches in two
+// sequences of different lengths, tiles of 3 and 8 (edge tiles of their own
+// size), both zones, both transforms, the generic and a compiled head dim,
+// non-finite rows inside the spans (one at a block start, so its stand-in
+// comes from the blocked kernel's second pass), a mask and two layers with
+// dynamic allocation (R_l includes the 2D residuals).
+TYPED_TEST_P(GpuPipeline, ImageSpansMatchTheCpu) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  for (Transform transform : {Transform::blocked, Transform::global})
+    for (GridZone zone : {GridZone::rectangle, GridZone::triangle})
+      for (std::int64_t tile : {3, 8}) {
+        if (transform == Transform::global && tile != 3) continue;  // one tile per span
+        Case c;
+        c.name = std::string("grids ") + to_string(transform) + " " + to_string(zone) + " tile " + std::to_string(tile);
+        c.layers = 2;
+        c.heads = 2;
+        c.head_dim = tile == 3 ? 40 : 64;
+        c.lengths = {89, 120};
+        c.nhd = tile == 3;
+        c.opt = transform == Transform::blocked ? blocked(16) : global_transform();
+        c.opt.grids = {{3, 7, 5}, {40, 6, 6}};
+        c.opt.grid_zone = zone;
+        c.opt.grid_tile = tile;
+        c.opt.sink = 2;
+        c.mask_every = 17;
+        c.bad_rows = {{0, 1, 44, 44}, {1, 0, 3, 4}, {1, 1, 48, 49}};
+        c.budget = Budget::ratio(0.3);
+        c.seed = 31 + static_cast<std::uint64_t>(tile) * 4 + (zone == GridZone::triangle) * 2 +
+                 (transform == Transform::global);
+        run_and_check<TypeParam>(c);
+      }
+}
+
+// A LLaVA-sized image (24 x 24 patches) inside longer sequences: the whole grid
+// in one CTA (global; more tokens than threads), and 8 x 8 tiles over a paged cache.
+TYPED_TEST_P(GpuPipeline, ImageSpansOfAFullImage) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  for (Transform transform : {Transform::blocked, Transform::global}) {
+    Case c;
+    c.name = std::string("24 x 24 image, ") + to_string(transform);
+    c.heads = 2;
+    c.head_dim = 128;
+    c.lengths = {700, 650};
+    c.opt = transform == Transform::blocked ? blocked(64) : global_transform();
+    c.opt.grids = {{10, 24, 24}, {600, 5, 9}};
+    c.opt.grid_zone = GridZone::triangle;
+    c.opt.grid_tile = 8;
+    c.opt.sink = 4;
+    if (transform == Transform::blocked) c.page_size = 16;
+    c.nan_tokens = 3;
+    c.budget = Budget::ratio(0.2);
+    c.seed = 2024 + (transform == Transform::global);
+    run_and_check<TypeParam>(c);
+  }
+}
+
+// The base sample: evenly spaced tokens (base_share) and, inside image spans,
+// a regular sub-grid (grid_base_share, 0.75 by default), after the sink and the
+// recent window, as select.hpp picks them.
+TYPED_TEST_P(GpuPipeline, BaseSampleMatchesTheCpu) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool spans = variant >= 2;
+    const Transform transform = variant % 2 ? Transform::global : Transform::blocked;
+    Case c;
+    c.name = std::string("base sample, ") + (spans ? "spans, " : "") + to_string(transform);
+    c.layers = 2;
+    c.heads = 2;
+    c.head_dim = 64;
+    c.lengths = {120, 97, 300};
+    c.opt = Options{};  // sink 4, half the budget to the recent window, grid_base_share 0.75
+    c.opt.transform = transform;
+    c.opt.block_size = 32;
+    c.opt.base_share = spans ? 0.1 : 0.25;
+    c.opt.allocation = Allocation::uniform;  // exact budgets: the sample's picks follow the budget
+    if (spans) c.opt.grids = {{10, 7, 5}, {50, 6, 6}};
+    c.mask_every = 23;
+    c.nan_tokens = 3;
+    c.budget = Budget::ratio(0.4);
+    c.seed = 77 + static_cast<std::uint64_t>(variant);
+    run_and_check<TypeParam>(c);
+  }
+}
+
+TYPED_TEST_P(GpuPipeline, GridSpanPastAShortSequenceIsReported) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  Case c;
+  c.lengths = {100, 50};
+  c.opt = blocked(64);
+  c.opt.grids = {{20, 6, 6}};
+  c.gather = false;
+  const Status s = run_expecting_device_failure<TypeParam>(c);
+  EXPECT_EQ(s.code(), Errc::invalid_shape) << s.message();
+  EXPECT_NE(s.message().find("reaches past the 50 tokens of sequence 1"), std::string::npos) << s.message();
+}
+
 REGISTER_TYPED_TEST_SUITE_P(GpuPipeline, BlockedScoresAwkwardLengthsBothLayouts,
                             BlockedEveryCompiledHeadDimAndTheGenericOne, GlobalScoresAwkwardLengths,
-                            RaggedBatchWithProtectionNaNsAndDynamicAllocation,
-                            DefaultOptionsKeepTheRecentWindowShare, PagedCachesCompactInPlace,
-                            BudgetsNoneAllAndCounts, BudgetBelowProtectedIsReported, CountAboveAShortSequenceIsReported,
-                            BlockedScoresAreReproducible, CapturesInACudaGraph);
+                            RaggedBatchWithProtectionNaNsAndDynamicAllocation, DefaultOptionsKeepTheRecentWindowShare,
+                            PagedCachesCompactInPlace, BudgetsNoneAllAndCounts, BudgetBelowProtectedIsReported,
+                            CountAboveAShortSequenceIsReported, BlockedScoresAreReproducible, CapturesInACudaGraph,
+                            ImageSpansMatchTheCpu, ImageSpansOfAFullImage, BaseSampleMatchesTheCpu,
+                            GridSpanPastAShortSequenceIsReported);
 
 }  // namespace flashcache::gpu_testing

@@ -241,21 +241,22 @@ Reference<T> cpu_reference(const HostCache<T>& hc, int b) {
     vs.push_back(hc.sequence(hc.v[l], b));
   }
   for (int l = 0; l < c.layers; ++l) {
-    kv.push_back(hnd<const T>(ks[l].data(), c.heads, n, c.head_dim));
-    vv.push_back(hnd<const T>(vs[l].data(), c.heads, n, c.head_dim));
+    kv.push_back(hnd<const T>(ks[l].data(), Heads(c.heads), Tokens(n), HeadDim(c.head_dim)));
+    vv.push_back(hnd<const T>(vs[l].data(), Heads(c.heads), Tokens(n), HeadDim(c.head_dim)));
   }
-  Options opt = c.opt;
-  std::vector<std::uint8_t> mask(hc.mask.begin() + hc.packed[b], hc.mask.begin() + hc.packed[b] + n);
-  opt.protect = c.mask_every > 0 ? mask.data() : nullptr;
+  const Options& opt = c.opt;
+  const std::vector<std::uint8_t> bytes(hc.mask.begin() + hc.packed[b], hc.mask.begin() + hc.packed[b] + n);
+  const ProtectMask mask = c.mask_every > 0 ? ProtectMask(bytes) : ProtectMask{};
   Reference<T> ref;
   if (c.layers == 1) {
-    auto layer = compress<const T, double>(kv[0], vv[0], c.budget, opt);
+    auto layer = compress<double>(kv[0], vv[0], c.budget, opt, mask);
     ref.budgets.push_back(layer.budget);
     ref.kept.push_back(layer.kept);
     ref.ratio.push_back(layer.scores.energy_ratio());
     ref.scores.push_back(std::move(layer.scores));
   } else {
-    auto model = compress_model<const T, double>(kv, vv, c.budget, opt);
+    const std::vector<ProtectMask> masks(mask.empty() ? 0 : static_cast<std::size_t>(c.layers), mask);
+    auto model = compress_model<double>(kv, vv, c.budget, opt, masks);
     ref.budgets = model.budgets;
     ref.ratio = model.energy_ratio;
     for (auto& layer : model.layers) {
@@ -313,7 +314,7 @@ struct DeviceCache {
     opt = c.opt;
     if (c.mask_every > 0) {
       mask.upload(hc.mask);
-      opt.protect = mask.get();
+      cache.protect = mask.get();
     }
     const auto L = static_cast<std::size_t>(c.layers), B = c.lengths.size();
     kept.resize(L * static_cast<std::size_t>(c.heads * hc.capacity));

@@ -3,11 +3,17 @@
 // needed, so these run in CI.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "flashcache/cuda/compress.cuh"
+#include "flashcache/score.hpp"
+#include "flashcache/select.hpp"
 
 namespace {
 
@@ -15,6 +21,8 @@ namespace fcc = flashcache::gpu;
 using flashcache::bfloat16_t;
 using flashcache::Budget;
 using flashcache::Errc;
+using flashcache::GridSpan;
+using flashcache::GridZone;
 using flashcache::half_t;
 using flashcache::Options;
 using flashcache::Status;
@@ -258,6 +266,8 @@ TEST(GpuDeviceStatus, EveryCodeHasAMessageNamingTheProblem) {
   expect_error(message(DeviceErrc::bad_energy_ratio, {3, 0}), Errc::invalid_option, "energy ratio");
   expect_error(message(DeviceErrc::output_capacity, {0, 50, 40}), Errc::invalid_shape, "out_capacity 40");
   expect_error(message(DeviceErrc::length_mismatch, {0, 9, 8}), Errc::invalid_shape, "GlobalPlan");
+  expect_error(message(DeviceErrc::grid_past_sequence, {1, 50, 0, 20, 56}), Errc::invalid_shape,
+               "grid span 0 [20, 56) reaches past the 50 tokens of sequence 1");
 }
 
 TEST(GpuGlobalPlan, RefusesBadArgumentsBeforeTouchingCufft) {
@@ -267,6 +277,430 @@ TEST(GpuGlobalPlan, RefusesBadArgumentsBeforeTouchingCufft) {
   expect_error(fcc::GlobalPlan::create(nullptr, 2, 4, 128, &plan), Errc::invalid_shape, "lengths");
   std::int64_t bad[1] = {-1};
   expect_error(fcc::GlobalPlan::create(bad, 1, 4, 128, &plan), Errc::unsupported, "length");
+}
+
+// ---- image spans (Options::grids) ----------------------------------------------
+
+Options with_spans(Options o, std::vector<GridSpan> spans) {
+  o.grids = std::move(spans);
+  return o;
+}
+
+TEST(GpuGrids, AcceptedWithBothTransformsZonesAndTiles) {
+  DenseFixture f(2, 2, 200, 64);
+  for (GridZone zone : {GridZone::rectangle, GridZone::triangle})
+    for (std::int64_t tile : {1, 3, 8, 100}) {
+      Options o = with_spans(blocked(16), {{3, 7, 5}, {40, 6, 6}});
+      o.grid_zone = zone;
+      o.grid_tile = tile;
+      EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.3), o).ok()) << "tile " << tile;
+    }
+}
+
+TEST(GpuGrids, RefusesMoreSpansThanTheKernelParametersHold) {
+  DenseFixture f(1, 2, 200, 64);
+  std::vector<GridSpan> spans;
+  for (int i = 0; i <= fcc::kMaxGridSpans; ++i) spans.push_back({3 * i, 1, 2});
+  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.3), with_spans(blocked(), spans)), Errc::unsupported,
+               "at most 16");
+  spans.pop_back();
+  EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.3), with_spans(blocked(), spans)).ok());
+}
+
+TEST(GpuGrids, RefusesOverlappingSpans) {
+  DenseFixture f(1, 2, 200, 64);
+  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.3), with_spans(blocked(), {{40, 6, 6}, {3, 7, 6}})),
+               Errc::invalid_option, "overlap");
+  std::size_t bytes = 0;
+  EXPECT_TRUE(fcc::workspace_size(f.cache, with_spans(blocked(), {{40, 6, 6}, {3, 7, 5}}), &bytes).ok());
+}
+
+TEST(GpuGrids, TheBaseSampleTakesOneByteATokenOfWorkspace) {
+  DenseFixture f(2, 3, 200, 64);
+  for (double base : {0.0, 0.25})
+    for (double grid : {0.0, 0.75})
+      for (bool spans : {false, true}) {
+        Options o = spans ? with_spans(blocked(), {{3, 7, 5}}) : blocked();
+        o.base_share = base;
+        o.grid_base_share = grid;
+        EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.3), o).ok());
+        fcc::WorkspaceLayout w;
+        ASSERT_TRUE(fcc::workspace_layout(f.cache, o, nullptr, &w).ok());
+        // Without spans grid_base_share samples nothing, on the CPU too.
+        const bool samples = base > 0 || (spans && grid > 0);
+        EXPECT_EQ(fcc::samples_base(o), samples);
+        if (samples) EXPECT_GE(w.total - w.base_mark, 2u * 3 * 200);
+      }
+}
+
+TEST(GpuGrids, RefusesASpanPastTheCapacity) {
+  DenseFixture f(1, 2, 70, 64);
+  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.3), with_spans(blocked(), {{3, 7, 5}, {40, 6, 6}})),
+               Errc::invalid_shape, "grid span 1 [40, 76) reaches past the capacity of 70 tokens");
+}
+
+TEST(GpuGrids, RefusesTilesTooLargeForSharedMemoryNamingTheFix) {
+  // A 200 x 200 span as one tile: more shared memory than sm_90 has, even one column at a time.
+  DenseFixture f(1, 2, 40000, 128);
+  Options o = with_spans(blocked(), {{0, 200, 200}});
+  o.grid_tile = 1000;
+  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.3), o), Errc::unsupported, "smaller grid_tile");
+  o.grid_tile = 16;
+  EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.3), o).ok());
+  Options g = with_spans(Options{}, {{0, 200, 200}});
+  g.transform = Transform::global;
+  fcc::detail::GridLaunch launch;
+  expect_error(fcc::detail::plan_grid_launch(128, g, fcc::kMaxSharedBytes, &launch), Errc::unsupported,
+               "use Transform::blocked");
+  // The whole grid of a 24 x 24 image (LLaVA) fits, and a few thousand patches still do.
+  EXPECT_TRUE(fcc::detail::plan_grid_launch(128, with_spans(g, {{0, 24, 24}}), fcc::kMaxSharedBytes, &launch).ok());
+  EXPECT_TRUE(fcc::detail::plan_grid_launch(128, with_spans(g, {{0, 64, 64}}), fcc::kMaxSharedBytes, &launch).ok());
+}
+
+TEST(GpuGrids, LaunchStaysUnderTheDefaultSharedMemoryForUsualTiles) {
+  for (std::int64_t d : {40, 64, 128, 256})
+    for (std::int64_t tile : {3, 8, 16}) {
+      Options o = with_spans(blocked(), {{3, 7, 5}, {40, 24, 24}});
+      o.grid_tile = tile;
+      fcc::detail::GridLaunch launch;
+      ASSERT_TRUE(fcc::detail::plan_grid_launch(d, o, fcc::kMaxSharedBytes, &launch).ok());
+      EXPECT_LE(launch.smem, fcc::kernels::kGridPreferredSmem) << "head_dim " << d << " tile " << tile;
+      EXPECT_GE(launch.width, 1);
+      EXPECT_LE(launch.width, d);
+      // Chunks of `width` columns cover the head dim with less than one chunk of padding.
+      const std::int64_t chunks = (d + launch.width - 1) / launch.width;
+      EXPECT_LT(chunks * launch.width - d, chunks) << "head_dim " << d << " tile " << tile;
+    }
+}
+
+TEST(GpuGrids, TilesCoverEverySpanTokenOnceAndTheWorkspaceHoldsThem) {
+  for (Transform transform : {Transform::blocked, Transform::global})
+    for (std::int64_t tile : {1, 3, 8, 1000}) {
+      Options o = with_spans(blocked(), {{40, 6, 6}, {3, 7, 5}, {80, 1, 9}});
+      o.transform = transform;
+      o.grid_tile = tile;
+      const fcc::kernels::GridSpans spans = fcc::detail::grid_spans(o);
+      ASSERT_EQ(spans.tiles(), fcc::grid_tile_count(o));
+      std::vector<int> seen(100, 0);
+      for (int q = 0; q < spans.tiles(); ++q) {
+        const fcc::kernels::GridTile t = fcc::kernels::grid_tile_at(spans, q);
+        ASSERT_GE(t.tr, 1);
+        ASSERT_GE(t.tc, 1);
+        if (transform == Transform::blocked) {
+          EXPECT_LE(t.tr, tile);
+          EXPECT_LE(t.tc, tile);
+        }
+        for (int i = 0; i < t.tr * t.tc; ++i) ++seen[static_cast<std::size_t>(t.token(spans, i))];
+      }
+      for (std::int64_t token = 0; token < 100; ++token) {
+        bool inside = false;
+        for (const GridSpan& g : o.grids) inside = inside || (token >= g.first && token < g.end());
+        EXPECT_EQ(seen[static_cast<std::size_t>(token)], inside ? 1 : 0) << "token " << token << " tile " << tile;
+        EXPECT_EQ(spans.contains(token), inside) << "token " << token;
+      }
+      fcc::Shape shape;
+      shape.layers = 2;
+      shape.heads = 3;
+      shape.head_dim = 64;
+      shape.sequences = 2;
+      shape.capacity = 100;
+      fcc::WorkspaceLayout with, without;
+      ASSERT_TRUE(fcc::make_layout(shape, o, 100, 0, &with).ok());
+      ASSERT_TRUE(fcc::make_layout(shape, with_spans(o, {}), 100, 0, &without).ok());
+      EXPECT_EQ(with.grid_tiles, spans.tiles());
+      const std::size_t parts = 2u * 3 * 2 * static_cast<std::size_t>(spans.tiles());
+      EXPECT_GE(with.grid_protected - with.grid_energy, parts * 8);
+      EXPECT_GE(with.total - without.total, parts * 12 + (transform == Transform::blocked ? 2u * 3 * 100 * 4 : 0));
+    }
+}
+
+// The 2D pass's arithmetic run on the host, item by item as score_grid_kernel's
+// threads run it (GridTileMath), for one head of dense [n][d] K and V, against
+// the CPU scorer's scores of the span tokens. `width` 0: the launch's own.
+struct HostGridRun {
+  std::vector<float> scores;  // span tokens; NaN elsewhere
+  double k_high = 0, v_high = 0;
+};
+
+HostGridRun run_grid_pass_on_host(const std::vector<float>& k, const std::vector<float>& v,
+                                  const std::vector<std::int32_t>& source, std::int64_t n, int d, const Options& opt,
+                                  int width) {
+  namespace kn = fcc::kernels;
+  HostGridRun out;
+  out.scores.assign(static_cast<std::size_t>(n), std::numeric_limits<float>::quiet_NaN());
+  fcc::detail::GridLaunch g;
+  const flashcache::Status planned = fcc::detail::plan_grid_launch(d, opt, fcc::kMaxSharedBytes, &g);
+  EXPECT_TRUE(planned.ok()) << planned.message();
+  if (width > 0) g.width = width;
+  const kn::GridSmem lay(g.max_rows, g.max_cols, g.max_tokens, g.max_u, g.max_v, g.width);
+  std::vector<float> smem(static_cast<std::size_t>(lay.total / 4), std::numeric_limits<float>::quiet_NaN());
+  auto* base = reinterpret_cast<unsigned char*>(smem.data());
+  for (int q = 0; q < g.spans.tiles(); ++q) {
+    const kn::GridTile tile = kn::grid_tile_at(g.spans, q);
+    kn::GridTileMath m;
+    m.tr = tile.tr;
+    m.tc = tile.tc;
+    m.width = g.width;
+    m.xs = lay.x_stride;
+    m.cr = reinterpret_cast<float*>(base + lay.cr);
+    m.cc = reinterpret_cast<float*>(base + lay.cc);
+    m.vlen = reinterpret_cast<int*>(base + lay.vlen);
+    m.x = reinterpret_cast<float*>(base + lay.x);
+    m.a = reinterpret_cast<float*>(base + lay.a);
+    m.y = reinterpret_cast<float*>(base + lay.y);
+    m.acc = reinterpret_cast<float*>(base + lay.acc);
+    const int tokens = m.tokens();
+    for (int u = 0; u < m.tr; ++u) m.zone_row(u, opt.grid_zone, opt.gamma);
+    m.zone_extent();
+    EXPECT_LE(m.n_u, g.max_u);
+    EXPECT_LE(m.n_v, g.max_v);
+    for (int i = 0; i < m.table_items(); ++i) m.table(i);
+    for (int t = 0; t < 2 * tokens; ++t) m.acc[t] = 0.0f;
+    for (int c0 = 0; c0 < d; c0 += g.width) {
+      for (int t = 0; t < tokens; ++t)
+        for (int w = 0; w < g.width; ++w) {
+          const std::int32_t s = source[static_cast<std::size_t>(tile.token(g.spans, t))];
+          const bool on = c0 + w < d && s >= 0;
+          *m.x_at(0, t, w) = on ? k[static_cast<std::size_t>(s * d + c0 + w)] : 0.0f;
+          *m.x_at(1, t, w) = on ? v[static_cast<std::size_t>(s * d + c0 + w)] : 0.0f;
+        }
+      for (int i = 0; i < m.column_items(); ++i) m.columns_forward(i);
+      for (int i = 0; i < m.row_items(); ++i) m.rows_forward(i);
+      for (int i = 0; i < m.column_items(); ++i) m.rows_inverse(i);
+      for (int i = 0; i < m.residual_items(); ++i) m.residual(i);
+      for (int t = 0; t < tokens; ++t) m.accumulate(t);
+    }
+    for (int t = 0; t < tokens; ++t) {
+      const std::int64_t token = tile.token(g.spans, t);
+      const bool good = source[static_cast<std::size_t>(token)] == token;
+      const float inv_d = 1.0f / static_cast<float>(d);
+      out.scores[static_cast<std::size_t>(token)] =
+          good ? m.acc[t] * inv_d + m.acc[tokens + t] * inv_d : std::numeric_limits<float>::infinity();
+      if (good) {
+        out.k_high += m.acc[t];
+        out.v_high += m.acc[tokens + t];
+      }
+    }
+  }
+  return out;
+}
+
+TEST(GpuGrids, HostRunOfTheKernelArithmeticMatchesTheCpuScorer) {
+  const std::int64_t n = 89;
+  const int d = 40;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> noise(0.0f, 0.3f);
+  std::vector<float> k(static_cast<std::size_t>(n * d)), v(k.size());
+  for (std::int64_t t = 0; t < n; ++t)
+    for (int c = 0; c < d; ++c) {
+      const float smooth = std::sin(0.2f * static_cast<float>(t % 7) + 0.5f * static_cast<float>(c));
+      k[static_cast<std::size_t>(t * d + c)] = smooth + noise(rng) + (t % 13 == 5 ? 2.0f : 0.0f);
+      v[static_cast<std::size_t>(t * d + c)] = 0.5f * smooth - noise(rng);
+    }
+  k[static_cast<std::size_t>(44 * d + 3)] = std::numeric_limits<float>::quiet_NaN();  // inside the 6 x 6 span
+  k[static_cast<std::size_t>(3 * d)] = std::numeric_limits<float>::infinity();        // the first token of the 7 x 5
+  // score.hpp's stand-ins: the nearest finite token before, else the first after.
+  std::vector<std::int32_t> source(static_cast<std::size_t>(n));
+  std::int32_t last_good = -1;
+  for (std::int32_t t = 0; t < n; ++t) {
+    bool finite = true;
+    for (int c = 0; c < d; ++c)
+      finite = finite && std::isfinite(k[static_cast<std::size_t>(t * d + c)]) &&
+               std::isfinite(v[static_cast<std::size_t>(t * d + c)]);
+    if (finite) {
+      if (last_good < 0)
+        for (std::int32_t u = 0; u < t; ++u) source[static_cast<std::size_t>(u)] = t;
+      last_good = t;
+    }
+    source[static_cast<std::size_t>(t)] = finite ? t : last_good;
+  }
+  const auto kv =
+      flashcache::hnd<const float>(k.data(), flashcache::Heads(1), flashcache::Tokens(n), flashcache::HeadDim(d));
+  const auto vv =
+      flashcache::hnd<const float>(v.data(), flashcache::Heads(1), flashcache::Tokens(n), flashcache::HeadDim(d));
+  int runs = 0;
+  for (Transform transform : {Transform::blocked, Transform::global})
+    for (GridZone zone : {GridZone::rectangle, GridZone::triangle})
+      for (std::int64_t tile : {3, 8})
+        for (double gamma : {0.2, 0.35})
+          for (int width : {0, 1, 7}) {
+            if (transform == Transform::global && tile != 3) continue;  // one tile per span
+            Options o = with_spans(blocked(16), {{3, 7, 5}, {40, 6, 6}});
+            o.transform = transform;
+            o.grid_zone = zone;
+            o.grid_tile = tile;
+            o.gamma = gamma;
+            SCOPED_TRACE(std::string(flashcache::to_string(transform)) + " " + flashcache::to_string(zone) + " tile " +
+                         std::to_string(tile) + " gamma " + std::to_string(gamma) + " width " + std::to_string(width));
+            flashcache::Scorer<double> scorer;
+            flashcache::LayerScores cpu;
+            ASSERT_TRUE(scorer.score(kv, vv, o, &cpu).ok());
+            const HostGridRun host = run_grid_pass_on_host(k, v, source, n, d, o, width);
+            double largest = 0;
+            for (std::int64_t t = 0; t < n; ++t)
+              if (std::isfinite(cpu(0, t))) largest = std::max(largest, static_cast<double>(cpu(0, t)));
+            int compared = 0;
+            for (std::int64_t t = 0; t < n; ++t) {
+              const float got = host.scores[static_cast<std::size_t>(t)];
+              if (std::isnan(got)) continue;  // outside the spans
+              ++compared;
+              const float want = cpu(0, t);
+              if (std::isinf(want))
+                EXPECT_TRUE(std::isinf(got)) << "token " << t;
+              else
+                EXPECT_NEAR(got, want, 1e-5 * largest) << "token " << t;
+            }
+            EXPECT_EQ(compared, 35 + 36);
+            ++runs;
+          }
+  EXPECT_EQ(runs, 2 * 2 * 2 * 3 + 2 * 2 * 3);
+}
+
+// The energies the 2D pass adds: the CPU's E_high with spans minus without
+// them is the span tokens' 2D residuals minus their 1D ones.
+TEST(GpuGrids, HostRunEnergyIsTheSpanTokensResidual) {
+  const std::int64_t n = 64;
+  const int d = 8;
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> noise(0.0f, 1.0f);
+  std::vector<float> k(static_cast<std::size_t>(n * d)), v(k.size());
+  for (auto& x : k) x = noise(rng);
+  for (auto& x : v) x = noise(rng);
+  std::vector<std::int32_t> source(static_cast<std::size_t>(n));
+  for (std::int32_t t = 0; t < n; ++t) source[static_cast<std::size_t>(t)] = t;
+  // Block size 1: the 1D residual of every token is 0, so E_high with spans is the 2D part alone.
+  Options o = with_spans(blocked(1), {{5, 5, 9}});
+  o.grid_tile = 4;
+  o.grid_zone = GridZone::triangle;
+  const auto kv =
+      flashcache::hnd<const float>(k.data(), flashcache::Heads(1), flashcache::Tokens(n), flashcache::HeadDim(d));
+  const auto vv =
+      flashcache::hnd<const float>(v.data(), flashcache::Heads(1), flashcache::Tokens(n), flashcache::HeadDim(d));
+  flashcache::Scorer<double> scorer;
+  flashcache::LayerScores cpu;
+  ASSERT_TRUE(scorer.score(kv, vv, o, &cpu).ok());
+  const HostGridRun host = run_grid_pass_on_host(k, v, source, n, d, o, 0);
+  EXPECT_GT(host.k_high, 0.0);
+  EXPECT_NEAR(host.k_high, cpu.energy[0].k_high, 1e-4 * cpu.energy[0].k_total);
+  EXPECT_NEAR(host.v_high, cpu.energy[0].v_high, 1e-4 * cpu.energy[0].v_total);
+}
+
+// ---- the base sample of select_kernel: its rules and its order of passes --------
+
+// base_sample_kernel (kernels/flashcache/select.cuh) replayed on the host, one
+// token or cell at a time where the kernel scans a CTA's worth: which tokens it
+// marks, given the forced ones.
+std::vector<std::uint8_t> base_sample_as_the_kernel_does(const std::vector<std::uint8_t>& forced, std::int64_t recent,
+                                                         std::int64_t budget, const Options& opt) {
+  namespace kn = fcc::kernels;
+  const auto n = static_cast<std::int64_t>(forced.size());
+  std::vector<std::uint8_t> mark(forced.size(), 0);
+  const kn::GridSpans grids = fcc::detail::grid_spans(opt);
+  long long forced_count = 0;
+  for (std::uint8_t f : forced) forced_count += f;
+  const std::int64_t window_start = std::max<std::int64_t>(n - recent, 0);
+  long long window_free = 0;
+  for (std::int64_t t = window_start; t < n; ++t) window_free += !forced[static_cast<std::size_t>(t)];
+  const long long room = budget - forced_count;
+  const long long window_taken = std::min(window_free, room);
+  const long long room_left = room - window_taken;
+  const long long free = n - forced_count - window_taken;
+  auto taken = [&](std::int64_t t) { return t >= window_start || forced[static_cast<std::size_t>(t)] != 0; };
+  auto mark_evenly = [&](long long count, long long pool, auto eligible) {
+    count = std::min(count, pool);
+    if (count <= 0) return;
+    long long rank = 0;
+    for (std::int64_t t = 0; t < n; ++t)
+      if (eligible(t)) {
+        if (kn::evenly_spaced_pick(rank, count, pool)) mark[static_cast<std::size_t>(t)] = 1;
+        ++rank;
+      }
+  };
+  if (room_left <= 0 || free <= 0) return mark;
+  if (grids.count == 0) {
+    mark_evenly(std::min<long long>(std::llround(opt.base_share * static_cast<double>(budget)), room_left), free,
+                [&](std::int64_t t) { return !taken(t); });
+    return mark;
+  }
+  long long marked = 0, free_in_spans = 0;
+  for (int g = 0; g < grids.count; ++g) {
+    const long long first = grids.first[g], rows = grids.rows[g], cols = grids.cols[g];
+    long long part = 0;
+    for (long long t = first; t < first + rows * cols; ++t) part += !taken(t);
+    free_in_spans += part;
+    long long count = kn::base_share_of(opt.grid_base_share, budget, part, free);
+    count = std::min({count, room_left - marked, rows * cols});
+    if (count <= 0) continue;
+    const kn::GridSampleShape shape = kn::grid_sample_shape(count, rows, cols);
+    long long eligible = 0;
+    for (long long cell = 0; cell < shape.r * shape.c; ++cell) {
+      const long long t = kn::grid_sample_token(first, rows, cols, shape, cell);
+      if (taken(t)) continue;
+      if (eligible < count) mark[static_cast<std::size_t>(t)] = 1;
+      ++eligible;
+    }
+    marked += std::min(eligible, count);
+  }
+  const long long outside = kn::base_share_of(opt.base_share, budget, free - free_in_spans, free);
+  mark_evenly(std::min(outside, room_left - marked), free - free_in_spans,
+              [&](std::int64_t t) { return !taken(t) && !grids.contains(t); });
+  return mark;
+}
+
+TEST(GpuBaseSample, TheKernelsPassesPickWhatTheCpuPicks) {
+  std::mt19937_64 rng(5);
+  int sampled = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const std::int64_t n = 1 + static_cast<std::int64_t>(rng() % 160);
+    std::vector<std::uint8_t> forced(static_cast<std::size_t>(n), 0);
+    const int every = 3 + static_cast<int>(rng() % 20);
+    for (std::int64_t t = 0; t < n; ++t) forced[static_cast<std::size_t>(t)] = (rng() % every) == 0 || t < 2;
+    std::int64_t forced_count = 0;
+    for (std::uint8_t f : forced) forced_count += f;
+    const std::int64_t budget = forced_count + static_cast<std::int64_t>(rng() % (n - forced_count + 1));
+    Options o;
+    o.window = 0;
+    o.window_share = (rng() % 3) * 0.25;
+    o.base_share = (rng() % 3) * 0.2;
+    o.grid_base_share = (rng() % 4) * 0.25;
+    // Up to three spans that fit, in any order, sometimes none.
+    const int spans = static_cast<int>(rng() % 4);
+    std::int64_t at = static_cast<std::int64_t>(rng() % 8);
+    for (int g = 0; g < spans; ++g) {
+      const std::int64_t rows = 1 + static_cast<std::int64_t>(rng() % 7),
+                         cols = 1 + static_cast<std::int64_t>(rng() % 9);
+      if (at + rows * cols > n) break;
+      o.grids.push_back({at, rows, cols});
+      at += rows * cols + static_cast<std::int64_t>(rng() % 10);
+    }
+    if (o.grids.size() > 1 && rng() % 2) std::swap(o.grids.front(), o.grids.back());
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    // The CPU: forced, then the window, then the sample (select_tokens' order).
+    std::vector<std::uint8_t> keep = forced;
+    const std::int64_t recent = flashcache::window_tokens(o, budget);
+    std::int64_t taken = forced_count;
+    taken += flashcache::keep_recent(n, recent, budget - taken, keep.data());
+    std::vector<std::uint8_t> before = keep;
+    flashcache::keep_base_sample(n, budget, budget - taken, o, keep.data());
+    const std::vector<std::uint8_t> mark = base_sample_as_the_kernel_does(forced, recent, budget, o);
+    std::int64_t picks = 0;
+    for (std::int64_t t = 0; t < n; ++t) {
+      const bool cpu = keep[static_cast<std::size_t>(t)] && !before[static_cast<std::size_t>(t)];
+      ASSERT_EQ(mark[static_cast<std::size_t>(t)] != 0, cpu) << "token " << t << " of " << n << ", budget " << budget;
+      ASSERT_FALSE(mark[static_cast<std::size_t>(t)] && before[static_cast<std::size_t>(t)]) << "token " << t;
+      picks += cpu;
+    }
+    ASSERT_LE(taken + picks, budget);
+    sampled += picks > 0;
+  }
+  EXPECT_GT(sampled, 1000);  // most trials do sample something
+}
+
+TEST(GpuBaseSample, KeysOrderTheWindowThenTheSampleAboveEveryScore) {
+  namespace kn = fcc::kernels;
+  // ordered_key of the largest finite float: its bits with the sign bit set.
+  EXPECT_GT(kn::kBaseSampleKey, 0x7F7FFFFFu | 0x80000000u);
+  EXPECT_LT(kn::kBaseSampleKey, 0xFFFFFFFFu - static_cast<std::uint32_t>(kn::kMaxWindowAge));
 }
 
 }  // namespace

@@ -36,12 +36,18 @@ struct Cache {
   std::int64_t head_stride = 0;   // elements
   std::int64_t token_stride = 0;  // elements
   // The batch. Tokens of all sequences, packed in order, index the scores, the
-  // kept rows and the protect mask (Options::protect, a device array).
+  // kept rows and the protect mask.
   int sequences = 1;
   std::int64_t capacity = 0;  // bound on the packed tokens; dense: the token rows of each layer's buffer
   const std::int32_t* indptr =
       nullptr;      // dense: [sequences + 1] token row offsets; null: one sequence of `capacity` tokens
   PageTable pages;  // set pages.indices (and indptr, last_page_len) for a paged cache
+  // The caller's protect mask, or null: a device array of one byte per packed
+  // token of the batch (token t of sequence b at byte t + the tokens of
+  // sequences 0..b-1, as in the scores), nonzero = always kept, shared by every
+  // head and layer (the GPU form of the CPU's ProtectMask, mask.hpp). It must
+  // cover every token the batch holds; `capacity` bytes always do.
+  const std::uint8_t* protect = nullptr;
 
   bool paged() const { return pages.indices != nullptr; }
 };

@@ -1,10 +1,11 @@
 #pragma once
 // flashcache on the GPU: the front door.
 //
-//   score     blocked: one fused kernel; global: cuFFT (Makhoul) per sequence
+//   score     blocked: one fused kernel; global: cuFFT (Makhoul) per sequence;
+//             then image spans (Options::grids) again, by a 2D low-pass per tile
 //   energy    per-(layer, sequence) energy ratio R_l, protected counts
 //   allocate  per-layer budgets on the device (no host round trip)
-//   select    per (layer, sequence, head): protected + top scores, ascending
+//   select    per (layer, sequence, head): protected, window, base sample, top scores, ascending
 //   gather    dense compact K', V'   and/or   compact   in place in a paged cache
 //
 // Two phases, as in CUB / CUTLASS:
@@ -18,6 +19,7 @@
 // compress() is the convenience wrapper: allocate, run, wait, report.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -35,6 +37,7 @@
 #include "flashcache/plan.cuh"
 #include "flashcache/score_blocked.cuh"
 #include "flashcache/score_global.cuh"
+#include "flashcache/score_grid.cuh"
 #include "flashcache/select.cuh"
 #include "flashcache/types.hpp"
 #include "flashcache/view.hpp"
@@ -43,6 +46,8 @@ namespace flashcache::gpu {
 
 inline constexpr int kMaxLayers = kernels::kMaxLayers;
 inline constexpr int kMaxBlockSize = static_cast<int>(rules::kMaxGpuBlockSize);
+// Image spans one call takes (Options::grids): they travel in kernel parameters.
+inline constexpr int kMaxGridSpans = kernels::kMaxGridSpans;
 // Shared memory a CTA may use after opting in, when no device can be asked:
 // sm_90's (H100/H200). With a device, can_implement() asks it.
 inline constexpr std::int64_t kMaxSharedBytes = 227 * 1024;
@@ -123,6 +128,104 @@ inline std::int64_t max_shared_bytes() {
   return kMaxSharedBytes;
 }
 
+// ---- image spans --------------------------------------------------------------
+// opt.grids as kernel parameters (at most kMaxGridSpans, checked by
+// can_implement), cut into the tiles of the 2D pass: grid_tile x grid_tile
+// with Transform::blocked, whole spans with Transform::global. The tile count
+// is workspace.cuh's grid_tile_count().
+inline kernels::GridSpans grid_spans(const Options& opt) {
+  kernels::GridSpans g;
+  const bool whole = opt.transform == Transform::global;
+  std::int64_t longest = 1;
+  for (const GridSpan& s : opt.grids) longest = std::max({longest, s.rows, s.cols});
+  // A tile wider than every span cuts nothing: the same tiles, and an int.
+  const std::int64_t tile = whole ? 0 : std::min(std::max<std::int64_t>(opt.grid_tile, 1), longest);
+  g.count = static_cast<int>(std::min<std::size_t>(opt.grids.size(), kernels::kMaxGridSpans));
+  g.tile = static_cast<std::int32_t>(tile);
+  for (int i = 0; i < g.count; ++i) {
+    const GridSpan& s = opt.grids[static_cast<std::size_t>(i)];
+    g.first[i] = static_cast<std::int32_t>(s.first);
+    g.rows[i] = static_cast<std::int32_t>(s.rows);
+    g.cols[i] = static_cast<std::int32_t>(s.cols);
+    const std::int64_t tile_rows = whole ? s.rows : tile, tile_cols = whole ? s.cols : tile;
+    const std::int64_t tiles = kernels::ceil_div(s.rows, tile_rows) * kernels::ceil_div(s.cols, tile_cols);
+    g.tile_start[i + 1] = static_cast<std::int32_t>(g.tile_start[i] + tiles);
+  }
+  return g;
+}
+
+// The zone of a tr x tc tile: U rows of frequencies, V(0) columns (both prefixes, see score_grid.cuh).
+inline void grid_zone_extent(std::int64_t tr, std::int64_t tc, const Options& opt, std::int64_t* u, std::int64_t* v) {
+  *u = 0;
+  while (*u < tr && rules::in_grid_zone(opt.grid_zone, *u, 0, tr, tc, opt.gamma)) ++*u;
+  *v = 0;
+  while (*v < tc && rules::in_grid_zone(opt.grid_zone, 0, *v, tr, tc, opt.gamma)) ++*v;
+}
+
+// How the 2D pass runs: the spans, the largest tile and zone (the shared-memory
+// carve-up, kernels::GridSmem), the head-dim columns per chunk and the bytes.
+struct GridLaunch {
+  kernels::GridSpans spans;
+  std::int64_t max_rows = 0, max_cols = 0, max_tokens = 0, max_u = 0, max_v = 0;
+  std::int64_t widest_rows = 0, widest_cols = 0;  // the tile with the most tokens
+  int width = 1;
+  std::int64_t smem = 0;
+
+  std::int64_t smem_for(int w) const {
+    return kernels::GridSmem(max_rows, max_cols, max_tokens, max_u, max_v, w).total;
+  }
+};
+
+// The widest column chunk (at most kGridMaxWidth) under kGridPreferredSmem,
+// evened out over the head dim; refused when one column at a time still needs
+// more than `smem_limit` bytes.
+inline Status plan_grid_launch(std::int64_t head_dim, const Options& opt, std::int64_t smem_limit, GridLaunch* out) {
+  GridLaunch g;
+  g.spans = grid_spans(opt);
+  const bool whole = opt.transform == Transform::global;
+  for (int i = 0; i < g.spans.count; ++i) {
+    const std::int64_t rows = g.spans.rows[i], cols = g.spans.cols[i];
+    const std::int64_t tile_rows = whole ? rows : g.spans.tile, tile_cols = whole ? cols : g.spans.tile;
+    const std::int64_t down = kernels::ceil_div(rows, tile_rows), across = kernels::ceil_div(cols, tile_cols);
+    // Full tiles and the edge tiles: every shape a tile of this span takes.
+    const std::int64_t row_extents[2] = {rules::tile_extent(rows, tile_rows, 0),
+                                         rules::tile_extent(rows, tile_rows, down - 1)};
+    const std::int64_t col_extents[2] = {rules::tile_extent(cols, tile_cols, 0),
+                                         rules::tile_extent(cols, tile_cols, across - 1)};
+    for (const std::int64_t tr : row_extents)
+      for (const std::int64_t tc : col_extents) {
+        std::int64_t u = 0, v = 0;
+        grid_zone_extent(tr, tc, opt, &u, &v);
+        g.max_rows = std::max(g.max_rows, tr);
+        g.max_cols = std::max(g.max_cols, tc);
+        g.max_u = std::max(g.max_u, u);
+        g.max_v = std::max(g.max_v, v);
+        if (tr * tc > g.max_tokens) {
+          g.max_tokens = tr * tc;
+          g.widest_rows = tr;
+          g.widest_cols = tc;
+        }
+      }
+  }
+  int width = static_cast<int>(std::min<std::int64_t>(kernels::kGridMaxWidth, std::max<std::int64_t>(head_dim, 1)));
+  while (width > 1 && g.smem_for(width) > kernels::kGridPreferredSmem) width /= 2;
+  const std::int64_t chunks = kernels::ceil_div(std::max<std::int64_t>(head_dim, 1), width);
+  g.width = static_cast<int>(kernels::ceil_div(std::max<std::int64_t>(head_dim, 1), chunks));
+  g.smem = g.smem_for(g.width);
+  if (g.smem > smem_limit) {
+    if (whole)
+      return make_error(Errc::unsupported, "grid span of ", g.widest_rows, " x ", g.widest_cols,
+                        " patches with Transform::global: its 2D pass needs ", g.smem,
+                        " bytes of shared memory (one head-dim column at a time) > ", smem_limit,
+                        " this device allows; use Transform::blocked (grid_tile x grid_tile tiles)");
+    return make_error(Errc::unsupported, "grid_tile ", opt.grid_tile, ": a tile of ", g.widest_rows, " x ",
+                      g.widest_cols, " patches needs ", g.smem, " bytes of shared memory > ", smem_limit,
+                      " this device allows; use a smaller grid_tile");
+  }
+  *out = g;
+  return Status::success();
+}
+
 }  // namespace detail
 
 // Everything that can be checked without running: shapes, strides, options,
@@ -134,14 +237,13 @@ Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt
   static_assert(detail::is_element_v<T>, "flashcache::gpu: elements are float, half_t or bfloat16_t");
   FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
   // Options the CPU has and these kernels do not yet; the defaults never need them.
-  if (opt.base_share > 0)
-    return make_error(Errc::unsupported, "base_share ", opt.base_share, ": the GPU does not sample the base yet (CPU only)");
   if (opt.normalize_terms)
     return make_error(Errc::unsupported, "normalize_terms: the GPU scores K and V unweighted only (CPU only)");
   if (opt.rope.derotate)
     return make_error(Errc::unsupported, "rope.derotate: the GPU scores keys as cached only (CPU only)");
-  if (!opt.grids.empty())
-    return make_error(Errc::unsupported, "grids: the GPU scores along the token axis only (CPU only)");
+  if (opt.grids.size() > static_cast<std::size_t>(kMaxGridSpans))
+    return make_error(Errc::unsupported, opt.grids.size(), " grid spans: the GPU takes at most ", kMaxGridSpans,
+                      " per call (they travel in kernel parameters)");
   if (c.layers < 1 || c.layers > kMaxLayers)
     return make_error(Errc::unsupported, c.layers, " layers: one call takes 1 to ", kMaxLayers);
   if (c.k == nullptr || c.v == nullptr) return make_error(Errc::invalid_shape, "null K or V layer array");
@@ -210,6 +312,26 @@ Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt
     for (auto n : plan->lengths()) total += n;
     if (total > c.capacity)
       return make_error(Errc::invalid_shape, "GlobalPlan lengths add up to ", total, " > capacity ", c.capacity);
+  }
+
+  if (!opt.grids.empty()) {
+    // Spans are positions in every sequence: none may reach past the capacity,
+    // nor (global, whose plan knows the lengths) past any sequence. With
+    // Transform::blocked the device checks the lengths (grid_past_sequence).
+    for (std::size_t i = 0; i < opt.grids.size(); ++i)
+      if (opt.grids[i].end() > c.capacity)
+        return make_error(Errc::invalid_shape, "grid span ", i, " [", opt.grids[i].first, ", ", opt.grids[i].end(),
+                          ") reaches past the capacity of ", c.capacity, " tokens");
+    if (opt.transform == Transform::global)
+      for (std::size_t b = 0; b < plan->lengths().size(); ++b) {
+        const Status fits = check_grids_fit(opt.grids, plan->lengths()[b]);
+        if (!fits.ok()) return make_error(fits.code(), "sequence ", b, ": ", fits.message());
+      }
+    if (static_cast<std::int64_t>(c.sequences) * grid_tile_count(opt) > std::int64_t{2147483647})
+      return make_error(Errc::unsupported, c.sequences, " sequences x ", grid_tile_count(opt),
+                        " grid tiles: more than 2^31 - 1 tiles in one call; use a larger grid_tile");
+    detail::GridLaunch launch;
+    FLASHCACHE_RETURN_IF_ERROR(detail::plan_grid_launch(c.head_dim, opt, detail::max_shared_bytes(), &launch));
   }
 
   if (out.k_out != nullptr || out.v_out != nullptr) {
@@ -310,7 +432,9 @@ Status score_blocked(const Cache<T>& c, const Options& opt, const Workspace& ws,
   p.head_dim = static_cast<int>(c.head_dim);
   p.block_size = static_cast<int>(opt.block_size);
   p.gamma = opt.gamma;
-  p.protect = {opt.sink, opt.window, opt.protect};
+  p.protect = {opt.sink, opt.window, c.protect};
+  p.grids = grid_spans(opt);
+  p.grid_source = ws.grid_source();
   p.vector_ok = rows_vectorizable(c);
   p.capacity = c.capacity;
   p.slot_count = ws.layout().slot_count;
@@ -443,7 +567,8 @@ Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, 
       rp.n = n;
       rp.capacity = c.capacity;
       rp.slot_count = ws.layout().slot_count;
-      rp.protect = {opt.sink, opt.window, opt.protect};
+      rp.protect = {opt.sink, opt.window, c.protect};
+      rp.grids = grid_spans(opt);
       rp.sub = sub;
       rp.z = z;
       rp.scores = ws.scores();
@@ -457,6 +582,45 @@ Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, 
     }
   }
   return Status::success();
+}
+
+// The 2D pass over the image spans, after either 1D pass (score_grid.cuh).
+template <class T>
+Status score_grids(const Cache<T>& c, const Options& opt, const Workspace& ws, const kernels::SeqTable& seq,
+                   cudaStream_t stream) {
+  GridLaunch g;
+  FLASHCACHE_RETURN_IF_ERROR(plan_grid_launch(c.head_dim, opt, max_shared_bytes(), &g));
+  kernels::GridParams<T> p{};
+  fill_layer_pointers(c, p.k, p.v);
+  p.rows = row_map(c.head_stride, c.token_stride, c.indptr, c.pages, c.paged());
+  p.seq = seq;
+  p.sequences = c.sequences;
+  p.head_dim = static_cast<int>(c.head_dim);
+  p.grids = g.spans;
+  p.zone = opt.grid_zone;
+  p.gamma = opt.gamma;
+  p.protect = {opt.sink, opt.window, c.protect};
+  p.max_rows = static_cast<int>(g.max_rows);
+  p.max_cols = static_cast<int>(g.max_cols);
+  p.max_tokens = static_cast<int>(g.max_tokens);
+  p.max_u = static_cast<int>(g.max_u);
+  p.max_v = static_cast<int>(g.max_v);
+  p.width = g.width;
+  p.capacity = c.capacity;
+  p.source = opt.transform == Transform::global ? ws.substitutes() : ws.grid_source();
+  p.scores = ws.scores();
+  p.grid_energy = static_cast<float2*>(ws.grid_energy());
+  p.grid_protected = ws.grid_protected();
+  p.status = ws.status();
+  auto kernel = kernels::score_grid_kernel<T>;
+  if (g.smem > 48 * 1024)
+    FLASHCACHE_RETURN_IF_ERROR(
+        cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem)),
+                    "raising the grid kernel's shared memory"));
+  const dim3 grid(static_cast<unsigned>(static_cast<std::int64_t>(c.sequences) * g.spans.tiles()),
+                  static_cast<unsigned>(c.heads), static_cast<unsigned>(c.layers));
+  kernel<<<grid, kernels::kGridThreads, static_cast<std::size_t>(g.smem), stream>>>(p);
+  return launched("score_grid_kernel");
 }
 
 }  // namespace detail
@@ -496,6 +660,12 @@ Status enqueue_scores(const Cache<T>& c, const Options& opt, const Outputs<T>& o
       p.page_size = c.pages.page_size;
       p.num_pages = c.pages.num_pages;
     }
+    for (std::size_t i = 0; i < opt.grids.size(); ++i)  // the span that ends last
+      if (opt.grids[i].end() > p.grid_end) {
+        p.grid_end = opt.grids[i].end();
+        p.grid_first = opt.grids[i].first;
+        p.grid_span = static_cast<int>(i);
+      }
     p.len = ws.seq_len();
     p.offset = ws.seq_offset();
     p.slots = ws.seq_slots();
@@ -510,6 +680,7 @@ Status enqueue_scores(const Cache<T>& c, const Options& opt, const Outputs<T>& o
     FLASHCACHE_RETURN_IF_ERROR(score_blocked(c, opt, ws, seq, stream));
   else
     FLASHCACHE_RETURN_IF_ERROR(score_global(c, opt, ws, seq, *plan, stream));
+  if (!opt.grids.empty()) FLASHCACHE_RETURN_IF_ERROR(score_grids(c, opt, ws, seq, stream));
 
   {  // 1b. energy
     kernels::EnergyParams p;
@@ -519,6 +690,9 @@ Status enqueue_scores(const Cache<T>& c, const Options& opt, const Outputs<T>& o
     p.slots = ws.seq_slots();
     p.energy_part = static_cast<const float4*>(ws.energy_part());
     p.protected_part = ws.protected_part();
+    p.grid_tiles = static_cast<int>(layout.grid_tiles);
+    p.grid_energy = static_cast<const float2*>(ws.grid_energy());
+    p.grid_protected = ws.grid_protected();
     p.energy = ws.energy();
     p.ratio = ws.ratio();
     p.protected_max = ws.protected_max();
@@ -566,13 +740,21 @@ Status enqueue_selection(const Cache<T>& c, const Budget& budget, const Options&
     p.sequences = c.sequences;
     p.capacity = c.capacity;
     p.seq = seq;
-    p.protect = {opt.sink, opt.window, opt.protect};
+    p.protect = {opt.sink, opt.window, c.protect};
     p.window_share = opt.window_share;
+    p.base_share = opt.base_share;
+    p.grid_base_share = opt.grid_base_share;
+    p.grids = grid_spans(opt);
+    p.base_mark = samples_base(opt) ? ws.base_mark() : nullptr;
     p.scores = ws.scores();
     p.budget = ws.budget();
     p.kept_indptr = kept_indptr;
     p.kept = kept;
     p.status = ws.status();
+    if (p.base_mark != nullptr) {  // the base sample's picks, marked before the selection ranks them
+      kernels::base_sample_kernel<><<<dim3(B, H, L), kernels::kSelectThreads, 0, stream>>>(p);
+      FLASHCACHE_RETURN_IF_ERROR(launched("base_sample_kernel"));
+    }
     kernels::select_kernel<><<<dim3(B, H, L), kernels::kSelectThreads, 0, stream>>>(p);
     FLASHCACHE_RETURN_IF_ERROR(launched("select_kernel"));
   }

@@ -16,7 +16,7 @@ struct Shape {
   std::int64_t heads = 0;
   std::int64_t head_dim = 0;
   int sequences = 0;
-  std::int64_t capacity = 0;  // packed tokens bound
+  std::int64_t capacity = 0;   // packed tokens bound
   std::int64_t num_pages = 0;  // paged caches: the pool's pages (the ownership bitmap); 0 otherwise
 };
 
@@ -32,6 +32,12 @@ struct WorkspaceLayout {
   std::size_t substitutes = 0, spectrum = 0, fft_work = 0;  // global transform only
   std::size_t first_good = 0, last_good = 0, source = 0;    // blocked transform only: [L][H][slot_count]
   std::size_t page_owners = 0;                              // paged only: one bit per page of the pool
+  // Image spans (Options::grids) only: tiles of the 2D pass, the row each
+  // span token's transform reads (blocked; the global path has substitutes),
+  // and per-(layer, head, sequence, tile) energy partials and unrankable counts.
+  std::int64_t grid_tiles = 0;
+  std::size_t grid_source = 0, grid_energy = 0, grid_protected = 0;
+  std::size_t base_mark = 0;  // a base sample only (samples_base): [L][H][capacity] bytes
   std::size_t total = 0;
 };
 
@@ -46,6 +52,27 @@ inline std::size_t take(std::size_t* at, std::size_t bytes) {
 
 // Tokens per energy slot of the global residual pass (kernels/flashcache/score_global.cuh).
 inline constexpr std::int64_t kGlobalSlotTokens = 32;
+
+// Whether selection takes a base sample (select.hpp's keep_base_sample):
+// base_share, or grid_base_share inside image spans.
+inline bool samples_base(const Options& opt) {
+  return opt.base_share > 0 || (!opt.grids.empty() && opt.grid_base_share > 0);
+}
+
+// Tiles of the 2D pass over the image spans: grid_tile x grid_tile tiles of
+// each span with Transform::blocked (edge tiles at their own size), one per
+// span with Transform::global; 0 without spans.
+inline std::int64_t grid_tile_count(const Options& opt) {
+  std::int64_t tiles = 0;
+  for (const GridSpan& g : opt.grids) {
+    if (opt.transform == Transform::global) {
+      ++tiles;
+    } else if (opt.grid_tile >= 1) {
+      tiles += ((g.rows + opt.grid_tile - 1) / opt.grid_tile) * ((g.cols + opt.grid_tile - 1) / opt.grid_tile);
+    }
+  }
+  return tiles;
+}
 
 // The carve-up for `shape` under `opt`. For the global transform,
 // `max_length` is the longest sequence and `fft_work_bytes` the cuFFT work
@@ -94,6 +121,14 @@ inline Status make_layout(const Shape& s, const Options& opt, std::int64_t max_l
     w.last_good = detail::take(&at, L * H * slots * 4);
     w.source = detail::take(&at, L * H * slots * 4);
   }
+  w.grid_tiles = grid_tile_count(opt);
+  if (w.grid_tiles > 0) {
+    if (opt.transform == Transform::blocked) w.grid_source = detail::take(&at, L * H * N * 4);
+    const std::size_t parts = L * H * B * static_cast<std::size_t>(w.grid_tiles);
+    w.grid_energy = detail::take(&at, parts * 8);
+    w.grid_protected = detail::take(&at, parts * 4);
+  }
+  if (samples_base(opt)) w.base_mark = detail::take(&at, L * H * N);
   w.page_owners = detail::take(&at, (static_cast<std::size_t>(s.num_pages) + 31) / 32 * 4);
   w.total = at;
   *out = w;
@@ -129,6 +164,10 @@ class Workspace {
   std::int32_t* last_good() const { return at<std::int32_t>(layout_.last_good); }
   std::int32_t* source() const { return at<std::int32_t>(layout_.source); }
   std::uint32_t* page_owners() const { return at<std::uint32_t>(layout_.page_owners); }
+  std::int32_t* grid_source() const { return at<std::int32_t>(layout_.grid_source); }  // [L][H][capacity]
+  void* grid_energy() const { return at<unsigned char>(layout_.grid_energy); }         // float2 [L][H][B][tiles]
+  int* grid_protected() const { return at<int>(layout_.grid_protected); }              // [L][H][B][tiles]
+  std::uint8_t* base_mark() const { return at<std::uint8_t>(layout_.base_mark); }      // [L][H][capacity]
   const WorkspaceLayout& layout() const { return layout_; }
 
  private:
