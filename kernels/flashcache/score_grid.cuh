@@ -105,6 +105,21 @@ struct GridTileMath {
   float* y = nullptr;
   float* acc = nullptr;
 
+  // The tile's views into a shared-memory block laid out as `lay` (the kernel's
+  // and the host replay's in tests/gpu use this one carve-up).
+  FLASHCACHE_INLINE GridTileMath(const GridSmem& lay, unsigned char* base, int tile_rows, int tile_cols, int chunk)
+      : tr(tile_rows),
+        tc(tile_cols),
+        width(chunk),
+        xs(lay.x_stride),
+        cr(reinterpret_cast<float*>(base + lay.cr)),
+        cc(reinterpret_cast<float*>(base + lay.cc)),
+        vlen(reinterpret_cast<int*>(base + lay.vlen)),
+        x(reinterpret_cast<float*>(base + lay.x)),
+        a(reinterpret_cast<float*>(base + lay.a)),
+        y(reinterpret_cast<float*>(base + lay.y)),
+        acc(reinterpret_cast<float*>(base + lay.acc)) {}
+
   FLASHCACHE_INLINE int tokens() const { return tr * tc; }
 
   // Zone row u (u < tr): V(u), the frequencies v of row u in the zone, a prefix.
@@ -255,18 +270,7 @@ __global__ void __launch_bounds__(kGridThreads) score_grid_kernel(GridParams<T> 
 
   extern __shared__ __align__(16) unsigned char smem[];
   const GridSmem lay(p.max_rows, p.max_cols, p.max_tokens, p.max_u, p.max_v, p.width);
-  GridTileMath m;
-  m.tr = tile.tr;
-  m.tc = tile.tc;
-  m.width = p.width;
-  m.xs = lay.x_stride;
-  m.cr = reinterpret_cast<float*>(smem + lay.cr);
-  m.cc = reinterpret_cast<float*>(smem + lay.cc);
-  m.vlen = reinterpret_cast<int*>(smem + lay.vlen);
-  m.x = reinterpret_cast<float*>(smem + lay.x);
-  m.a = reinterpret_cast<float*>(smem + lay.a);
-  m.y = reinterpret_cast<float*>(smem + lay.y);
-  m.acc = reinterpret_cast<float*>(smem + lay.acc);
+  GridTileMath m(lay, smem, tile.tr, tile.tc, p.width);
   int* src = reinterpret_cast<int*>(smem + lay.src);
   float* red = reinterpret_cast<float*>(smem + lay.red);
   int* misc = reinterpret_cast<int*>(smem + lay.misc);

@@ -437,18 +437,7 @@ HostGridRun run_grid_pass_on_host(const std::vector<float>& k, const std::vector
   auto* base = reinterpret_cast<unsigned char*>(smem.data());
   for (int q = 0; q < g.spans.tiles(); ++q) {
     const kn::GridTile tile = kn::grid_tile_at(g.spans, q);
-    kn::GridTileMath m;
-    m.tr = tile.tr;
-    m.tc = tile.tc;
-    m.width = g.width;
-    m.xs = lay.x_stride;
-    m.cr = reinterpret_cast<float*>(base + lay.cr);
-    m.cc = reinterpret_cast<float*>(base + lay.cc);
-    m.vlen = reinterpret_cast<int*>(base + lay.vlen);
-    m.x = reinterpret_cast<float*>(base + lay.x);
-    m.a = reinterpret_cast<float*>(base + lay.a);
-    m.y = reinterpret_cast<float*>(base + lay.y);
-    m.acc = reinterpret_cast<float*>(base + lay.acc);
+    kn::GridTileMath m(lay, base, tile.tr, tile.tc, g.width);
     const int tokens = m.tokens();
     for (int u = 0; u < m.tr; ++u) m.zone_row(u, opt.grid_zone, opt.gamma);
     m.zone_extent();
