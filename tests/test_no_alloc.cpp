@@ -134,8 +134,13 @@ TEST(NoAlloc, WarmStagesAllocateNothing) {
   paper.window_share = 0.1;
   paper.base_share = 0.2;
   paper.normalize_terms = true;
+  // Image spans with edge tiles and the grid base sample, tiled and whole.
+  fc::Options images;
+  images.grids = {{1, 9, 10}, {100, 7, 9}};
+  fc::Options images_global = images;
+  images_global.transform = fc::Transform::global;
   // The defaults: blocked transform, 300 and 173 tokens end in shorter blocks.
-  for (const fc::Options& opt : {paper, fc::Options{}}) {
+  for (const fc::Options& opt : {paper, fc::Options{}, images, images_global}) {
     Engine engine(first);
     ASSERT_TRUE(engine.run(first, opt));
     bool ok = false;
