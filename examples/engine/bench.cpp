@@ -65,15 +65,17 @@ int main(int argc, char** argv) {
     out["decode_steps"] = steps;
     out["prefill_threads"] = prefill_threads;
     out["source_tokens"] = source.size();
+    engine::CacheCompressor compressor;  // reused: warm runs allocate only the new cache
     for (const auto n : lengths) {
       std::vector<int> ids;
       while (static_cast<std::int64_t>(ids.size()) < n) ids.push_back(source[ids.size() % source.size()]);
       engine::KVCache full(model.config(), n + steps);
       engine::Workspace ws;
       const auto t0 = Clock::now();
-      const auto logits = engine::prefill(model, ids, full, ws, prefill_threads, 512, [&](std::int64_t d, std::int64_t t) {
-        std::cerr << "\rprefill " << d << "/" << t << " tokens, " << ms_since(t0) / 1000 << " s" << std::flush;
-      });
+      const auto logits =
+          engine::prefill(model, ids, full, ws, prefill_threads, 512, [&](std::int64_t d, std::int64_t t) {
+            std::cerr << "\rprefill " << d << "/" << t << " tokens, " << ms_since(t0) / 1000 << " s" << std::flush;
+          });
       const double prefill_ms = ms_since(t0);
       std::cerr << "\n";
       nlohmann::json run;
@@ -87,14 +89,11 @@ int main(int argc, char** argv) {
         cfg["keep_ratio"] = r < 0 ? nlohmann::json(nullptr) : nlohmann::json(r);
         cfg["kv_bytes_before"] = cache.bytes_in_use();
         if (r >= 0) {
-          engine::CompressSettings s;
-          s.keep_ratio = r;
-          s.policy = policy;
-          s.sink = sink;
-          s.window = window;
-          s.room = steps;
+          const engine::CompressSettings s{r, policy, sink, window, steps};
           const auto tc = Clock::now();
-          cfg["budgets"] = engine::compress_cache(cache, s);
+          std::vector<std::int64_t> budgets;
+          flashcache::throw_if_error(compressor.compress(cache, s, &budgets));
+          cfg["budgets"] = budgets;
           cfg["compress_ms"] = ms_since(tc);
           cfg["compress_share_of_prefill"] = cfg["compress_ms"].get<double>() / prefill_ms;
         }

@@ -20,9 +20,7 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -50,7 +48,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--policy", policy, "flashcache, streaming, knorm or random");
   app.add_option("--sink", sink, "first tokens always kept (default: the library's)")->check(CLI::NonNegativeNumber);
-  app.add_option("--window", window, "last prompt tokens always kept (default: the library's)")->check(CLI::NonNegativeNumber);
+  app.add_option("--window", window, "last prompt tokens always kept (default: the library's)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--uniform", uniform, "the same budget in every layer (default: flashcache's dynamic split)");
   app.add_option("--threads", threads, "threads (default: all cores)")->check(CLI::Range(1, 1024));
   app.add_option("--prefill-chunk", chunk, "prompt tokens per prefill pass")->check(CLI::Range(1, 1 << 20));
@@ -90,26 +89,21 @@ int main(int argc, char** argv) {
     engine::Workspace ws;
     const bool show = !quiet && static_cast<std::int64_t>(ids.size()) > chunk;
     const auto t_prefill = Clock::now();
-    std::vector<float> logits = engine::prefill(model, ids, cache, ws, threads, chunk, [&](std::int64_t done,
-                                                                                          std::int64_t total) {
-      if (show)
-        std::fprintf(stderr, "\rprefill %lld/%lld tokens, %.1f s", static_cast<long long>(done),
-                     static_cast<long long>(total), ms_since(t_prefill) / 1000.0);
-    });
+    std::vector<float> logits =
+        engine::prefill(model, ids, cache, ws, threads, chunk, [&](std::int64_t done, std::int64_t total) {
+          if (show)
+            std::fprintf(stderr, "\rprefill %lld/%lld tokens, %.1f s", static_cast<long long>(done),
+                         static_cast<long long>(total), ms_since(t_prefill) / 1000.0);
+        });
     const double prefill_ms = ms_since(t_prefill);
     if (show) std::fprintf(stderr, "\n");
 
     const std::int64_t kv_before = cache.bytes_in_use();
-    std::vector<std::int64_t> budgets(static_cast<std::size_t>(model.config().layers), static_cast<std::int64_t>(ids.size()));
+    std::vector<std::int64_t> budgets(static_cast<std::size_t>(model.config().layers),
+                                      static_cast<std::int64_t>(ids.size()));
     double compress_ms = 0;
     if (keep_ratio >= 0) {
-      engine::CompressSettings s;
-      s.keep_ratio = keep_ratio;
-      s.policy = policy;
-      s.sink = sink;
-      s.window = window;
-      s.room = room;
-      s.uniform = uniform;
+      const engine::CompressSettings s{keep_ratio, policy, sink, window, room, uniform};
       const auto t_compress = Clock::now();
       budgets = engine::compress_cache(cache, s);
       compress_ms = ms_since(t_compress);
@@ -156,7 +150,8 @@ int main(int argc, char** argv) {
     } else {
       std::cout << answer << std::endl;
       if (!quiet) {
-        std::fprintf(stderr, "prompt %zu tokens, prefill %.0f ms, compress %.1f ms, KV %.2f -> %.2f MB, decode %.1f tok/s",
+        std::fprintf(stderr,
+                     "prompt %zu tokens, prefill %.0f ms, compress %.1f ms, KV %.2f -> %.2f MB, decode %.1f tok/s",
                      ids.size(), prefill_ms, compress_ms, kv_before / 1e6, kv_after / 1e6, tokens_per_s);
         if (!nll.empty())
           std::fprintf(stderr, ", NLL %.4f nats/token over %zu tokens",
