@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
@@ -375,7 +376,9 @@ TEST(GpuGrids, LaunchStaysUnderTheDefaultSharedMemoryForUsualTiles) {
 
 TEST(GpuGrids, TilesCoverEverySpanTokenOnceAndTheWorkspaceHoldsThem) {
   for (Transform transform : {Transform::blocked, Transform::global})
-    for (std::int64_t tile : {1, 3, 8, 1000}) {
+    // The largest tile (a caller meaning "no tiling") must not overflow the tile count.
+    for (std::int64_t tile :
+         std::initializer_list<std::int64_t>{1, 3, 8, 1000, std::numeric_limits<std::int64_t>::max()}) {
       Options o = with_spans(blocked(), {{40, 6, 6}, {3, 7, 5}, {80, 1, 9}});
       o.transform = transform;
       o.grid_tile = tile;

@@ -33,8 +33,8 @@
 #include "flashcache/error.hpp"
 #include "flashcache/gather.cuh"
 #include "flashcache/options.hpp"
-#include "flashcache/rules.hpp"
 #include "flashcache/plan.cuh"
+#include "flashcache/rules.hpp"
 #include "flashcache/score_blocked.cuh"
 #include "flashcache/score_global.cuh"
 #include "flashcache/score_grid.cuh"
@@ -330,6 +330,11 @@ Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt
     if (static_cast<std::int64_t>(c.sequences) * grid_tile_count(opt) > std::int64_t{2147483647})
       return make_error(Errc::unsupported, c.sequences, " sequences x ", grid_tile_count(opt),
                         " grid tiles: more than 2^31 - 1 tiles in one call; use a larger grid_tile");
+    // The workspace is carved for grid_tile_count() tiles and the kernels launch
+    // grid_spans().tiles(): a disagreement would write outside the regions.
+    if (grid_tile_count(opt) != detail::grid_spans(opt).tiles())
+      return make_error(Errc::unsupported, "grid tiles: the workspace holds ", grid_tile_count(opt),
+                        ", the launch has ", detail::grid_spans(opt).tiles());
     detail::GridLaunch launch;
     FLASHCACHE_RETURN_IF_ERROR(detail::plan_grid_launch(c.head_dim, opt, detail::max_shared_bytes(), &launch));
   }
@@ -465,9 +470,9 @@ Status score_blocked(const Cache<T>& c, const Options& opt, const Workspace& ws,
   e.last_good = ws.last_good();
   e.source = ws.source();
   e.status = ws.status();
-  kernels::blocked_edges_kernel<><<<dim3(static_cast<unsigned>(c.sequences), static_cast<unsigned>(c.heads),
-                                         static_cast<unsigned>(c.layers)),
-                                    kernels::kEdgeThreads, 0, stream>>>(e);
+  kernels::blocked_edges_kernel<>
+      <<<dim3(static_cast<unsigned>(c.sequences), static_cast<unsigned>(c.heads), static_cast<unsigned>(c.layers)),
+         kernels::kEdgeThreads, 0, stream>>>(e);
   FLASHCACHE_RETURN_IF_ERROR(launched("blocked_edges_kernel"));
   return pass(true);
 }
@@ -549,9 +554,9 @@ Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, 
         lp.n = n;
         lp.m = lowpass_cutoff(n, opt.gamma);
         lp.status = ws.status();
-        kernels::lowpass_kernel<><<<dim3(static_cast<unsigned>(kernels::ceil_div(n / 2 + 1, 256)),
-                                       static_cast<unsigned>(columns)),
-                                  256, 0, stream>>>(lp);
+        kernels::lowpass_kernel<>
+            <<<dim3(static_cast<unsigned>(kernels::ceil_div(n / 2 + 1, 256)), static_cast<unsigned>(columns)), 256, 0,
+               stream>>>(lp);
         FLASHCACHE_RETURN_IF_ERROR(launched("lowpass_kernel"));
         FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftExecC2C(fft, zc, zc, CUFFT_INVERSE), "cufftExecC2C inverse"));
       }
@@ -854,14 +859,13 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
 // select_async(), which takes the ratios from the reduced sums. Every rank
 // then computes the same budgets. One rank alone: compress_async().
 struct EnergySums {
-  double* energy = nullptr;        // [layers][sequences][4]: K total, K high, V total, V high; reduce with sum
-  int* protected_max = nullptr;    // [layers][sequences]: largest protected count of a head; reduce with max
+  double* energy = nullptr;         // [layers][sequences][4]: K total, K high, V total, V high; reduce with sum
+  int* protected_max = nullptr;     // [layers][sequences]: largest protected count of a head; reduce with max
   std::size_t layer_sequences = 0;  // layers x sequences (energy holds 4 doubles per entry)
 };
 
 template <class T>
-Status energy_sums(const Cache<T>& c, const Options& opt, void* workspace, const GlobalPlan* plan,
-                   EnergySums* sums) {
+Status energy_sums(const Cache<T>& c, const Options& opt, void* workspace, const GlobalPlan* plan, EnergySums* sums) {
   WorkspaceLayout layout;
   FLASHCACHE_RETURN_IF_ERROR(workspace_layout(c, opt, plan, &layout));
   if (workspace == nullptr || sums == nullptr) return make_error(Errc::invalid_shape, "energy_sums: null argument");
@@ -874,8 +878,8 @@ Status energy_sums(const Cache<T>& c, const Options& opt, void* workspace, const
 
 // Phase 1 of a tensor-parallel run: plan, scores and this rank's energy sums.
 template <class T>
-Status score_async(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
-                   void* workspace, std::size_t workspace_bytes, cudaStream_t stream, const GlobalPlan* plan = nullptr) {
+Status score_async(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out, void* workspace,
+                   std::size_t workspace_bytes, cudaStream_t stream, const GlobalPlan* plan = nullptr) {
   WorkspaceLayout layout;
   FLASHCACHE_RETURN_IF_ERROR(detail::checked_layout(c, budget, opt, out, workspace, workspace_bytes, plan, &layout));
   return detail::enqueue_scores(c, opt, out, Workspace(workspace, layout), stream, plan);
@@ -884,9 +888,8 @@ Status score_async(const Cache<T>& c, const Budget& budget, const Options& opt, 
 // Phase 2, after the sums were reduced over the ranks: R_l from the sums,
 // budgets, selection, gather / compaction (the same workspace as phase 1).
 template <class T>
-Status select_async(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
-                    void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
-                    const GlobalPlan* plan = nullptr) {
+Status select_async(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out, void* workspace,
+                    std::size_t workspace_bytes, cudaStream_t stream, const GlobalPlan* plan = nullptr) {
   WorkspaceLayout layout;
   FLASHCACHE_RETURN_IF_ERROR(detail::checked_layout(c, budget, opt, out, workspace, workspace_bytes, plan, &layout));
   const Workspace ws(workspace, layout);

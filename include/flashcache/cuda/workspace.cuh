@@ -67,8 +67,9 @@ inline std::int64_t grid_tile_count(const Options& opt) {
   for (const GridSpan& g : opt.grids) {
     if (opt.transform == Transform::global) {
       ++tiles;
-    } else if (opt.grid_tile >= 1) {
-      tiles += ((g.rows + opt.grid_tile - 1) / opt.grid_tile) * ((g.cols + opt.grid_tile - 1) / opt.grid_tile);
+    } else if (opt.grid_tile >= 1 && g.rows >= 1 && g.cols >= 1) {
+      // ceil(n / tile) without forming n + tile - 1, which overflows for a tile near INT64_MAX.
+      tiles += ((g.rows - 1) / opt.grid_tile + 1) * ((g.cols - 1) / opt.grid_tile + 1);
     }
   }
   return tiles;
