@@ -63,6 +63,27 @@ FLASHCACHE_INLINE std::int64_t tile_extent(std::int64_t n, std::int64_t tile, st
   return left < tile ? left : tile;
 }
 
+// The base sample's sub-grid of a span for `count` picks (1 <= count <= rows
+// * cols): r rows by c columns of cells, about sqrt(count rows / cols) rows.
+struct GridSampleShape {
+  std::int64_t r = 0, c = 0;
+};
+FLASHCACHE_INLINE GridSampleShape grid_sample_shape(std::int64_t count, std::int64_t rows, std::int64_t cols) {
+  const double aspect = static_cast<double>(rows) / static_cast<double>(cols);
+  std::int64_t r = static_cast<std::int64_t>(llround(sqrt(static_cast<double>(count) * aspect)));
+  r = r < 1 ? 1 : (r > rows ? rows : r);
+  GridSampleShape s;
+  s.c = (count + r - 1) / r < cols ? (count + r - 1) / r : cols;
+  s.r = (count + s.c - 1) / s.c < rows ? (count + s.c - 1) / s.c : rows;
+  return s;
+}
+// Token (within the sequence) of cell p = i * c + j of a span's sub-grid: the centre of the cell.
+FLASHCACHE_INLINE std::int64_t grid_sample_token(std::int64_t first, std::int64_t rows, std::int64_t cols,
+                                                 GridSampleShape s, std::int64_t p) {
+  const std::int64_t i = p / s.c, j = p % s.c;
+  return first + ((2 * i + 1) * rows / (2 * s.r)) * cols + (2 * j + 1) * cols / (2 * s.c);
+}
+
 }  // namespace rules
 
 // Spans must have at least one row and column, start at a token >= 0 and not

@@ -61,6 +61,32 @@ FLASHCACHE_INLINE std::int64_t recent_window(std::int64_t window, double window_
   return window > share ? window : share;
 }
 
+// The base sample of a head keeping `budget` tokens, without image spans:
+// round(base_share * budget) (halves away from zero).
+FLASHCACHE_INLINE std::int64_t base_sample_tokens(double base_share, std::int64_t budget) {
+  return static_cast<std::int64_t>(llround(base_share * static_cast<double>(budget)));
+}
+
+// With spans, the base sample's share of a part of the free tokens:
+// round(ratio * budget * part / free), in this order of operations on both paths.
+FLASHCACHE_INLINE std::int64_t base_share_of(double ratio, std::int64_t budget, std::int64_t part, std::int64_t free) {
+  return static_cast<std::int64_t>(
+      llround(ratio * static_cast<double>(budget) * static_cast<double>(part) / static_cast<double>(free)));
+}
+
+// `count` picks spread evenly over `free` tokens (count <= free): pick j is the
+// free token at rank floor((2j + 1) free / (2 count)); the ranks grow strictly.
+FLASHCACHE_INLINE std::int64_t evenly_spaced_rank(std::int64_t j, std::int64_t count, std::int64_t free) {
+  return (2 * j + 1) * free / (2 * count);
+}
+// Whether rank r is one of them: r's pick is floor(r count / free) or the next.
+FLASHCACHE_INLINE bool evenly_spaced_pick(std::int64_t r, std::int64_t count, std::int64_t free) {
+  const std::int64_t j = r * count / free;
+  for (std::int64_t q = j; q <= j + 1 && q < count; ++q)
+    if (evenly_spaced_rank(q, count, free) == r) return true;
+  return false;
+}
+
 // Block sizes of Transform::blocked: at least one token everywhere; the GPU
 // kernel holds a block's column in registers, so it takes at most 128.
 inline constexpr std::int64_t kMinBlockSize = 1;

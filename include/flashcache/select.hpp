@@ -71,7 +71,7 @@ inline std::int64_t window_tokens(const Options& opt, std::int64_t budget) {
 
 // Evenly spaced tokens of the base sample for a layer budget.
 inline std::int64_t base_tokens(const Options& opt, std::int64_t budget) {
-  return static_cast<std::int64_t>(std::llround(opt.base_share * static_cast<double>(budget)));
+  return rules::base_sample_tokens(opt.base_share, budget);
 }
 
 // Marks the newest not-yet-kept tokens among the last `window`, at most
@@ -94,8 +94,7 @@ std::int64_t keep_evenly_spaced_if(std::int64_t n, std::int64_t count, std::uint
   std::int64_t j = 0, rank = 0;
   for (std::int64_t t = 0; t < n && j < count; ++t) {
     if (keep[t] || skip(t)) continue;
-    // (2j + 1) * free / (2 count) is the rank of pick j; ranks grow strictly, since free >= count.
-    if (rank == ((2 * j + 1) * free) / (2 * count)) keep[t] = 1, ++j;
+    if (rank == rules::evenly_spaced_rank(j, count, free)) keep[t] = 1, ++j;
     ++rank;
   }
   return j;
@@ -112,16 +111,12 @@ inline std::int64_t keep_evenly_spaced(std::int64_t n, std::int64_t count, std::
 inline std::int64_t keep_grid_sample(const GridSpan& g, std::int64_t count, std::uint8_t* keep) {
   count = std::min(count, g.tokens());
   if (count <= 0) return 0;
-  const double aspect = static_cast<double>(g.rows) / static_cast<double>(g.cols);
-  std::int64_t r = std::clamp<std::int64_t>(std::llround(std::sqrt(static_cast<double>(count) * aspect)), 1, g.rows);
-  const std::int64_t c = std::min(g.cols, (count + r - 1) / r);
-  r = std::min(g.rows, (count + c - 1) / c);
+  const rules::GridSampleShape shape = rules::grid_sample_shape(count, g.rows, g.cols);
   std::int64_t marked = 0;
-  for (std::int64_t i = 0; i < r; ++i)
-    for (std::int64_t j = 0; j < c && marked < count; ++j) {
-      const std::int64_t t = g.first + ((2 * i + 1) * g.rows / (2 * r)) * g.cols + (2 * j + 1) * g.cols / (2 * c);
-      if (!keep[t]) keep[t] = 1, ++marked;
-    }
+  for (std::int64_t cell = 0; cell < shape.r * shape.c && marked < count; ++cell) {
+    const std::int64_t t = rules::grid_sample_token(g.first, g.rows, g.cols, shape, cell);
+    if (!keep[t]) keep[t] = 1, ++marked;
+  }
   return marked;
 }
 
@@ -137,10 +132,7 @@ inline std::int64_t keep_base_sample(std::int64_t n, std::int64_t budget, std::i
   std::int64_t free = 0;
   for (std::int64_t t = 0; t < n; ++t) free += !keep[t];
   if (free == 0 || room <= 0) return 0;
-  const auto share = [&](double ratio, std::int64_t part) {
-    return static_cast<std::int64_t>(
-        std::llround(ratio * static_cast<double>(budget) * static_cast<double>(part) / static_cast<double>(free)));
-  };
+  const auto share = [&](double ratio, std::int64_t part) { return rules::base_share_of(ratio, budget, part, free); };
   std::int64_t marked = 0, free_in_spans = 0;
   for (const GridSpan& g : opt.grids) {
     std::int64_t part = 0;

@@ -26,40 +26,11 @@
 namespace flashcache::gpu::kernels {
 
 // ---- the base sample: select.hpp's rules, host and device ---------------------------
-// A part's share of the sample: round(ratio * budget * part / free), the CPU's order of operations.
-FLASHCACHE_INLINE long long base_share_of(double ratio, long long budget, long long part, long long free) {
-  return llround(ratio * static_cast<double>(budget) * static_cast<double>(part) / static_cast<double>(free));
-}
-
-// Whether the free token at rank r is a pick of `count` spread evenly over
-// `free` (keep_evenly_spaced_if): pick j sits at rank floor((2j + 1) free / (2 count)),
-// and r's j is floor(r count / free) or the next (count <= free).
-FLASHCACHE_INLINE bool evenly_spaced_pick(long long r, long long count, long long free) {
-  const long long j = r * count / free;
-  for (long long q = j; q <= j + 1 && q < count; ++q)
-    if ((2 * q + 1) * free / (2 * count) == r) return true;
-  return false;
-}
-
-// keep_grid_sample's sub-grid for `count` picks (1 <= count <= rows * cols): r x c cells.
-struct GridSampleShape {
-  long long r = 0, c = 0;
-};
-FLASHCACHE_INLINE GridSampleShape grid_sample_shape(long long count, long long rows, long long cols) {
-  const double aspect = static_cast<double>(rows) / static_cast<double>(cols);
-  long long r = llround(sqrt(static_cast<double>(count) * aspect));
-  r = r < 1 ? 1 : (r > rows ? rows : r);
-  GridSampleShape s;
-  s.c = (count + r - 1) / r < cols ? (count + r - 1) / r : cols;
-  s.r = (count + s.c - 1) / s.c < rows ? (count + s.c - 1) / s.c : rows;
-  return s;
-}
-// Token (within the sequence) of cell p = i * c + j: the centre of the cell.
-FLASHCACHE_INLINE long long grid_sample_token(long long first, long long rows, long long cols, GridSampleShape s,
-                                              long long p) {
-  const long long i = p / s.c, j = p % s.c;
-  return first + ((2 * i + 1) * rows / (2 * s.r)) * cols + (2 * j + 1) * cols / (2 * s.c);
-}
+using flashcache::rules::base_share_of;
+using flashcache::rules::evenly_spaced_pick;
+using flashcache::rules::grid_sample_shape;
+using flashcache::rules::grid_sample_token;
+using flashcache::rules::GridSampleShape;
 
 // Keys of the tokens the top of the radix select takes first (finite scores
 // stay below 0xFF800000): the recent window's, newest highest, then the sample's.
@@ -280,10 +251,8 @@ __global__ void __launch_bounds__(kSelectThreads) base_sample_kernel(SelectParam
   };
   if (room_left > 0 && free > 0) {
     if (p.grids.count == 0) {
-      mark_evenly(llround(p.base_share * static_cast<double>(budget)) < room_left
-                      ? llround(p.base_share * static_cast<double>(budget))
-                      : room_left,
-                  free, [&](std::int64_t t) { return !taken(t); });
+      const long long want = flashcache::rules::base_sample_tokens(p.base_share, budget);
+      mark_evenly(want < room_left ? want : room_left, free, [&](std::int64_t t) { return !taken(t); });
     } else {
       long long marked = 0, free_in_spans = 0;
       for (int g = 0; g < p.grids.count; ++g) {
