@@ -15,7 +15,9 @@ select and allocation stages a user calls) and the model continues on top of it:
   per layer and mean, as ``quality_eval`` defines it (attention_error.hpp): each query
   attends causally to the kept prompt tokens plus the continuation tokens before it, K, V
   and Q from the uncompressed forward pass;
-* ``passkey`` (``--part passkey``): a 5-digit key planted in filler, asked at the end.
+* ``passkey`` (part ``passkey``): retrieval of keys planted in filler, asked at the end, over
+  the templates of bench/quality/passkey_split.json (``--split dev`` by default; held-out
+  only once the choices are made): ``passkey_hits`` out of 5 and ``needle_kept_share``.
 
 Every row keeps the same number of tokens: n = round(r * P) per KV head and layer, 30 n
 in all (FlashCache's dynamic allocation re-splits 30 n over the layers), and every row
@@ -360,71 +362,184 @@ def study_rows(stage: str, base: Dict) -> List[Tuple[str, str, Dict]]:
 
 
 # ----------------------------------------------------------------------------------------
-# Passkey retrieval.
+# Passkey retrieval: the templates of passkey_split.json.
 # ----------------------------------------------------------------------------------------
 
-PASSKEY_FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. "
-                  "There and back again. ")
-PASSKEY_TRIALS = [(0.1, "58213"), (0.3, "40976"), (0.5, "71432"), (0.7, "26389"), (0.9, "93154")]
+PASSKEY_SPLIT_FILE = os.path.join(HERE, "passkey_split.json")
+PASSKEY_LENGTHS = (512, 1024, 2048)
+PASSKEY_ANSWER_TOKENS = 8
 
 
-def passkey_prompt(tok, target_tokens: int, depth: float, key: str) -> str:
-    intro = ("There is an important pass key hidden inside a lot of irrelevant text. "
-             "Find it and memorize it.\n\n")
-    needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
-    question = "\n\nWhat is the pass key? The pass key is"
-    per = len(tok.encode(PASSKEY_FILLER))
-    base = len(tok.encode(intro + needle + question))
-    reps = max(1, (target_tokens - base) // per)
-    at = int(round(depth * reps))
-    return intro + PASSKEY_FILLER * at + needle + PASSKEY_FILLER * (reps - at) + question
+def load_passkey_split() -> Dict:
+    with open(PASSKEY_SPLIT_FILE, encoding="utf-8") as f:
+        return json.load(f)
 
 
-def run_passkey(lengths: Sequence[int], rows, ratios, select_bin: str, log) -> Tuple[List[Dict], Dict]:
+def passkey_units(tok, filler: Dict, budget: int) -> List[str]:
+    """The filler's units (a repeated text, list lines, a file's paragraphs) whose tokens
+    add up to at most ``budget`` (at least one unit)."""
+    kind = filler["type"]
+    if kind == "repeat":
+        return [filler["text"]] * max(1, budget // len(tok.encode(filler["text"])))
+    if kind == "list":
+        (a0, a1, a2), (b0, b1, b2) = filler["a"], filler["b"]
+        source = (filler["line"].format(n=i + 1, a=a0 + (i * a1) % a2, b=b0 + (i * b1) % b2)
+                  for i in range(1_000_000))
+    elif kind == "text":
+        text = read_text(filler)
+        source = iter([p + "\n\n" for p in text.split("\n\n") if p.strip()])
+    else:
+        raise SystemExit(f"long_eval: unknown filler type {kind!r} in {PASSKEY_SPLIT_FILE}")
+    units, used = [], 0
+    for unit in source:
+        n = len(tok.encode(unit))
+        if units and used + n > budget:
+            return units
+        units.append(unit)
+        used += n
+    if kind == "text":
+        raise SystemExit(f"long_eval: {filler['path']} has fewer than {budget} tokens of filler")
+    return units
+
+
+def passkey_prompt(tok, template: Dict, trial: Dict, target_tokens: int) -> Tuple[str, List[Tuple[int, int]]]:
+    """The trial's prompt of about ``target_tokens`` tokens: intro, filler with each needle
+    at its depth (between filler units), the asked key's question. Returns the text and the
+    character span of every key (in the order of trial["keys"])."""
+    needles = [n.format(key=k) for n, k in zip(template["needles"], trial["keys"])]
+    question = template["questions"][trial["ask"]]
+    fixed = len(tok.encode(template["intro"] + "".join(needles) + question))
+    units = passkey_units(tok, template["filler"], target_tokens - fixed)
+    at = [int(round(d * len(units))) for d in trial["depths"]]
+    text, spans = template["intro"], [(0, 0)] * len(needles)
+    for i in range(len(units) + 1):
+        for j in sorted((j for j in range(len(needles)) if at[j] == i), key=lambda j: trial["depths"][j]):
+            start = len(text) + needles[j].index(trial["keys"][j])
+            spans[j] = (start, start + len(trial["keys"][j]))
+            text += needles[j]
+        if i < len(units):
+            text += units[i]
+    return text + question, spans
+
+
+def token_positions(tok, ids: Sequence[int], text: str, span: Tuple[int, int]) -> List[int]:
+    """Positions of the tokens of ``ids`` (the encoding of ``text``) that overlap the
+    character span: the key's tokens."""
+    lo, hi = len(text[:span[0]].encode("utf-8")), len(text[:span[1]].encode("utf-8"))
+    out, at = [], 0
+    for pos, i in enumerate(ids):
+        tok_str = tok.tokens[int(i)]
+        n = len(tok_str.encode("utf-8")) if tok_str in tok.special else len(tok_str)
+        if at < hi and at + n > lo:
+            out.append(pos)
+        at += n
+    if at != len(text.encode("utf-8")):
+        raise RuntimeError("token_positions: the ids are not the encoding of the text")
+    return out
+
+
+def passkey_hit(answer: str, keys: Sequence[str], ask: int, word: bool) -> bool:
+    """The asked key appears in the answer and no other key of the prompt does."""
+    if word:
+        answer, keys = answer.lower(), [k.lower() for k in keys]
+    return keys[ask] in answer and not any(k in answer for j, k in enumerate(keys) if j != ask)
+
+
+def kept_share(keep: Sequence[np.ndarray], positions: Sequence[int]) -> float:
+    """Share of ``positions`` kept, averaged over layers and KV heads."""
+    pos = np.asarray(positions)
+    return float(np.mean([np.isin(pos, heads).mean() for layer in keep for heads in layer]))
+
+
+def run_passkey(templates: Sequence[Dict], lengths: Sequence[int], rows, ratios, select_bin: str,
+                log) -> Tuple[List[Dict], Dict]:
+    """Per template: the full cache at every length (hits out of 5), the longest length with
+    at least 4 chosen, then every row x keep ratio on the 5 trials at that length."""
     m = model()
     tok = m.tokenizer
     recs: List[Dict] = []
-    info: Dict = {"full_cache_hits": {}}
-    chosen = None
-    for target in lengths:  # the longest length where the full cache finds >= 4 of 5
-        hits = 0
-        for depth, key in PASSKEY_TRIALS:
-            ids = tok.encode(passkey_prompt(tok, target, depth, key))
-            pre = m.forward(ids, all_logits=False)
-            out = greedy_many(m, [pre.cache], pre.logits[-1], 8)[0]
-            hits += key in tok.decode(out)
-        info["full_cache_hits"][str(target)] = hits
-        log(f"[passkey] full cache at ~{target} tokens: {hits}/5")
-        if hits >= 4:
-            chosen = target
-    info["length"] = chosen
-    if chosen is None:
-        return recs, info
-    results: Dict[Tuple[str, float], int] = {}
-    for depth, key in PASSKEY_TRIALS:
-        ids = tok.encode(passkey_prompt(tok, chosen, depth, key))
-        p = len(ids)
-        pre = m.forward(ids, capture=True, all_logits=False)
-        configs, meta = configs_for(rows, ratios, p)
-        with tempfile.TemporaryDirectory(prefix="long_eval_pk_") as work:
-            save_cache(work, pre.cache, pre.q)
-            kept = select(select_bin, work, configs)
-        order = list(meta)
-        outs = greedy_many(m, [pre.cache.gather(kept[c][0]) for c in order], pre.logits[-1], 8)
-        for cid, out in zip(order, outs):
-            label, _, _, r = meta[cid]
-            results[(label, r)] = results.get((label, r), 0) + (key in tok.decode(out))
-    for label, policy, options in rows:
-        for r in ratios:
-            recs.append({"part": "passkey", "model": MODEL, "prompt_tokens": chosen, "policy": policy,
-                         "label": label, "options": options, "keep_ratio": r,
-                         "metric": "passkey_hits", "value": results[(label, r)], "trials": 5})
+    info: Dict = {"templates": {}}
+    for t in templates:
+        word = t["key_format"] == "word"
+        entry = {"split": t["split"], "kind": t["kind"], "key_format": t["key_format"],
+                 "full_cache_hits": {}, "prompt_tokens": {}, "length": None, "seconds": {}}
+        info["templates"][t["name"]] = entry
+        chosen = None   # (length, [(ids, spans, prefill)] per trial)
+        for target in sorted(lengths, reverse=True):
+            t0 = time.time()
+            hits, trials = 0, []
+            for trial in t["trials"]:
+                text, spans = passkey_prompt(tok, t, trial, target)
+                ids = tok.encode(text)
+                pre = m.forward(ids, capture=chosen is None, all_logits=False)
+                out = greedy_many(m, [pre.cache], pre.logits[-1], PASSKEY_ANSWER_TOKENS)[0]
+                hits += passkey_hit(tok.decode(out), trial["keys"], trial["ask"], word)
+                trials.append((trial, text, ids, spans, pre if chosen is None else None))
+            entry["full_cache_hits"][str(target)] = hits
+            entry["prompt_tokens"][str(target)] = [len(x[2]) for x in trials]
+            entry["seconds"][f"full_{target}"] = round(time.time() - t0, 1)
+            log(f"[passkey] {t['name']} ({t['split']}): full cache at ~{target} tokens: {hits}/5")
+            if chosen is None and hits >= 4:
+                chosen = (target, trials)
+        if chosen is None:
+            entry["skipped"] = "the full cache finds fewer than 4 of 5 keys at every length"
+            log(f"[passkey] {t['name']}: skipped (no length with 4 of 5)")
+            continue
+        target, trials = chosen
+        entry["length"] = target
+        t0 = time.time()
+        hits: Dict[Tuple[str, float], int] = {}
+        share: Dict[Tuple[str, float], List[float]] = {}
+        full_hits = 0
+        for trial, text, ids, spans, pre in trials:
+            p = len(ids)
+            needle = token_positions(tok, ids, text, spans[trial["ask"]])
+            configs, meta = configs_for(rows, ratios, p)
+            with tempfile.TemporaryDirectory(prefix="long_eval_pk_") as work:
+                save_cache(work, pre.cache, pre.q)
+                kept = select(select_bin, work, configs)
+            order = list(meta)
+            outs = greedy_many(m, [pre.cache] + [pre.cache.gather(kept[c][0]) for c in order], pre.logits[-1],
+                               PASSKEY_ANSWER_TOKENS)
+            full_hits += passkey_hit(tok.decode(outs[0]), trial["keys"], trial["ask"], word)
+            for cid, out in zip(order, outs[1:]):
+                label, _, _, r = meta[cid]
+                hits[(label, r)] = hits.get((label, r), 0) + passkey_hit(tok.decode(out), trial["keys"],
+                                                                         trial["ask"], word)
+                share.setdefault((label, r), []).append(kept_share(kept[cid][0], needle))
+        entry["seconds"]["rows"] = round(time.time() - t0, 1)
+        base = {"part": "passkey", "model": MODEL, "split": t["split"], "template": t["name"], "kind": t["kind"],
+                "key_format": t["key_format"], "prompt_tokens": target,
+                "prompt_tokens_per_trial": [len(x[2]) for x in trials], "trials": len(trials)}
+        recs.append(dict(base, policy="full", label="full", options={}, keep_ratio=1.0, metric="passkey_hits",
+                         value=full_hits))
+        for label, policy, options in rows:
+            for r in ratios:
+                rec = dict(base, policy=policy, label=label, options=options, keep_ratio=r)
+                recs.append(dict(rec, metric="passkey_hits", value=hits[(label, r)]))
+                recs.append(dict(rec, metric="needle_kept_share", value=float(np.mean(share[(label, r)]))))
+        log(f"[passkey] {t['name']} at ~{target}: rows x ratios in {entry['seconds']['rows']:.0f}s; "
+            + ", ".join(f"{l}@{r:g} {hits[(l, r)]}/5" for l, _, _ in rows for r in ratios))
     return recs, info
 
 
 # ----------------------------------------------------------------------------------------
 # Driver.
 # ----------------------------------------------------------------------------------------
+
+def load_rows(path: str) -> List[Tuple[str, str, Dict]]:
+    """--rows: a JSON list of [label, policy, options]; options go to select_configs as they are."""
+    with open(path, encoding="utf-8") as f:
+        rows = json.load(f)
+    if not isinstance(rows, list) or not rows or not all(
+            isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and isinstance(r[1], str)
+            and isinstance(r[2], dict) for r in rows):
+        raise SystemExit(f"long_eval: {path} must be a JSON list of [label, policy, options] triples")
+    labels = [r[0] for r in rows]
+    if len(set(labels)) != len(labels):
+        raise SystemExit(f"long_eval: {path} has repeated labels")
+    return [(l, p, o) for l, p, o in rows]
+
 
 def check_defaults(cli: str) -> None:
     """DEFAULT above must be flashcache::Options{}: compare with what the CLI records."""
@@ -475,8 +590,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", default=None, help="JSON output (default bench/results/quality_long*.json)")
     ap.add_argument("--split", choices=["dev", "heldout", "all"], default=None)
     ap.add_argument("--texts", default="", help="comma-separated text names (default: the split's)")
-    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    ap.add_argument("--lengths", default=None,
+                    help="prompt lengths (default 1024,2048,4096; passkey: 512,1024,2048, the longest where the "
+                         "full cache finds 4 of 5 is used per template)")
     ap.add_argument("--ratios", default=",".join(map(str, KEEP_RATIOS)))
+    ap.add_argument("--rows", default=None, metavar="FILE.json",
+                    help="study, passkey: the rows instead of the built-in ones, a JSON list of [label, policy, "
+                         "options] (options as select_configs reads them, passed through untouched)")
+    ap.add_argument("--templates", default="", help="passkey: comma-separated template names (default: the split's)")
     ap.add_argument("--continuation", type=int, default=256)
     ap.add_argument("--greedy", type=int, default=64)
     ap.add_argument("--stage", default="protect", help="study stage: protect, score, combine")
@@ -486,10 +607,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
 
     texts = load_split()
-    lengths = [int(x) for x in args.lengths.split(",")]
+    lengths = [int(x) for x in (args.lengths or ",".join(map(str, PASSKEY_LENGTHS if args.part == "passkey"
+                                                               else LENGTHS))).split(",")]
     ratios = [float(x) for x in args.ratios.split(",")]
     n_cont, n_greedy = args.continuation, args.greedy
-    split = args.split or ("dev" if args.part == "study" else "all")
+    split = args.split or ("dev" if args.part in ("study", "passkey") else "all")
     if args.part == "study" and split != "dev":
         raise SystemExit("long_eval: the study runs on dev texts only")
     if args.part == "table":
@@ -505,10 +627,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_defaults(args.cli)
         rows = table_rows()
         out = args.out or os.path.join(REPO, "bench", "results", "quality_long_passkey.json")
+    if args.rows:
+        if args.part == "table":
+            raise SystemExit("long_eval: --rows is for the study and passkey parts (the table has its rows)")
+        rows = load_rows(args.rows)
+    templates = [t for t in load_passkey_split()["templates"] if split == "all" or t["split"] == split]
+    if args.templates:
+        names = args.templates.split(",")
+        unknown = set(names) - {t["name"] for t in load_passkey_split()["templates"]}
+        if unknown:
+            raise SystemExit(f"long_eval: unknown passkey templates {sorted(unknown)}")
+        templates = [t for t in load_passkey_split()["templates"] if t["name"] in names]
     if args.tiny:
         texts, lengths, ratios = texts[:1], [256], [0.2]
         n_cont, n_greedy = 32, 8
-        rows = [r for r in rows if r[0] in ("flashcache-default", "flashcache-paper", "knorm", "snapkv")]
+        if not args.rows:
+            rows = [r for r in rows if r[0] in ("flashcache-default", "flashcache-paper", "knorm", "snapkv")]
+        templates = templates[:1]
     elif args.texts:
         names = args.texts.split(",")
         texts = [t for t in texts if t["name"] in names]
@@ -527,7 +662,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "budget_rule": "n = round(r * P) per KV head and layer, 30 n in all; dynamic allocation "
                              "re-splits 30 n over the layers"}
     if args.part == "passkey":
-        recs, info = run_passkey(lengths, rows, ratios, args.select, lambda s: print(s, flush=True))
+        pk = load_passkey_split()
+        header.update({"passkey_split_file": "bench/quality/passkey_split.json", "passkey_rule": pk["rule"],
+                       "passkey_split": split, "passkey_answer_tokens": PASSKEY_ANSWER_TOKENS,
+                       "passkey_templates": [t["name"] for t in templates],
+                       "passkey_template_splits": {t["name"]: t["split"] for t in pk["templates"]}})
+        recs, info = run_passkey(templates, lengths, rows, ratios, args.select, lambda s: print(s, flush=True))
         header["passkey"] = info
     else:
         tok = model().tokenizer

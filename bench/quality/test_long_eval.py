@@ -3,9 +3,16 @@
 
 * the attention error against a direct double-precision loop, on odd sizes;
 * batched greedy decoding (greedy_many) against extract_llm's one-cache decoder;
-* a --tiny run end to end through select_configs and the CLI (one text, a 256-token prompt).
+* a --tiny run end to end through select_configs and the CLI (one text, a 256-token prompt),
+  of the table and of the passkey part (one template);
+* the passkey set (passkey_split.json, tokenizer only, no forward pass): every prompt holds
+  each of its keys exactly once and lands within 10% of the target length, the needle token
+  positions are the key's tokens, the two-key hit rule, both splits for every filler kind.
 
     test_long_eval.py SELECT_CONFIGS FLASHCACHE_CLI
+    python3 -m pytest bench/quality/test_long_eval.py -q      # the test_* functions
+
+Set LONG_EVAL_SELECT and LONG_EVAL_CLI for pytest to run the --tiny runs too.
 
 Exits 77 (ctest's SKIP_RETURN_CODE) when numpy, gguf, regex or the model package is missing.
 """
@@ -45,6 +52,140 @@ def naive_error(q, k, v, p, group, keep):
                 ref += float(np.sum(outs[0] ** 2))
         out.append(np.sqrt(diff / ref))
     return out
+
+
+def _skip_without_model():
+    """The module and its model, or pytest.skip / None when they are missing."""
+    for module in ("numpy", "gguf", "regex"):
+        if importlib.util.find_spec(module) is None:
+            return None, f"{module} is not installed"
+    sys.path.insert(0, HERE)
+    import long_eval
+    try:
+        long_eval.model()
+    except Exception as e:  # the model package is missing
+        return None, f"model unavailable ({e})"
+    return long_eval, None
+
+
+def _need(what):
+    mod, why = _skip_without_model()
+    if mod is None:
+        import pytest
+        pytest.skip(why)
+    return mod
+
+
+def test_passkey_split_file():
+    """Both splits for every filler kind, no template in both, 5 trials at 0.1-0.9, distinct keys."""
+    with open(os.path.join(HERE, "passkey_split.json"), encoding="utf-8") as f:
+        doc = json.load(f)
+    templates = doc["templates"]
+    assert "dev only" in doc["rule"] or "dev templates only" in doc["rule"]
+    names = [t["name"] for t in templates]
+    assert len(set(names)) == len(names)
+    kinds = {t["kind"] for t in templates}
+    assert {"short-sentences", "long-sentence", "paragraph", "list", "prose", "two-key"} <= kinds
+    for kind in kinds:
+        splits = [t["split"] for t in templates if t["kind"] == kind]
+        assert sorted(set(splits)) == ["dev", "heldout"], (kind, splits)
+        fillers = [json.dumps(t["filler"], sort_keys=True) for t in templates if t["kind"] == kind]
+        assert len(set(fillers)) == len(fillers), f"{kind}: dev and held-out share a filler"
+    assert {t["key_format"] for t in templates} == {"5-digit", "7-digit", "word"}
+    all_keys = []
+    for t in templates:
+        assert t["split"] in ("dev", "heldout")
+        assert len(t["trials"]) == 5
+        assert [tr["depths"][tr["ask"]] for tr in t["trials"]] == [0.1, 0.3, 0.5, 0.7, 0.9]
+        for tr in t["trials"]:
+            assert len(tr["keys"]) == len(tr["depths"]) == len(t["needles"]) == len(t["questions"])
+            assert len(set(tr["keys"])) == len(tr["keys"])
+            for k in tr["keys"]:
+                if t["key_format"] == "word":
+                    assert k.isalpha()
+                else:
+                    assert k.isdigit() and len(k) == int(t["key_format"][0])
+            all_keys += tr["keys"]
+        if t["filler"]["type"] == "text":
+            assert t["filler"]["package"] and t["filler"]["path"].startswith("/usr/share/")
+    assert len(set(all_keys)) == len(all_keys), "a key is used twice"
+    with open(os.path.join(HERE, "long_split.json"), encoding="utf-8") as f:
+        long_paths = {t["path"] for t in json.load(f)["texts"]}
+    assert not long_paths & {t["filler"].get("path") for t in templates}
+
+
+def test_passkey_hit_rule():
+    sys.path.insert(0, HERE)
+    from long_eval import passkey_hit
+    assert passkey_hit(" 58213.", ["58213"], 0, False)
+    assert not passkey_hit(" 5821", ["58213"], 0, False)
+    assert passkey_hit(" Marmalade.", ["marmalade"], 0, True)
+    assert not passkey_hit(" Marmalade.", ["marmalade"], 0, False)
+    keys = ["31746", "85203"]
+    assert passkey_hit(" 31746. The", keys, 0, False)
+    assert not passkey_hit(" 31746 and 85203", keys, 0, False)   # both keys: no hit
+    assert not passkey_hit(" 85203.", keys, 0, False)            # the other key
+    assert passkey_hit(" 85203.", keys, 1, False)
+
+
+def test_passkey_prompts():
+    """Each key exactly once, within 10% of the target, needle positions = the key's tokens."""
+    le = _need("model")
+    tok = le.model().tokenizer
+    for t in le.load_passkey_split()["templates"]:
+        for target in le.PASSKEY_LENGTHS:
+            for tr in t["trials"]:
+                text, spans = le.passkey_prompt(tok, t, tr, target)
+                ids = tok.encode(text)
+                assert abs(len(ids) - target) <= 0.1 * target, (t["name"], target, len(ids))
+                assert text.endswith(t["questions"][tr["ask"]])
+                for key, span in zip(tr["keys"], spans):
+                    assert text.count(key) == 1, (t["name"], key)
+                    assert text[span[0]:span[1]] == key
+                    pos = le.token_positions(tok, ids, text, span)
+                    assert pos == list(range(pos[0], pos[-1] + 1))
+                    assert tok.decode([ids[i] for i in pos]).strip() == key, (t["name"], key)
+                order = sorted(range(len(spans)), key=lambda j: spans[j][0])   # needles in depth order
+                assert order == sorted(range(len(spans)), key=lambda j: tr["depths"][j])
+
+
+def test_kept_share():
+    np = __import__("numpy")
+    sys.path.insert(0, HERE)
+    from long_eval import kept_share
+    keep = [np.array([[0, 1, 5], [2, 3, 4]]), np.array([[1, 2, 3], [0, 1, 2]])]
+    # positions 1, 2: head shares 1/2, 1/2, 1, 1
+    assert abs(kept_share(keep, [1, 2]) - 0.75) < 1e-12
+
+
+def _tiny_passkey(long_eval, select_bin, cli):
+    with tempfile.TemporaryDirectory() as work:
+        out = os.path.join(work, "tiny_passkey.json")
+        code = long_eval.main(["passkey", "--tiny", "--select", select_bin, "--cli", cli, "--out", out])
+        with open(out, encoding="utf-8") as f:
+            doc = json.load(f)
+    assert code == 0
+    info = doc["header"]["passkey"]["templates"]
+    assert len(info) == 1 and doc["header"]["passkey_split"] == "dev"
+    (name, entry), = info.items()
+    assert entry["full_cache_hits"].keys() == {"256"}
+    if entry["length"] is None:   # reported, skipped
+        assert entry["skipped"] and not doc["records"]
+        return doc
+    got = {(r["label"], r["metric"]) for r in doc["records"]}
+    for label in ("flashcache-default", "flashcache-paper", "knorm", "snapkv"):
+        for metric in ("passkey_hits", "needle_kept_share"):
+            assert (label, metric) in got, (label, metric)
+    assert all(r["split"] == "dev" and r["template"] == name for r in doc["records"])
+    return doc
+
+
+def test_tiny_runs():
+    select_bin, cli = os.environ.get("LONG_EVAL_SELECT"), os.environ.get("LONG_EVAL_CLI")
+    if not (select_bin and cli):
+        import pytest
+        pytest.skip("LONG_EVAL_SELECT / LONG_EVAL_CLI not set")
+    _tiny_passkey(_need("model"), select_bin, cli)
 
 
 def main(argv) -> int:
@@ -104,7 +245,21 @@ def main(argv) -> int:
         if code != 0:
             return code
         print(f"ok   --tiny run: {len(doc['records'])} records")
-    print("3 passed, 0 failed")
+        try:
+            doc = _tiny_passkey(long_eval, argv[1], argv[2])
+        except AssertionError as e:
+            print(f"FAIL passkey --tiny: {e}")
+            return 1
+        print(f"ok   passkey --tiny run: {len(doc['records'])} records, "
+              f"{doc['header']['passkey']['templates']}")
+    for test in (test_passkey_split_file, test_passkey_hit_rule, test_passkey_prompts, test_kept_share):
+        try:
+            test()
+        except AssertionError as e:
+            print(f"FAIL {test.__name__}: {e}")
+            return 1
+        print(f"ok   {test.__name__}")
+    print("7 passed, 0 failed")
     return 0
 
 
