@@ -34,6 +34,7 @@
 #include "plan.hpp"
 #include "score.hpp"
 #include "select.hpp"
+#include "shared_keep.hpp"
 #include "types.hpp"
 #include "version.hpp"
 #include "view.hpp"
@@ -77,16 +78,14 @@ struct CompressedModel {
 
 namespace detail {
 
-// Select and gather one scored layer into an owning CompressedLayer.
+// Gather K', V' of a layer whose out->kept ([heads][budget]) is filled.
 template <class T>
-Status select_and_gather(KVView<const T> k, KVView<const T> v, std::int64_t budget, const Options& opt,
-                         ProtectMask mask, SelectWorkspace* ws, LayerScores scores, CompressedLayer<T>* out) {
+Status gather_layer(KVView<const T> k, KVView<const T> v, std::int64_t budget, LayerScores scores,
+                    CompressedLayer<T>* out) {
   out->heads = k.heads;
   out->tokens = k.tokens;
   out->budget = budget;
   out->head_dim = k.head_dim;
-  if (budget >= 0 && budget <= k.tokens) out->kept.resize(static_cast<std::size_t>(k.heads * budget));
-  FLASHCACHE_RETURN_IF_ERROR(select_tokens(scores.view(), budget, opt, mask, ws, KeptView{out->kept.data(), budget}));
   const auto size = static_cast<std::size_t>(k.heads * budget * k.head_dim);
   out->k.resize(size);
   out->v.resize(size);
@@ -96,6 +95,15 @@ Status select_and_gather(KVView<const T> k, KVView<const T> v, std::int64_t budg
       gather(v, out->kept.data(), hnd(out->v.data(), Heads(k.heads), Tokens(budget), HeadDim(k.head_dim))));
   out->scores = std::move(scores);
   return Status::success();
+}
+
+// Select and gather one scored layer into an owning CompressedLayer.
+template <class T>
+Status select_and_gather(KVView<const T> k, KVView<const T> v, std::int64_t budget, const Options& opt,
+                         ProtectMask mask, SelectWorkspace* ws, LayerScores scores, CompressedLayer<T>* out) {
+  if (budget >= 0 && budget <= k.tokens) out->kept.resize(static_cast<std::size_t>(k.heads * budget));
+  FLASHCACHE_RETURN_IF_ERROR(select_tokens(scores.view(), budget, opt, mask, ws, KeptView{out->kept.data(), budget}));
+  return gather_layer<T>(k, v, budget, std::move(scores), out);
 }
 
 // Layer l's mask: masks[l] when given, else none; it must cover the layer.
@@ -150,6 +158,111 @@ Status compress_scored_model(const std::vector<KVView<const T>>& k, const std::v
         detail::at_layer(detail::select_and_gather<T>(k[l], v[l], model->budgets[l], opt, mask[l], &ws,
                                                       std::move(scores[l]), &model->layers[l]),
                          1, 0, static_cast<int>(l)));
+  return Status::success();
+}
+
+namespace detail {
+
+// out->kept = `set` (budget tokens) repeated for each of the layer's heads, then K', V'.
+template <class T>
+Status gather_shared(KVView<const T> k, KVView<const T> v, const std::vector<std::int32_t>& set, LayerScores scores,
+                     CompressedLayer<T>* out) {
+  const auto budget = static_cast<std::int64_t>(set.size());
+  out->kept.resize(static_cast<std::size_t>(k.heads * budget));
+  for (std::int64_t h = 0; h < k.heads; ++h)
+    std::copy(set.begin(), set.end(), out->kept.begin() + static_cast<std::ptrdiff_t>(h * budget));
+  return gather_layer<T>(k, v, budget, std::move(scores), out);
+}
+
+}  // namespace detail
+
+// compress_scored_model with keep-sets shared by heads (shared_keep.hpp), so
+// that every head of a layer keeps the same tokens (layers[l].kept repeats
+// the set for each head):
+//   per_head      compress_scored_model itself;
+//   per_layer     the budgets planned as compress_scored_model plans them
+//                 (Allocation::dynamic re-splits the same total), each layer's
+//                 floor being its shared always-kept count (the union over its
+//                 heads, in whole pages); then select_shared_tokens per layer.
+//                 With page > 1 every planned budget must be whole pages, or
+//                 the layer's error names the nearest (Allocation::uniform and
+//                 a per-layer budget of whole pages always are);
+//   per_sequence  one set for all layers and heads of budget.resolve(N) tokens
+//                 (round(ratio * N), or the count), N the layers' common token
+//                 count; the allocation does not apply (every layer keeps the
+//                 same tokens), and the masks are united.
+template <class T>
+Status compress_model_shared(const std::vector<KVView<const T>>& k, const std::vector<KVView<const T>>& v,
+                             std::vector<LayerScores> scores, Budget budget, const Options& opt,
+                             const std::vector<ProtectMask>& masks, const SharedKeepOptions& shared,
+                             CompressedModel<T>* model) {
+  FLASHCACHE_RETURN_IF_ERROR(check_shared_options(shared));
+  if (shared.keep_set == KeepSet::per_head)
+    return compress_scored_model<T>(k, v, std::move(scores), budget, opt, masks, model);
+  FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
+  if (k.size() != v.size() || k.size() != scores.size() || (!masks.empty() && masks.size() != k.size()))
+    return make_error(Errc::invalid_shape, k.size(), " K layers, ", v.size(), " V layers, ", scores.size(),
+                      " scored layers, ", masks.size(), " masks");
+  const int layers = static_cast<int>(k.size());
+  std::vector<ProtectMask> mask(k.size());
+  std::vector<LayerSummary> summary(k.size());
+  std::vector<ScoreView> views(k.size());
+  model->energy_ratio.resize(k.size());
+  model->budgets.resize(k.size());
+  model->layers.resize(k.size());
+  model->nonfinite = 0;
+  for (std::size_t l = 0; l < k.size(); ++l) {
+    const int at = static_cast<int>(l);
+    FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(detail::layer_mask(masks, l, k[l].tokens, &mask[l]), 1, 0, at));
+    if (scores[l].heads != k[l].heads || scores[l].tokens != k[l].tokens)
+      return detail::at_layer(make_error(Errc::invalid_shape, "scores are ", scores[l].heads, " heads x ",
+                                         scores[l].tokens, " tokens but K is ", k[l].heads, " x ", k[l].tokens),
+                              1, 0, at);
+    views[l] = scores[l].view();
+    summary[l] = summarize(views[l], scores[l].energy.data(), opt, mask[l]);
+    summary[l].protected_count = shared_protected_count(&views[l], 1, opt, mask[l], shared.page);
+    model->energy_ratio[l] = summary[l].energy_ratio();
+    model->nonfinite += scores[l].nonfinite;
+  }
+  SharedKeepWorkspace ws;
+  std::vector<std::int32_t> set;
+  if (shared.keep_set == KeepSet::per_layer) {
+    BudgetPlanner planner;
+    FLASHCACHE_RETURN_IF_ERROR(planner.plan(summary.data(), layers, budget, opt, model->budgets.data()));
+    for (std::size_t l = 0; l < k.size(); ++l) {
+      const int at = static_cast<int>(l);
+      set.resize(static_cast<std::size_t>(model->budgets[l]));
+      FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(
+          select_shared_tokens(&views[l], 1, model->budgets[l], opt, mask[l], shared, &ws, set.data()), 1, 0, at));
+      FLASHCACHE_RETURN_IF_ERROR(
+          detail::at_layer(detail::gather_shared<T>(k[l], v[l], set, std::move(scores[l]), &model->layers[l]), 1, 0,
+                           at));
+    }
+    return Status::success();
+  }
+  if (k.empty()) return Status::success();
+  const std::int64_t n = k[0].tokens;
+  for (std::size_t l = 1; l < k.size(); ++l)
+    if (k[l].tokens != n)
+      return make_error(Errc::invalid_shape, "keep set per_sequence needs one token count: layer ", l, " has ",
+                        k[l].tokens, " tokens, layer 0 has ", n);
+  std::vector<std::uint8_t> united;
+  for (const ProtectMask& m : mask)
+    if (!m.empty()) {
+      united.resize(static_cast<std::size_t>(n), 0);
+      for (std::int64_t t = 0; t < n; ++t) united[static_cast<std::size_t>(t)] |= static_cast<std::uint8_t>(m[t]);
+    }
+  std::int64_t keep = 0;
+  FLASHCACHE_RETURN_IF_ERROR(budget.resolve(n, &keep));
+  set.resize(static_cast<std::size_t>(keep));
+  FLASHCACHE_RETURN_IF_ERROR(select_shared_tokens(views.data(), static_cast<std::int64_t>(views.size()), keep, opt,
+                                                  united.empty() ? ProtectMask{} : ProtectMask{united}, shared, &ws,
+                                                  set.data()));
+  for (std::size_t l = 0; l < k.size(); ++l) {
+    model->budgets[l] = keep;
+    FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(
+        detail::gather_shared<T>(k[l], v[l], set, std::move(scores[l]), &model->layers[l]), 1, 0, static_cast<int>(l)));
+  }
   return Status::success();
 }
 
