@@ -13,11 +13,17 @@
 //              "options": {"gamma": 0.2, "transform": "global", "block_size": 64,
 //              "sink": 4, "window": 0, "window_share": 0.25, "base_share": 0,
 //              "normalize_terms": false, "rope_theta": 0, "rope_layout": "half",
-//              "allocation": "dynamic"}, "seed": 0}, ...]}
+//              "allocation": "dynamic", "keep_set": "per_head", "combine": "mean_normalized",
+//              "page": 1}, "seed": 0}, ...]}
 // Every configuration keeps per_head * L tokens in all: per_head in every
 // layer, or that total re-split by the dynamic allocation.
+// keep_set (shared_keep.hpp): per_head (the default) keeps a set per (layer,
+// head); per_layer one set for a layer's heads, per_sequence one set for all
+// layers (per_head tokens in each: the allocation does not apply), both
+// through compress_model_shared with "combine" and "page"; the output layout
+// is the same, every head repeating its layer's set.
 // Output: DIR/kept_<id>.npy (int32, the layers' [H][B_l] blocks one after the
-// other) and DIR/result.json ({"configs": [{"id", "budgets", "seconds"}]}).
+// other) and DIR/result.json ({"configs": [{"id", "budgets", "keep_set", "seconds"}]}).
 // Scores are computed once per distinct (policy, scoring options) and reused
 // across budgets and protected sets.
 #include <CLI/CLI.hpp>
@@ -80,6 +86,15 @@ fc::Options options_from(const Json& j) {
   return o;
 }
 
+fc::SharedKeepOptions shared_from(const Json& j) {
+  fc::SharedKeepOptions s;
+  fc::throw_if_error(fc::parse_keep_set(j.value("keep_set", std::string("per_head")), &s.keep_set));
+  fc::throw_if_error(fc::parse_head_combine(j.value("combine", std::string("mean_normalized")), &s.combine));
+  s.page = j.value("page", s.page);
+  fc::throw_if_error(fc::check_shared_options(s));
+  return s;
+}
+
 // What the scores depend on: the policy, its seed and, for FlashCache, the
 // transform settings; sink, window and shares only change the selection.
 std::string score_key(const std::string& policy, const Json& options, std::uint64_t seed) {
@@ -115,7 +130,7 @@ int main(int argc, char** argv) {
     const Json doc = Json::parse(in);
     bool want_q = false;
     for (const Json& cfg : doc.at("configs")) {
-      fp::Policy p;
+      fp::Policy p = fp::Policy::flashcache;  // set by parse_policy (GCC 12 cannot see it)
       fc::throw_if_error(fp::parse_policy(cfg.at("policy").get<std::string>(), &p));
       want_q |= fp::needs_queries(p);
     }
@@ -134,12 +149,13 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       const std::string id = cfg.at("id"), policy_name = cfg.at("policy");
       const Json options = cfg.value("options", Json::object());
-      fp::Policy policy;
+      fp::Policy policy = fp::Policy::flashcache;
       fc::throw_if_error(fp::parse_policy(policy_name, &policy));
       fp::PolicyOptions po;
       po.seed = cfg.value("seed", std::uint64_t{0});
       const fc::Options opt = options_from(options);
       fc::throw_if_error(fc::check_options(opt));
+      const fc::SharedKeepOptions shared = shared_from(options);
 
       const std::string key = score_key(policy_name, options, po.seed);
       auto it = scored.find(key);
@@ -157,7 +173,10 @@ int main(int argc, char** argv) {
       // ratio per_head / P: per layer round(ratio * P) = per_head, in all per_head * L.
       const auto budget = fc::Budget::ratio(static_cast<double>(per_head) / static_cast<double>(c.tokens));
       fc::CompressedModel<float> model;
-      fc::throw_if_error(fc::compress_scored_model<float>(k, v, it->second, budget, opt, {}, &model));
+      if (shared.keep_set == fc::KeepSet::per_head)
+        fc::throw_if_error(fc::compress_scored_model<float>(k, v, it->second, budget, opt, {}, &model));
+      else
+        fc::throw_if_error(fc::compress_model_shared<float>(k, v, it->second, budget, opt, {}, shared, &model));
       std::vector<std::int32_t> kept;
       std::int64_t total = 0;
       for (const auto& layer : model.layers) kept.insert(kept.end(), layer.kept.begin(), layer.kept.end());
@@ -167,7 +186,10 @@ int main(int argc, char** argv) {
                                  std::to_string(per_head * c.layers));
       fc::npy::write(out_dir + "/kept_" + id + ".npy", {static_cast<std::int64_t>(kept.size())}, kept.data());
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      results.push_back({{"id", id}, {"budgets", model.budgets}, {"seconds", seconds}});
+      results.push_back({{"id", id},
+                         {"budgets", model.budgets},
+                         {"keep_set", fc::to_string(shared.keep_set)},
+                         {"seconds", seconds}});
     }
     std::ofstream(out_dir + "/result.json") << Json{{"configs", results}}.dump(1) << "\n";
   } catch (const std::exception& e) {
