@@ -85,7 +85,8 @@ Ref reference(const Model& m, std::int64_t budget, const fc::Options& opt, const
   for (std::int64_t t = 0; t < n; ++t) {
     bool f = t < opt.sink || t >= n - opt.window || (!mask.empty() && mask[static_cast<std::size_t>(t)] != 0);
     for (std::size_t l = 0; l < m.heads.size(); ++l)
-      for (std::int64_t h = 0; h < m.heads[l]; ++h) f = f || unrankable(m.score[l][static_cast<std::size_t>(h * n + t)]);
+      for (std::int64_t h = 0; h < m.heads[l]; ++h)
+        f = f || unrankable(m.score[l][static_cast<std::size_t>(h * n + t)]);
     forced[static_cast<std::size_t>(t)] = f;
   }
   // 2. Combined scores.
@@ -108,14 +109,14 @@ Ref reference(const Model& m, std::int64_t budget, const fc::Options& opt, const
       std::vector<std::int64_t> order;
       for (std::int64_t t = 0; t < n; ++t)
         if (!forced[static_cast<std::size_t>(t)]) order.push_back(t);
-      std::sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
-        return s[a] != s[b] ? s[a] > s[b] : a < b;
-      });
+      std::sort(order.begin(), order.end(),
+                [&](std::int64_t a, std::int64_t b) { return s[a] != s[b] ? s[a] > s[b] : a < b; });
       for (std::size_t i = 0; i < order.size() && static_cast<std::int64_t>(i) < budget; ++i)
         votes[static_cast<std::size_t>(order[i])] += 1;
     }
-  const std::vector<double>& primary =
-      combine == fc::HeadCombine::votes ? votes : combine == fc::HeadCombine::max_normalized ? mx : sum;
+  const std::vector<double>& primary = combine == fc::HeadCombine::votes            ? votes
+                                       : combine == fc::HeadCombine::max_normalized ? mx
+                                                                                    : sum;
   const std::vector<double> zero(static_cast<std::size_t>(n), 0.0);
   const std::vector<double>& secondary = combine == fc::HeadCombine::votes ? sum : zero;
   // 3. Pages and the budget.
@@ -156,7 +157,8 @@ Ref reference(const Model& m, std::int64_t budget, const fc::Options& opt, const
   for (std::int64_t p = 0; p < pages; ++p) room -= keep[static_cast<std::size_t>(p)];
   // 4. Recent window: the newest eligible pages holding one of the last w eligible tokens.
   const std::int64_t eligible_tokens = eligible == pages ? n : eligible * page;
-  const std::int64_t w = std::max<std::int64_t>(opt.window, std::llround(opt.window_share * static_cast<double>(budget)));
+  const std::int64_t w =
+      std::max<std::int64_t>(opt.window, std::llround(opt.window_share * static_cast<double>(budget)));
   for (std::int64_t p = eligible - 1; p >= 0 && room > 0; --p) {
     if (end(p) <= eligible_tokens - w) break;
     if (!keep[static_cast<std::size_t>(p)]) keep[static_cast<std::size_t>(p)] = true, --room;
@@ -169,8 +171,8 @@ Ref reference(const Model& m, std::int64_t budget, const fc::Options& opt, const
     std::int64_t count = std::llround(opt.base_share * static_cast<double>(budget_pages));
     count = std::min({count, room, static_cast<std::int64_t>(free.size())});
     for (std::int64_t j = 0; j < count; ++j) {
-      const std::int64_t rank =
-          static_cast<std::int64_t>(std::floor((j + 0.5) * static_cast<double>(free.size()) / static_cast<double>(count)));
+      const std::int64_t rank = static_cast<std::int64_t>(
+          std::floor((j + 0.5) * static_cast<double>(free.size()) / static_cast<double>(count)));
       keep[static_cast<std::size_t>(free[static_cast<std::size_t>(rank)])] = true;
     }
     room -= std::max<std::int64_t>(count, 0);
@@ -427,7 +429,8 @@ TEST(SharedKeep, WarmWorkspaceAllocatesNothing) {
       so.page = page;
       ASSERT_TRUE(fc::select_shared_tokens(views.data(), 3, 100, fc::Options{}, {}, so, &ws, kept.data()).ok());
       const long before = allocations.load();
-      const fc::Status st = fc::select_shared_tokens(other_views.data(), 3, 52, fc::Options{}, {}, so, &ws, kept.data());
+      const fc::Status st =
+          fc::select_shared_tokens(other_views.data(), 3, 52, fc::Options{}, {}, so, &ws, kept.data());
       const long during = allocations.load() - before;
       ASSERT_TRUE(st.ok()) << st.message();
       EXPECT_EQ(during, 0) << fc::to_string(c) << " page " << page;
@@ -446,8 +449,8 @@ TEST(SharedKeep, CompressModelShared) {
     k[l].resize(static_cast<std::size_t>(heads * n * d));
     v[l].resize(k[l].size());
     for (std::size_t i = 0; i < k[l].size(); ++i) {
-      k[l][i] = std::sin(0.05f * static_cast<float>(i % static_cast<std::size_t>(n * d))) + 0.3f * g(rng) *
-                                                                                              static_cast<float>(l + 1);
+      k[l][i] = std::sin(0.05f * static_cast<float>(i % static_cast<std::size_t>(n * d))) +
+                0.3f * g(rng) * static_cast<float>(l + 1);
       v[l][i] = g(rng);
     }
     kv.push_back(fc::hnd<const float>(k[l].data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)));
@@ -513,10 +516,10 @@ TEST(SharedKeep, CompressModelShared) {
   for (std::int64_t l = 0; l < layers; ++l)
     ASSERT_TRUE(scorer.score(short_k[l], short_v[l], fc::Options{}, &short_scores[l]).ok());
   so.page = 1;
-  EXPECT_EQ(fc::compress_model_shared<float>(short_k, short_v, std::move(short_scores), budget, fc::Options{}, {}, so,
-                                             &seq)
-                .code(),
-            fc::Errc::invalid_shape);
+  EXPECT_EQ(
+      fc::compress_model_shared<float>(short_k, short_v, std::move(short_scores), budget, fc::Options{}, {}, so, &seq)
+          .code(),
+      fc::Errc::invalid_shape);
 }
 
 }  // namespace

@@ -234,9 +234,8 @@ Status compress_model_shared(const std::vector<KVView<const T>>& k, const std::v
       set.resize(static_cast<std::size_t>(model->budgets[l]));
       FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(
           select_shared_tokens(&views[l], 1, model->budgets[l], opt, mask[l], shared, &ws, set.data()), 1, 0, at));
-      FLASHCACHE_RETURN_IF_ERROR(
-          detail::at_layer(detail::gather_shared<T>(k[l], v[l], set, std::move(scores[l]), &model->layers[l]), 1, 0,
-                           at));
+      FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(
+          detail::gather_shared<T>(k[l], v[l], set, std::move(scores[l]), &model->layers[l]), 1, 0, at));
     }
     return Status::success();
   }
