@@ -186,10 +186,8 @@ int main(int argc, char** argv) {
                                  std::to_string(per_head * c.layers));
       fc::npy::write(out_dir + "/kept_" + id + ".npy", {static_cast<std::int64_t>(kept.size())}, kept.data());
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      results.push_back({{"id", id},
-                         {"budgets", model.budgets},
-                         {"keep_set", fc::to_string(shared.keep_set)},
-                         {"seconds", seconds}});
+      results.push_back(
+          {{"id", id}, {"budgets", model.budgets}, {"keep_set", fc::to_string(shared.keep_set)}, {"seconds", seconds}});
     }
     std::ofstream(out_dir + "/result.json") << Json{{"configs", results}}.dump(1) << "\n";
   } catch (const std::exception& e) {
