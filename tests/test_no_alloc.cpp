@@ -139,14 +139,20 @@ TEST(NoAlloc, WarmStagesAllocateNothing) {
   images.grids = {{1, 9, 10}, {100, 7, 9}};
   fc::Options images_global = images;
   images_global.transform = fc::Transform::global;
+  // Bases chosen by energy, blocked and global.
+  fc::Options peak;
+  peak.base = fc::Base::peak;
+  fc::Options mixed_global;
+  mixed_global.base = fc::Base::mixed;
+  mixed_global.transform = fc::Transform::global;
   // The defaults: blocked transform, 300 and 173 tokens end in shorter blocks.
-  for (const fc::Options& opt : {paper, fc::Options{}, images, images_global}) {
+  for (const fc::Options& opt : {paper, fc::Options{}, images, images_global, peak, mixed_global}) {
     Engine engine(first);
     ASSERT_TRUE(engine.run(first, opt));
     bool ok = false;
     const long during = heap_allocations([&] { ok = engine.run(second, opt); });
     ASSERT_TRUE(ok);
-    EXPECT_EQ(during, 0) << fc::to_string(opt.transform);
+    EXPECT_EQ(during, 0) << fc::to_string(opt.transform) << " " << fc::to_string(opt.base);
   }
   const fc::Options opt = paper;
   // The counters work: the owning front door allocates, and so does Eigen for a fresh scorer.

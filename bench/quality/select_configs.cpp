@@ -10,7 +10,7 @@
 //   select_configs --cache DIR --configs FILE.json --out DIR
 //
 // FILE.json: {"configs": [{"id": "c0", "policy": "flashcache", "per_head": 205,
-//              "options": {"gamma": 0.2, "transform": "global", "block_size": 64,
+//              "options": {"gamma": 0.2, "base": "lowpass", "transform": "global", "block_size": 64,
 //              "sink": 4, "window": 0, "window_share": 0.25, "base_share": 0,
 //              "normalize_terms": false, "rope_theta": 0, "rope_layout": "half",
 //              "allocation": "dynamic", "keep_set": "per_head", "combine": "mean_normalized",
@@ -68,6 +68,10 @@ fc::npy::Array load_float(const std::string& path, std::int64_t layers_expected)
 fc::Options options_from(const Json& j) {
   fc::Options o;
   o.gamma = j.value("gamma", o.gamma);
+  const std::string base = j.value("base", std::string("lowpass"));
+  if (base != "lowpass" && base != "peak" && base != "mixed")
+    throw std::runtime_error("options.base " + base + " is not lowpass, peak or mixed");
+  o.base = base == "peak" ? fc::Base::peak : base == "mixed" ? fc::Base::mixed : fc::Base::lowpass;
   o.transform =
       j.value("transform", std::string("global")) == "blocked" ? fc::Transform::blocked : fc::Transform::global;
   o.block_size = j.value("block_size", o.block_size);
@@ -101,7 +105,7 @@ std::string score_key(const std::string& policy, const Json& options, std::uint6
   if (policy == "random") return policy + "/" + std::to_string(seed);
   if (policy != "flashcache") return policy;
   Json key;
-  for (const char* field : {"gamma", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout"})
+  for (const char* field : {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout"})
     if (options.contains(field)) key[field] = options[field];
   return policy + "/" + key.dump();
 }

@@ -69,7 +69,7 @@ class Dct {
   // Orthonormal DCT-III (the inverse of forward) of X1 (and X2, may be null).
   void inverse(const Real* X1, const Real* X2, Real* x1, Real* x2) {
     const auto coeff = [&](const Real* X, std::int64_t j) -> Lanes {
-      return X && j < n_ ? Lanes(In(X + j * W) / scale_[j]) : Lanes(Lanes::Zero());
+      return X && j < n_ ? Lanes(In(X + j * W) / scale_[static_cast<std::size_t>(j)]) : Lanes(Lanes::Zero());
     };
     for (std::int64_t k = 0; k < n_; ++k)
       set_spectrum(k, coeff(X1, k), coeff(X1, n_ - k), coeff(X2, k), coeff(X2, n_ - k));

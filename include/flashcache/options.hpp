@@ -20,6 +20,20 @@ enum class Transform {
 
 inline const char* to_string(Transform t) { return t == Transform::global ? "global" : "blocked"; }
 
+// Which DCT frequencies of a head form its Base KV (the smooth part that the
+// outlier score measures deviation from). Frequencies are chosen per head and
+// per transform (each block of Transform::blocked), separately for K and V;
+// the count is m = lowpass_cutoff(length, gamma) for every kind.
+enum class Base {
+  lowpass,  // the m lowest frequencies (the paper's filter)
+  peak,     // the m frequencies with the most energy (summed over the head dim): a
+            // repeated pattern, with all its harmonics, becomes part of the base and
+            // what breaks the pattern is the outlier
+  mixed,    // the ceil(m / 2) lowest, then the strongest of the others up to m
+};
+
+inline const char* to_string(Base b) { return b == Base::lowpass ? "lowpass" : b == Base::peak ? "peak" : "mixed"; }
+
 // How a model-wide budget is split over layers (compress_model only).
 enum class Allocation {
   dynamic,  // in proportion to each layer's high-frequency energy ratio R_l
@@ -56,6 +70,8 @@ struct Options {
   // Low-pass ratio: frequencies k < max(1, ceil(gamma * N)) form the Base KV.
   // The paper's ablation was best at 0.2 (so was ours, tied with 0.1).
   double gamma = 0.2;
+  // Which m frequencies form the base (see Base).
+  Base base = Base::lowpass;
   // The paper's transform is global; blocked is ours (one fused pass on the
   // GPU), tied with global on dev texts and with the lower attention error.
   Transform transform = Transform::blocked;
@@ -107,6 +123,7 @@ struct Options {
   static Options paper() {
     Options o;
     o.gamma = 0.2;
+    o.base = Base::lowpass;
     o.transform = Transform::global;
     o.sink = 0;
     o.window = 0;

@@ -1,9 +1,10 @@
 #pragma once
 // Stage 1, score: per-token outlier score and per-head energies (CPU).
 //
-// For every KV head: Base = lowpass(K) along tokens, score[n] = MSE(K[n], Kb[n])
-// + MSE(V[n], Vb[n]), and the energies E(K), E_high(K) = ||K - Kb||^2 (Parseval),
-// likewise for V, from which the layer's ratio R_l follows.
+// For every KV head: Base = the chosen frequencies of K along tokens (the lowest
+// by default; Options::base, base.hpp), score[n] = MSE(K[n], Kb[n]) + MSE(V[n],
+// Vb[n]), and the energies E(K), E_high(K) = ||K - Kb||^2 (Parseval), likewise
+// for V, from which the layer's ratio R_l follows.
 //
 // Tokens of an image span (Options::grids) are scored the same way over their
 // 2D patch grid instead: Base = the 2D low-pass of the grid (or of each tile).
@@ -25,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "base.hpp"
 #include "dct.hpp"
 #include "grid.hpp"
 #include "options.hpp"
@@ -193,10 +195,12 @@ class Scorer {
   void residuals(KVView<const T> k, KVView<const T> v, std::int64_t h, const Options& opt, HeadEnergy* e) {
     total_k_.assign(static_cast<std::size_t>(k.tokens), Real(0));
     total_v_.assign(static_cast<std::size_t>(k.tokens), Real(0));
-    if (opt.transform == Transform::global)
+    if (opt.transform == Transform::global && opt.base == Base::lowpass)
       residuals_global(k, v, h, opt.gamma);
+    else if (opt.transform == Transform::global)
+      residuals_global_chosen(k, v, h, opt.gamma, opt.base);
     else
-      residuals_blocked(k, v, h, opt.gamma, opt.block_size);
+      residuals_blocked(k, v, h, opt.gamma, opt.block_size, opt.base);
     for (const GridSpan& g : opt.grids) {
       const bool whole = opt.transform == Transform::global;
       const std::int64_t tile_rows = whole ? g.rows : opt.grid_tile, tile_cols = whole ? g.cols : opt.grid_tile;
@@ -325,19 +329,87 @@ class Scorer {
     }
   }
 
+  // The global transform with a base chosen by energy (Base::peak, mixed):
+  // every head-dim panel's full spectrum is kept, the frequencies' energies
+  // summed over the panels pick the base, then the residual is the inverse
+  // transform of the other coefficients. Two transforms per panel, as the
+  // low-pass path; n x d coefficients of K and of V are held meanwhile.
   template <class T>
-  void residuals_blocked(KVView<const T> k, KVView<const T> v, std::int64_t h, double gamma, std::int64_t block) {
+  void residuals_global_chosen(KVView<const T> k, KVView<const T> v, std::int64_t h, double gamma, Base kind) {
+    constexpr int W = kLanes;
+    const std::int64_t n = k.tokens, d = k.head_dim, m = lowpass_cutoff(n, gamma);
+    const std::int64_t panels = (d + W - 1) / W;
+    Dct<Real, W>& dct = plan(n);
+    for (Panel* p : {&xk_, &xv_}) p->resize(static_cast<std::size_t>(n * W));
+    for (Panel* p : {&spectrum_k_, &spectrum_v_}) p->resize(static_cast<std::size_t>(panels * n * W));
+    energy_k_.assign(static_cast<std::size_t>(n), Real(0));
+    energy_v_.assign(static_cast<std::size_t>(n), Real(0));
+    for (std::int64_t p = 0; p < panels; ++p) {
+      const std::int64_t c0 = p * W;
+      const int lanes = static_cast<int>(std::min<std::int64_t>(W, d - c0));
+      for (std::int64_t t = 0; t < n; ++t) {
+        const std::int64_t src = source_[static_cast<std::size_t>(t)];
+        Real* xk = xk_.data() + t * W;
+        Real* xv = xv_.data() + t * W;
+        for (int w = 0; w < W; ++w) {  // lanes past the head dim stay zero: they add nothing
+          xk[w] = w < lanes ? element(k, h, src, c0 + w) : Real(0);
+          xv[w] = w < lanes ? element(v, h, src, c0 + w) : Real(0);
+          total_k_[static_cast<std::size_t>(t)] += xk[w] * xk[w];
+          total_v_[static_cast<std::size_t>(t)] += xv[w] * xv[w];
+        }
+      }
+      Real* sk = spectrum_k_.data() + p * n * W;
+      Real* sv = spectrum_v_.data() + p * n * W;
+      dct.forward(xk_.data(), xv_.data(), sk, sv);
+      for (std::int64_t f = 0; f < n; ++f)
+        for (int w = 0; w < W; ++w) {
+          energy_k_[static_cast<std::size_t>(f)] += sk[f * W + w] * sk[f * W + w];
+          energy_v_[static_cast<std::size_t>(f)] += sv[f * W + w] * sv[f * W + w];
+        }
+    }
+    chosen_k_.resize(static_cast<std::size_t>(n));
+    chosen_v_.resize(static_cast<std::size_t>(n));
+    choose_base_frequencies(kind, energy_k_.data(), n, m, &order_, chosen_k_.data());
+    choose_base_frequencies(kind, energy_v_.data(), n, m, &order_, chosen_v_.data());
+    for (std::int64_t p = 0; p < panels; ++p) {
+      Real* sk = spectrum_k_.data() + p * n * W;
+      Real* sv = spectrum_v_.data() + p * n * W;
+      for (std::int64_t f = 0; f < n; ++f)  // the residual's spectrum: the base's frequencies removed
+        for (int w = 0; w < W; ++w) {
+          if (chosen_k_[static_cast<std::size_t>(f)]) sk[f * W + w] = Real(0);
+          if (chosen_v_[static_cast<std::size_t>(f)]) sv[f * W + w] = Real(0);
+        }
+      dct.inverse(sk, sv, xk_.data(), xv_.data());
+      for (std::int64_t t = 0; t < n; ++t)
+        for (int w = 0; w < W; ++w) {
+          residual_k_[static_cast<std::size_t>(t)] += xk_[static_cast<std::size_t>(t * W + w)] * xk_[static_cast<std::size_t>(t * W + w)];
+          residual_v_[static_cast<std::size_t>(t)] += xv_[static_cast<std::size_t>(t * W + w)] * xv_[static_cast<std::size_t>(t * W + w)];
+        }
+    }
+  }
+
+  template <class T>
+  void residuals_blocked(KVView<const T> k, KVView<const T> v, std::int64_t h, double gamma, std::int64_t block,
+                         Base kind) {
     const std::int64_t n = k.tokens, d = k.head_dim;
     // Buffers sized for a full block and written through topRows(), so that a
     // shorter last block does not reallocate them (Eigen would, on resize).
     const std::int64_t rows = std::min(block, n), most_m = lowpass_cutoff(rows, gamma);
+    // A base chosen by energy needs every coefficient of the block.
+    const std::int64_t coeff_rows = kind == Base::lowpass ? most_m : rows;
     Block* const buffers[3] = {&block_k_, &block_v_, &base_};
     for (Block* b : buffers)
       if (b->rows() != rows || b->cols() != d) b->resize(rows, d);
-    if (coeff_.rows() != most_m || coeff_.cols() != d) coeff_.resize(most_m, d);
+    if (coeff_.rows() != coeff_rows || coeff_.cols() != d) coeff_.resize(coeff_rows, d);
+    if (kind != Base::lowpass) {
+      if (chosen_basis_.rows() != most_m || chosen_basis_.cols() != rows) chosen_basis_.resize(most_m, rows);
+      if (chosen_coeff_.rows() != most_m || chosen_coeff_.cols() != d) chosen_coeff_.resize(most_m, d);
+      energy_k_.resize(static_cast<std::size_t>(rows));
+      chosen_k_.resize(static_cast<std::size_t>(rows));
+    }
     for (std::int64_t b0 = 0; b0 < n; b0 += block) {
       const std::int64_t len = std::min(block, n - b0), m = lowpass_cutoff(len, gamma);
-      const Block& c = basis(len, m);  // m x len
+      const Block& c = basis(len, kind == Base::lowpass ? m : len);  // m x len, or len x len
       for (std::int64_t t = 0; t < len; ++t) {
         const std::int64_t src = source_[static_cast<std::size_t>(b0 + t)];
         for (std::int64_t j = 0; j < d; ++j) {
@@ -345,10 +417,25 @@ class Scorer {
           block_v_(t, j) = element(v, h, src, j);
         }
       }
-      // Residual = X - C^T (C X), rank m, so 2 m len d multiply-adds per input.
       for (auto [x, r] : {std::pair{&block_k_, &residual_k_}, std::pair{&block_v_, &residual_v_}}) {
-        coeff_.topRows(m).noalias() = c * x->topRows(len);
-        base_.topRows(len).noalias() = c.transpose() * coeff_.topRows(m);
+        if (kind == Base::lowpass) {
+          // Residual = X - C^T (C X), rank m, so 2 m len d multiply-adds per input.
+          coeff_.topRows(m).noalias() = c * x->topRows(len);
+          base_.topRows(len).noalias() = c.transpose() * coeff_.topRows(m);
+        } else {
+          // Every coefficient (len^2 d), then the base from the m chosen ones (m len d).
+          coeff_.topRows(len).noalias() = c * x->topRows(len);
+          for (std::int64_t f = 0; f < len; ++f) energy_k_[static_cast<std::size_t>(f)] = coeff_.row(f).squaredNorm();
+          choose_base_frequencies(kind, energy_k_.data(), len, m, &order_, chosen_k_.data());
+          for (std::int64_t f = 0, i = 0; f < len; ++f)
+            if (chosen_k_[static_cast<std::size_t>(f)]) {
+              chosen_basis_.row(i).head(len) = c.row(f);
+              chosen_coeff_.row(i) = coeff_.row(f);
+              ++i;
+            }
+          base_.topRows(len).noalias() =
+              chosen_basis_.topLeftCorner(m, len).transpose() * chosen_coeff_.topRows(m);
+        }
         for (std::int64_t t = 0; t < len; ++t)
           (*r)[static_cast<std::size_t>(b0 + t)] = (x->row(t) - base_.row(t)).squaredNorm();
       }
@@ -410,6 +497,14 @@ class Scorer {
   std::vector<Real> residual_k_, residual_v_, total_k_, total_v_;
   Panel xk_, xv_;
   Block block_k_, block_v_, coeff_, base_;
+  // Bases chosen by energy (Base::peak, mixed): the full spectra of one head
+  // (global) or the chosen rows of a block's basis and coefficients, the
+  // frequencies' energies and which are chosen.
+  Panel spectrum_k_, spectrum_v_;
+  Block chosen_basis_, chosen_coeff_;
+  std::vector<Real> energy_k_, energy_v_;
+  std::vector<std::uint8_t> chosen_k_, chosen_v_;
+  std::vector<std::int32_t> order_;
   std::map<std::int64_t, std::unique_ptr<Dct<Real, kLanes>>> plans_;
   std::map<std::int64_t, Block> bases_;
 };

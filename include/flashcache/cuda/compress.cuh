@@ -241,6 +241,9 @@ Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt
     return make_error(Errc::unsupported, "normalize_terms: the GPU scores K and V unweighted only (CPU only)");
   if (opt.rope.derotate)
     return make_error(Errc::unsupported, "rope.derotate: the GPU scores keys as cached only (CPU only)");
+  if (opt.base != Base::lowpass)
+    return make_error(Errc::unsupported, "base ", to_string(opt.base),
+                      ": the GPU kernels build the low-pass base only (CPU only)");
   if (opt.grids.size() > static_cast<std::size_t>(kMaxGridSpans))
     return make_error(Errc::unsupported, opt.grids.size(), " grid spans: the GPU takes at most ", kMaxGridSpans,
                       " per call (they travel in kernel parameters)");
