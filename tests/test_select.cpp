@@ -193,3 +193,69 @@ TEST(Select, BaseShareSkipsTokensAlreadyKept) {
 }
 
 }  // namespace
+
+namespace {
+
+// The newest `recent` tokens outside the spans, from the definition.
+std::vector<std::int64_t> text_window(std::int64_t n, std::int64_t recent, const std::vector<fc::GridSpan>& spans) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t t = n - 1; t >= 0 && static_cast<std::int64_t>(out.size()) < recent; --t) {
+    bool in_span = false;
+    for (const auto& g : spans) in_span |= t >= g.first && t < g.end();
+    if (!in_span) out.push_back(t);
+  }
+  return out;
+}
+
+TEST(Select, RecentWindowSkipsImageSpans) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 400; ++trial) {
+    const std::int64_t n = 5 + static_cast<std::int64_t>(rng() % 120);
+    std::vector<fc::GridSpan> spans;
+    std::int64_t at = static_cast<std::int64_t>(rng() % 6);
+    for (int g = 0; g < 4; ++g) {  // spans touching each other, the sequence's end, or neither
+      const std::int64_t rows = 1 + static_cast<std::int64_t>(rng() % 4), cols = 1 + static_cast<std::int64_t>(rng() % 6);
+      if (at + rows * cols > n) break;
+      spans.push_back({at, rows, cols});
+      at += rows * cols + static_cast<std::int64_t>(rng() % 3);
+    }
+    if (spans.size() > 1 && rng() % 2) std::swap(spans.front(), spans.back());
+    const std::int64_t recent = static_cast<std::int64_t>(rng() % (n + 3));
+    const std::vector<std::int64_t> want = text_window(n, recent, spans);
+    const std::int64_t start = fc::rules::recent_window_start(n, recent, fc::SpanList{&spans});
+    // The window is exactly the text tokens at or after `start`.
+    std::vector<std::int64_t> got;
+    for (std::int64_t t = n - 1; t >= start; --t) {
+      bool in_span = false;
+      for (const auto& g : spans) in_span |= t >= g.first && t < g.end();
+      if (!in_span) got.push_back(t);
+    }
+    ASSERT_EQ(got, want) << "trial " << trial << " n " << n << " recent " << recent;
+    // And select_tokens keeps it (room permitting), never a span token for it.
+    std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
+    const std::int64_t room = static_cast<std::int64_t>(rng() % (n + 1));
+    const std::int64_t marked = fc::keep_recent(n, recent, room, spans, keep.data());
+    ASSERT_EQ(marked, std::min<std::int64_t>(room, static_cast<std::int64_t>(want.size())));
+    for (std::int64_t i = 0; i < marked; ++i) ASSERT_TRUE(keep[static_cast<std::size_t>(want[i])]) << want[i];
+  }
+}
+
+TEST(Select, ImageOnlyCacheSpendsNoWindowOnPatches) {
+  // CLS, then a 4 x 5 image: the window share finds only the CLS token.
+  const auto s = random_scores(1, 21, 5);
+  fc::Options opt = fc::Options::paper();
+  opt.window_share = 0.5;
+  opt.grids = {{1, 4, 5}};
+  const auto kept = select(s, 8, opt);
+  // Without spans the window would be tokens 17..20; with them it is token 0,
+  // and the other 7 are the highest-scoring patches.
+  std::vector<std::int32_t> patches(20);
+  std::iota(patches.begin(), patches.end(), 1);
+  std::sort(patches.begin(), patches.end(), [&](std::int32_t a, std::int32_t b) { return s(0, a) > s(0, b); });
+  std::vector<std::int32_t> want(patches.begin(), patches.begin() + 7);
+  want.push_back(0);
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(kept, want);
+}
+
+}  // namespace

@@ -61,6 +61,35 @@ FLASHCACHE_INLINE std::int64_t recent_window(std::int64_t window, double window_
   return window > share ? window : share;
 }
 
+// The recent window is the prompt's newest text: tokens inside image spans are
+// not part of it (an image keeps its own sub-grid and outliers; its newest
+// tokens are its bottom rows, not the recent context). The window holds the
+// newest `recent` tokens outside the spans: those at or after the token this
+// returns that lie in no span. Without spans it is n - recent (or 0).
+// `spans` has span_count(), span_first(g) and span_end(g); spans do not overlap and lie in [0, n).
+template <class Spans>
+FLASHCACHE_INLINE std::int64_t recent_window_start(std::int64_t n, std::int64_t recent, const Spans& spans) {
+  std::int64_t pos = n, left = recent;
+  while (left > 0 && pos > 0) {
+    std::int64_t text_from = 0;  // the run of text tokens that ends at pos starts here
+    bool in_span = false;
+    for (int g = 0; g < spans.span_count(); ++g) {
+      const std::int64_t end = spans.span_end(g);
+      if (end == pos) {
+        pos = spans.span_first(g);  // token pos - 1 is in span g: skip the whole span
+        in_span = true;
+        break;
+      }
+      if (end < pos && end > text_from) text_from = end;
+    }
+    if (in_span) continue;
+    const std::int64_t take = pos - text_from < left ? pos - text_from : left;
+    pos -= take;
+    left -= take;
+  }
+  return pos;
+}
+
 // The base sample of a head keeping `budget` tokens, without image spans:
 // round(base_share * budget) (halves away from zero).
 FLASHCACHE_INLINE std::int64_t base_sample_tokens(double base_share, std::int64_t budget) {

@@ -5,6 +5,8 @@
 //   - every head keeps exactly `budget` tokens, listed in ascending order;
 //   - protected tokens are always kept: the first `sink`, the last `window`,
 //     those the caller's mask marks, and non-finite tokens (score +inf or NaN);
+//   - the recent window (window_share) takes the newest tokens outside image
+//     spans (Options::grids), never a span's patches;
 //   - the rest are the highest scores, ties to the lower token index;
 //   - a budget below the protected set is an error, never a silent drop.
 // The rules shared with the GPU come from rules.hpp.
@@ -69,6 +71,14 @@ inline std::int64_t window_tokens(const Options& opt, std::int64_t budget) {
   return rules::recent_window(opt.window, opt.window_share, budget);
 }
 
+// Image spans as rules::recent_window_start() reads them.
+struct SpanList {
+  const std::vector<GridSpan>* spans;
+  int span_count() const { return static_cast<int>(spans->size()); }
+  std::int64_t span_first(int g) const { return (*spans)[static_cast<std::size_t>(g)].first; }
+  std::int64_t span_end(int g) const { return (*spans)[static_cast<std::size_t>(g)].end(); }
+};
+
 // Evenly spaced tokens of the base sample for a layer budget.
 inline std::int64_t base_tokens(const Options& opt, std::int64_t budget) {
   return rules::base_sample_tokens(opt.base_share, budget);
@@ -80,6 +90,21 @@ inline std::int64_t keep_recent(std::int64_t n, std::int64_t window, std::int64_
   std::int64_t marked = 0;
   for (std::int64_t t = n - 1; t >= std::max<std::int64_t>(0, n - window) && marked < room; --t)
     if (!keep[t]) keep[t] = 1, ++marked;
+  return marked;
+}
+
+// The same window over the newest `window` tokens outside image spans
+// (rules::recent_window_start): a span's tokens are never the recent window.
+inline std::int64_t keep_recent(std::int64_t n, std::int64_t window, std::int64_t room,
+                                const std::vector<GridSpan>& spans, std::uint8_t* keep) {
+  if (spans.empty()) return keep_recent(n, window, room, keep);
+  const std::int64_t start = rules::recent_window_start(n, window, SpanList{&spans});
+  std::int64_t marked = 0;
+  for (std::int64_t t = n - 1; t >= start && marked < room; --t) {
+    bool in_span = false;
+    for (const GridSpan& g : spans) in_span |= t >= g.first && t < g.end();
+    if (!in_span && !keep[t]) keep[t] = 1, ++marked;
+  }
   return marked;
 }
 
@@ -204,7 +229,7 @@ inline Status select_tokens(ScoreView s, std::int64_t budget, const Options& opt
                         ", non-finite ", nonfinite, "; overlaps counted once)");
     }
     std::int64_t taken = forced;
-    taken += keep_recent(n, window_tokens(opt, budget), budget - taken, keep.data());
+    taken += keep_recent(n, window_tokens(opt, budget), budget - taken, opt.grids, keep.data());
     taken += keep_base_sample(n, budget, budget - taken, opt, keep.data());
     candidates.clear();
     for (std::int64_t t = 0; t < n; ++t)

@@ -139,6 +139,10 @@ struct GridSpans {
   std::int32_t tile_start[kMaxGridSpans + 1] = {};
 
   FLASHCACHE_INLINE std::int32_t tiles() const { return tile_start[count]; }
+  // As rules::recent_window_start() reads spans.
+  FLASHCACHE_INLINE int span_count() const { return count; }
+  FLASHCACHE_INLINE std::int64_t span_first(int g) const { return first[g]; }
+  FLASHCACHE_INLINE std::int64_t span_end(int g) const { return first[g] + std::int64_t{rows[g]} * cols[g]; }
   // Whether token t of a sequence lies in a span.
   FLASHCACHE_INLINE bool contains(std::int64_t t) const {
     for (int g = 0; g < count; ++g)

@@ -84,11 +84,13 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
   // its tokens outrank every finite score, the newest first, so the top of the
   // radix select takes them before any outlier, as the CPU does. The keys sit in
   // the +inf/NaN band of ordered_key, which forced tokens never enter.
+  // It holds the newest text tokens: image spans' tokens are never part of it.
   const std::int64_t recent = flashcache::rules::recent_window(p.protect.window, p.window_share, budget);
+  const std::int64_t window_start = flashcache::rules::recent_window_start(n, recent, p.grids);
   std::uint8_t* mark =
       p.base_mark != nullptr ? p.base_mark + (std::int64_t{layer} * heads + head) * p.capacity + packed : nullptr;
   auto key_of = [&](std::int64_t t) -> std::uint32_t {
-    if (t >= n - recent) {
+    if (t >= window_start && !p.grids.contains(t)) {
       const std::int64_t age = n - 1 - t;
       return 0xFFFFFFFFu - static_cast<std::uint32_t>(age < kMaxWindowAge ? age : kMaxWindowAge);
     }
@@ -226,14 +228,15 @@ __global__ void __launch_bounds__(kSelectThreads) base_sample_kernel(SelectParam
     __syncthreads();
     return total;
   };
-  const std::int64_t window_start = n - recent > 0 ? n - recent : 0;
-  const long long window_free = count_if(window_start, n, [&](std::int64_t t) { return !forced(t); });
+  const std::int64_t window_start = flashcache::rules::recent_window_start(n, recent, p.grids);
+  auto in_window = [&](std::int64_t t) { return t >= window_start && !p.grids.contains(t); };
+  const long long window_free = count_if(window_start, n, [&](std::int64_t t) { return in_window(t) && !forced(t); });
   const long long room = rest;  // budget - forced_count
   const long long window_taken = window_free < room ? window_free : room;
   const long long room_left = room - window_taken;
   const long long free = n - forced_count - window_taken;
   // Taken before the sample: forced, or the window (which took all its free tokens when room is left).
-  auto taken = [&](std::int64_t t) { return t >= window_start || forced(t); };
+  auto taken = [&](std::int64_t t) { return in_window(t) || forced(t); };
   // Marks `count` picks spread evenly over the free tokens that `eligible` admits (`pool` of them).
   auto mark_evenly = [&](long long count, long long pool, auto eligible) {
     count = count < pool ? count : pool;

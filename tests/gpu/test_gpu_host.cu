@@ -590,14 +590,15 @@ std::vector<std::uint8_t> base_sample_as_the_kernel_does(const std::vector<std::
   const kn::GridSpans grids = fcc::detail::grid_spans(opt);
   long long forced_count = 0;
   for (std::uint8_t f : forced) forced_count += f;
-  const std::int64_t window_start = std::max<std::int64_t>(n - recent, 0);
+  const std::int64_t window_start = flashcache::rules::recent_window_start(n, recent, grids);
+  auto in_window = [&](std::int64_t t) { return t >= window_start && !grids.contains(t); };
   long long window_free = 0;
-  for (std::int64_t t = window_start; t < n; ++t) window_free += !forced[static_cast<std::size_t>(t)];
+  for (std::int64_t t = window_start; t < n; ++t) window_free += in_window(t) && !forced[static_cast<std::size_t>(t)];
   const long long room = budget - forced_count;
   const long long window_taken = std::min(window_free, room);
   const long long room_left = room - window_taken;
   const long long free = n - forced_count - window_taken;
-  auto taken = [&](std::int64_t t) { return t >= window_start || forced[static_cast<std::size_t>(t)] != 0; };
+  auto taken = [&](std::int64_t t) { return in_window(t) || forced[static_cast<std::size_t>(t)] != 0; };
   auto mark_evenly = [&](long long count, long long pool, auto eligible) {
     count = std::min(count, pool);
     if (count <= 0) return;
@@ -671,7 +672,7 @@ TEST(GpuBaseSample, TheKernelsPassesPickWhatTheCpuPicks) {
     std::vector<std::uint8_t> keep = forced;
     const std::int64_t recent = flashcache::window_tokens(o, budget);
     std::int64_t taken = forced_count;
-    taken += flashcache::keep_recent(n, recent, budget - taken, keep.data());
+    taken += flashcache::keep_recent(n, recent, budget - taken, o.grids, keep.data());
     std::vector<std::uint8_t> before = keep;
     flashcache::keep_base_sample(n, budget, budget - taken, o, keep.data());
     const std::vector<std::uint8_t> mark = base_sample_as_the_kernel_does(forced, recent, budget, o);
