@@ -918,6 +918,16 @@ TEST_F(CliTest, BadInputIsOneLineExitTwoAndNoOutput) {
          return std::vector<std::string>{"--paper", "--gamma", "0.3"};
        },
        "--paper fixes --gamma, --transform and --block"},
+      {"paper with a base",
+       [](CliTest&) {
+         return std::vector<std::string>{"--paper", "--base", "peak"};
+       },
+       "--paper fixes --gamma, --transform and --block (and --base)"},
+      {"base not a kind",
+       [](CliTest&) {
+         return std::vector<std::string>{"--base", "high"};
+       },
+       "--base: high not in {lowpass,peak,mixed}"},
       {"window share above 1",
        [](CliTest&) {
          return std::vector<std::string>{"--window-share", "1.5"};

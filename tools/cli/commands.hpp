@@ -14,6 +14,7 @@ struct TransformArgs {
   double gamma = Options{}.gamma;
   Transform transform = Options{}.transform;
   std::int64_t block = Options{}.block_size;
+  Base base = Options{}.base;
 };
 
 struct CompressArgs {

@@ -43,7 +43,7 @@ void check_args(const CompressArgs& a) {
     usage_error(
         "--gamma, --transform, --block, --normalize-terms, --rope-* and --paper are used only by --policy flashcache, "
         "not " +
-        a.policy);
+        a.policy + " (so is --base)");
   if (!(a.window_share >= 0.0 && a.window_share <= 1.0))
     usage_error("--window-share " + num(a.window_share) + " is outside [0, 1]");
   if (!(a.base_share >= 0.0 && a.base_share <= 1.0))
@@ -53,7 +53,7 @@ void check_args(const CompressArgs& a) {
                 num(a.rope_theta));
   if (a.rope_first_position < 0)
     usage_error("--rope-first-position " + std::to_string(a.rope_first_position) + " is negative");
-  if (a.paper && a.has_transform_option) usage_error("--paper fixes --gamma, --transform and --block; give neither");
+  if (a.paper && a.has_transform_option) usage_error("--paper fixes --gamma, --transform and --block (and --base); give none of them");
   if (a.has_grid_option && a.grids.empty()) usage_error("--grid-zone and --grid-tile need --grid");
   if (a.has_grid_option && p != policies::Policy::flashcache)
     usage_error("--grid-zone and --grid-tile are used only by --policy flashcache, not " + a.policy);
@@ -169,6 +169,7 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
                   {"keep", a.has_keep ? nlohmann::ordered_json(a.keep) : nlohmann::ordered_json(nullptr)},
                   {"allocation", to_string(o.allocation)},
                   {"gamma", fc ? nlohmann::ordered_json(o.gamma) : null},
+                  {"base", fc ? nlohmann::ordered_json(to_string(o.base)) : null},
                   {"sink", o.sink},
                   {"window", o.window},
                   {"window_share", o.window_share},

@@ -26,6 +26,14 @@ void add_transform_options(CLI::App* cmd, cli::TransformArgs* t) {
       ->each([t](const std::string& s) { t->transform = s == "blocked" ? Transform::blocked : Transform::global; })
       ->default_str(to_string(t->transform));  // the library default (blocked)
   cmd->add_option("--block", t->block, "Tokens per block with --transform blocked")->capture_default_str();
+  cmd->add_option("--base",
+                  "Which ceil(gamma * N) frequencies form the base: the lowest (lowpass, the paper's), those of most "
+                  "energy (peak), or half of each (mixed)")
+      ->check(CLI::IsMember({"lowpass", "peak", "mixed"}))
+      ->each([t](const std::string& s) {
+        t->base = s == "peak" ? flashcache::Base::peak : s == "mixed" ? flashcache::Base::mixed : flashcache::Base::lowpass;
+      })
+      ->default_str(to_string(t->base));  // the library default
 }
 
 // One line, whatever the message holds.
@@ -150,6 +158,7 @@ int flashcache::cli::run_cli(int argc, char** argv) {
   c.has_seed = compress->count("--seed") > 0;
   c.has_observation_window = compress->count("--observation-window") > 0;
   c.has_transform_option = compress->count("--gamma") + compress->count("--transform") + compress->count("--block") +
+                           compress->count("--base") +
                                compress->count("--normalize-terms") + compress->count("--no-normalize-terms") >
                            0;
   c.has_grid_option = compress->count("--grid-zone") + compress->count("--grid-tile") > 0;

@@ -15,6 +15,7 @@ Options to_options(const TransformArgs& t) {
   o.gamma = t.gamma;
   o.transform = t.transform;
   o.block_size = t.block;
+  o.base = t.base;
   return o;
 }
 
