@@ -334,7 +334,7 @@ inline Status select_shared_tokens(const ScoreView* layers, std::int64_t layer_c
   const std::int64_t w = std::min(window_tokens(opt, budget), eligible_tokens);
   const std::int64_t window_pages = w <= 0 ? 0 : eligible - (eligible_tokens - w) / pages.page;
   const std::int64_t want = pages.budget_pages;
-  taken += keep_recent(eligible, window_pages, want - taken, keep);
+  taken += keep_recent(eligible, window_pages, want - taken, opt.grids, keep);  // spans: page 1 only
   taken += keep_base_sample(eligible, want, want - taken, opt, keep);
 
   // 5. The highest summed scores, ties to the lower page.
