@@ -1,0 +1,324 @@
+// flashcache_llama: llama.cpp prefills a prompt, FlashCache evicts and compacts
+// the sequence's KV cells through llama.cpp's public API
+// (flashcache/llama_cpp.hpp), and decoding goes on over the kept cells.
+//
+//   flashcache_llama --prompt-file FILE --keep-ratio 0.2 --max-new 64 --json
+//
+// Without --keep-ratio nothing is compressed (the baseline). --json prints one
+// object: prompt_tokens, cells_before, cells_after, n_kv_after, prefill_ms,
+// compress_ms, decode_tokens_per_s, kv_bytes_before, kv_bytes_after, tokens,
+// text (and nll when --nll-file is given).
+#include <flashcache/llama_cpp.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "find_model.hpp"
+#include "session.hpp"
+
+namespace fc = flashcache;
+namespace ls = llama_session;
+
+namespace {
+
+struct Args {
+  std::string model, prompt, prompt_file, nll_file, cache_type = "f16", flash_attn = "auto";
+  bool chat = false, json = false, quiet = false, extra_bufts = false;
+  int max_new = 32, threads = 2, recompress_every = 0;
+  double keep_ratio = -1;
+  long long sink = -1, window = -1;
+  std::string combine = "mean_normalized";
+};
+
+const char* kUsage =
+    "usage: flashcache_llama [--model FILE.gguf] (--prompt TEXT | --prompt-file FILE) [--chat]\n"
+    "         [--max-new N] [--keep-ratio R] [--sink N] [--window N] [--recompress-every N]\n"
+    "         [--combine mean_normalized|max_normalized|votes] [--cache-type f16|f32|bf16|q8_0]\n"
+    "         [--flash-attn auto|on|off] [--threads N] [--nll-file FILE] [--extra-bufts] [--json] [--quiet]\n";
+
+bool parse_args(int argc, char** argv, Args* a) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto value = [&](std::string* out) {
+      if (i + 1 >= argc) return false;
+      *out = argv[++i];
+      return true;
+    };
+    std::string v;
+    if (k == "--chat") {
+      a->chat = true;
+    } else if (k == "--extra-bufts") {
+      a->extra_bufts = true;
+    } else if (k == "--json") {
+      a->json = true;
+    } else if (k == "--quiet") {
+      a->quiet = true;
+    } else if (k == "-h" || k == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (!value(&v)) {
+      std::fprintf(stderr, "flashcache_llama: %s needs a value (or is unknown)\n%s", k.c_str(), kUsage);
+      return false;
+    } else if (k == "--model") {
+      a->model = v;
+    } else if (k == "--prompt") {
+      a->prompt = v;
+    } else if (k == "--prompt-file") {
+      a->prompt_file = v;
+    } else if (k == "--nll-file") {
+      a->nll_file = v;
+    } else if (k == "--cache-type") {
+      a->cache_type = v;
+    } else if (k == "--flash-attn") {
+      a->flash_attn = v;
+    } else if (k == "--combine") {
+      a->combine = v;
+    } else if (k == "--max-new") {
+      a->max_new = std::atoi(v.c_str());
+    } else if (k == "--threads") {
+      a->threads = std::atoi(v.c_str());
+    } else if (k == "--recompress-every") {
+      a->recompress_every = std::atoi(v.c_str());
+    } else if (k == "--keep-ratio") {
+      a->keep_ratio = std::atof(v.c_str());
+    } else if (k == "--sink") {
+      a->sink = std::atoll(v.c_str());
+    } else if (k == "--window") {
+      a->window = std::atoll(v.c_str());
+    } else {
+      std::fprintf(stderr, "flashcache_llama: unknown option %s\n%s", k.c_str(), kUsage);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool read_file(const std::string& path, std::string* out) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+std::string json_string(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      o += buf;
+    } else {
+      o += static_cast<char>(c);
+    }
+  }
+  return o + "\"";
+}
+
+ggml_type cache_type(const std::string& name) {
+  return name == "f32" ? GGML_TYPE_F32 : name == "bf16" ? GGML_TYPE_BF16 : name == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (!parse_args(argc, argv, &a)) return 2;
+  if (a.model.empty()) a.model = engine::find_default_model();
+  if (a.model.empty()) {
+    std::fprintf(stderr, "flashcache_llama: no model; %s\n", engine::model_install_hint().c_str());
+    return 2;
+  }
+  std::string text = a.prompt;
+  if (!a.prompt_file.empty() && !read_file(a.prompt_file, &text)) {
+    std::fprintf(stderr, "flashcache_llama: cannot read %s\n", a.prompt_file.c_str());
+    return 2;
+  }
+  if (text.empty()) text = "Explain in two sentences why the sky is blue.";
+  fc::SharedKeepOptions shared;
+  if (auto s = fc::parse_head_combine(a.combine, &shared.combine); !s) {
+    std::fprintf(stderr, "flashcache_llama: %s\n", s.message().c_str());
+    return 2;
+  }
+
+  ls::init(a.quiet || a.json);
+  llama_model* model = llama_model_load_from_file(a.model.c_str(), ls::model_params(a.extra_bufts));
+  if (model == nullptr) {
+    std::fprintf(stderr, "flashcache_llama: cannot load %s\n", a.model.c_str());
+    return 1;
+  }
+  const llama_vocab* vocab = llama_model_get_vocab(model);
+  const int n_vocab = llama_vocab_n_tokens(vocab);
+  const std::vector<llama_token> prompt =
+      ls::tokenize(vocab, a.chat ? ls::chat_prompt(model, text) : text, /*add_special=*/true);
+  std::vector<llama_token> cont;
+  if (!a.nll_file.empty()) {
+    std::string c;
+    if (!read_file(a.nll_file, &c)) {
+      std::fprintf(stderr, "flashcache_llama: cannot read %s\n", a.nll_file.c_str());
+      return 2;
+    }
+    cont = ls::tokenize(vocab, c, false);
+  }
+  const int n_prompt = static_cast<int>(prompt.size());
+  if (n_prompt == 0) {
+    std::fprintf(stderr, "flashcache_llama: empty prompt\n");
+    return 2;
+  }
+
+  llama_context_params cp = llama_context_default_params();
+  const long need = n_prompt + a.max_new + static_cast<long>(cont.size()) + 8;
+  cp.n_ctx = static_cast<uint32_t>((need + 255) / 256 * 256);
+  cp.n_batch = 2048;
+  cp.n_ubatch = 512;
+  cp.n_seq_max = 1;
+  cp.n_threads = cp.n_threads_batch = a.threads;
+  cp.type_k = cp.type_v = cache_type(a.cache_type);
+  cp.flash_attn_type = a.flash_attn == "on"    ? LLAMA_FLASH_ATTN_TYPE_ENABLED
+                       : a.flash_attn == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
+                                               : LLAMA_FLASH_ATTN_TYPE_AUTO;
+  llama_context* ctx = llama_init_from_model(model, cp);
+  if (ctx == nullptr) {
+    std::fprintf(stderr, "flashcache_llama: cannot make a context (cache type %s, flash attention %s)\n",
+                 a.cache_type.c_str(), a.flash_attn.c_str());
+    return 1;
+  }
+
+  // Prefill.
+  std::vector<float> logits;
+  double t = ls::now_ms();
+  if (ls::decode(ctx, prompt.data(), n_prompt, 0, 0, false, &logits) != 0) {
+    std::fprintf(stderr, "flashcache_llama: prefill failed\n");
+    return 1;
+  }
+  const double prefill_ms = ls::now_ms() - t;
+  llama_token next = ls::argmax(logits.data(), n_vocab);
+
+  // Compress.
+  fc::Options opt;
+  if (a.sink >= 0) opt.sink = a.sink;
+  if (a.window >= 0) opt.window = a.window;
+  fc::llama::SequenceCompressor compressor;
+  fc::llama::Stats st;
+  bool compressed = false;
+  double compress_ms = 0;
+  int recompressions = 0;
+  if (a.keep_ratio >= 0) {
+    if (auto s = compressor.compress(ctx, 0, fc::Budget::ratio(a.keep_ratio), opt, shared, &st); !s) {
+      std::fprintf(stderr, "flashcache_llama: %s\n", s.message().c_str());
+      return 1;
+    }
+    compressed = true;
+    compress_ms = st.compress_ms;
+  }
+  const std::int64_t bound = compressed ? st.cells_after : n_prompt;  // the size recompression returns to
+  llama_memory_t mem = llama_get_memory(ctx);
+
+  // Teacher-forced NLL of the continuation over the (compressed) cache: token i
+  // (i >= 1) from the logits after tokens 0..i-1; the continuation is then removed.
+  double nll = 0;
+  int nll_tokens = 0;
+  if (cont.size() >= 2) {
+    const llama_pos p0 = llama_memory_seq_pos_max(mem, 0) + 1;
+    std::vector<float> cl;
+    if (ls::decode(ctx, cont.data(), static_cast<int>(cont.size()) - 1, p0, 0, true, &cl) != 0) {
+      std::fprintf(stderr, "flashcache_llama: decoding the continuation failed\n");
+      return 1;
+    }
+    for (std::size_t i = 1; i < cont.size(); ++i) {
+      const float* l = cl.data() + (i - 1) * static_cast<std::size_t>(n_vocab);
+      const float mx = *std::max_element(l, l + n_vocab);
+      double z = 0;
+      for (int j = 0; j < n_vocab; ++j) z += std::exp(static_cast<double>(l[j] - mx));
+      nll += std::log(z) + mx - l[cont[i]];
+      ++nll_tokens;
+    }
+    nll /= nll_tokens;
+    llama_memory_seq_rm(mem, 0, p0, -1);
+  }
+
+  // Decode greedily; recompress when the sequence has grown recompress_every past the bound.
+  std::string out_text;
+  std::vector<llama_token> generated;
+  long n_kv_after = -1, used_after = -1;
+  double decode_ms = 0;
+  for (int i = 0; i < a.max_new; ++i) {
+    if (llama_vocab_is_eog(vocab, next)) break;
+    generated.push_back(next);
+    out_text += ls::piece(vocab, next);
+    if (compressed && a.recompress_every > 0) {
+      const std::int64_t cells = st.cells_after + (llama_memory_seq_pos_max(mem, 0) - st.pos_max);
+      if (cells >= bound + a.recompress_every) {
+        fc::llama::Stats again;
+        if (auto s = compressor.compress(ctx, 0, fc::Budget::tokens(bound), opt, shared, &again); !s) {
+          std::fprintf(stderr, "flashcache_llama: recompression: %s\n", s.message().c_str());
+          return 1;
+        }
+        st.cells_after = again.cells_after;
+        st.pos_max = again.pos_max;
+        st.kv_bytes_after = again.kv_bytes_after;
+        compress_ms += again.compress_ms;
+        ++recompressions;
+      }
+    }
+    const llama_pos pos = llama_memory_seq_pos_max(mem, 0) + 1;
+    t = ls::now_ms();
+    ls::log_state().used_max_p1 = -1;
+    if (ls::decode(ctx, &next, 1, pos, 0, false, &logits) != 0) {
+      std::fprintf(stderr, "flashcache_llama: decode failed at position %d\n", pos);
+      return 1;
+    }
+    decode_ms += ls::now_ms() - t;
+    if (i == 0 && ls::log_state().used_max_p1 >= 0) {
+      used_after = ls::log_state().used_max_p1;
+      n_kv_after = ls::n_kv_of(used_after, 1, ls::log_state().size);
+    }
+    next = ls::argmax(logits.data(), n_vocab);
+  }
+  const double tok_s = generated.empty() || decode_ms <= 0 ? 0.0 : 1000.0 * generated.size() / decode_ms;
+
+  if (a.json) {
+    std::printf("{\"prompt_tokens\": %d, \"cells_before\": %lld, \"cells_after\": %lld, \"n_kv_after\": %ld, "
+                "\"used_cells_before_first_decode\": %ld, \"n_ctx\": %u, \"prefill_ms\": %.3f, \"compress_ms\": %.3f, "
+                "\"recompressions\": %d, \"decode_tokens_per_s\": %.3f, \"kv_bytes_before\": %llu, "
+                "\"kv_bytes_after\": %llu, \"keep_ratio\": %g, \"threads\": %d, \"cache_type\": %s, \"v_trans\": %s, "
+                "\"tokens\": %zu",
+                n_prompt, compressed ? static_cast<long long>(st.cells_before) : static_cast<long long>(n_prompt),
+                compressed ? static_cast<long long>(st.cells_after) : static_cast<long long>(n_prompt), n_kv_after,
+                used_after, llama_n_ctx(ctx), prefill_ms, compress_ms, recompressions, tok_s,
+                static_cast<unsigned long long>(st.kv_bytes_before), static_cast<unsigned long long>(st.kv_bytes_after),
+                a.keep_ratio, a.threads, json_string(a.cache_type).c_str(),
+                compressed ? (st.v_trans ? "true" : "false") : "null", generated.size());
+    if (nll_tokens > 0) std::printf(", \"nll\": %.6f, \"nll_tokens\": %d", nll, nll_tokens);
+    std::printf(", \"text\": %s}\n", json_string(out_text).c_str());
+  } else {
+    if (!a.quiet) {
+      if (compressed)
+        std::fprintf(stderr,
+                     "prompt %d tokens, prefill %.1f ms; compressed %lld -> %lld cells (%.1f ms, K %s, V %s%s), "
+                     "n_kv %ld\n",
+                     n_prompt, prefill_ms, static_cast<long long>(st.cells_before),
+                     static_cast<long long>(st.cells_after), compress_ms, st.k_type.c_str(), st.v_type.c_str(),
+                     st.v_trans ? " transposed" : "", n_kv_after);
+      else
+        std::fprintf(stderr, "prompt %d tokens, prefill %.1f ms; not compressed, n_kv %ld\n", n_prompt, prefill_ms,
+                     n_kv_after);
+      if (nll_tokens > 0) std::fprintf(stderr, "continuation NLL %.4f over %d tokens\n", nll, nll_tokens);
+      std::fprintf(stderr, "%zu tokens at %.1f tokens/s\n", generated.size(), tok_s);
+    }
+    std::printf("%s\n", out_text.c_str());
+  }
+  llama_free(ctx);
+  llama_model_free(model);
+  llama_backend_free();
+  return 0;
+}
