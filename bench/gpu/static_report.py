@@ -33,6 +33,7 @@ THREADS = {
     "check_lengths_kernel": 256, "pack_kernel": 256, "lowpass_kernel": 256, "residual_kernel": 256,
     "energy_kernel": 128, "allocate_kernel": 256, "select_kernel": 256, "gather_kernel": 256,
     "compact_paged_kernel": 256, "page_owner_kernel": 256, "score_grid_kernel": 256, "base_sample_kernel": 256,
+    "base_energy_kernel": 256, "base_choose_kernel": 256, "chosen_base_kernel": 256,
 }
 ELEMENT_BYTES = {"float": 4, "flashcache::half_t": 2, "flashcache::bfloat16_t": 2}
 

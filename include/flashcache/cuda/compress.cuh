@@ -241,9 +241,13 @@ Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt
     return make_error(Errc::unsupported, "normalize_terms: the GPU scores K and V unweighted only (CPU only)");
   if (opt.rope.derotate)
     return make_error(Errc::unsupported, "rope.derotate: the GPU scores keys as cached only (CPU only)");
-  if (opt.base != Base::lowpass)
+  // A base chosen by energy needs a block's whole spectrum; the blocked kernel
+  // keeps only the m low rows of its DCT basis in shared memory.
+  if (opt.base != Base::lowpass && opt.transform == Transform::blocked)
     return make_error(Errc::unsupported, "base ", to_string(opt.base),
-                      ": the GPU kernels build the low-pass base only (CPU only)");
+                      " with Transform::blocked: the GPU blocked kernel holds only the m low rows of the DCT basis, "
+                      "and a base chosen by energy needs every frequency of the block (CPU only); use "
+                      "Transform::global, or Base::lowpass");
   if (opt.grids.size() > static_cast<std::size_t>(kMaxGridSpans))
     return make_error(Errc::unsupported, opt.grids.size(), " grid spans: the GPU takes at most ", kMaxGridSpans,
                       " per call (they travel in kernel parameters)");
@@ -480,6 +484,44 @@ Status score_blocked(const Cache<T>& c, const Options& opt, const Workspace& ws,
   return pass(true);
 }
 
+// A base chosen by energy (Options::base peak, mixed) for the spectra of one
+// (layer, sequence) of n > 1 tokens, after the forward FFT: energies, the
+// choice per (head, K | V), the base's coefficients kept in place.
+template <class T>
+Status choose_base(const Cache<T>& c, const Options& opt, const Workspace& ws, std::int64_t n, cudaStream_t stream) {
+  auto* z = static_cast<float2*>(ws.spectrum());
+  const unsigned pair_ctas = static_cast<unsigned>(kernels::ceil_div(n / 2 + 1, 256));
+  kernels::BaseEnergyParams e;
+  e.z = z;
+  e.n = n;
+  e.head_dim = static_cast<int>(c.head_dim);
+  e.energy = ws.base_energy();
+  e.status = ws.status();
+  kernels::base_energy_kernel<>
+      <<<dim3(pair_ctas, static_cast<unsigned>(c.heads)), kernels::kBaseEnergyThreads, 0, stream>>>(e);
+  FLASHCACHE_RETURN_IF_ERROR(launched("base_energy_kernel"));
+  kernels::BaseChooseParams choose;
+  choose.energy = ws.base_energy();
+  choose.chosen = ws.base_chosen();
+  choose.n = n;
+  choose.m = lowpass_cutoff(n, opt.gamma);
+  choose.kind = opt.base;
+  choose.status = ws.status();
+  kernels::base_choose_kernel<><<<dim3(static_cast<unsigned>(c.heads), 2), kernels::kBaseChooseThreads, 0, stream>>>(
+      choose);
+  FLASHCACHE_RETURN_IF_ERROR(launched("base_choose_kernel"));
+  kernels::ChosenBaseParams keep;
+  keep.z = z;
+  keep.n = n;
+  keep.heads = static_cast<int>(c.heads);
+  keep.head_dim = static_cast<int>(c.head_dim);
+  keep.chosen = ws.base_chosen();
+  keep.status = ws.status();
+  kernels::chosen_base_kernel<>
+      <<<dim3(pair_ctas, static_cast<unsigned>(c.heads * c.head_dim)), 256, 0, stream>>>(keep);
+  return launched("chosen_base_kernel");
+}
+
 template <class T>
 Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, const kernels::SeqTable& seq,
                     const GlobalPlan& plan, cudaStream_t stream) {
@@ -552,15 +594,18 @@ Status score_global(const Cache<T>& c, const Options& opt, const Workspace& ws, 
       FLASHCACHE_RETURN_IF_ERROR(launched("pack_kernel"));
       if (transform) {
         FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftExecC2C(fft, zc, zc, CUFFT_FORWARD), "cufftExecC2C forward"));
-        kernels::LowpassParams lp;
-        lp.z = z;
-        lp.n = n;
-        lp.m = lowpass_cutoff(n, opt.gamma);
-        lp.status = ws.status();
-        kernels::lowpass_kernel<>
-            <<<dim3(static_cast<unsigned>(kernels::ceil_div(n / 2 + 1, 256)), static_cast<unsigned>(columns)), 256, 0,
-               stream>>>(lp);
-        FLASHCACHE_RETURN_IF_ERROR(launched("lowpass_kernel"));
+        const unsigned pair_ctas = static_cast<unsigned>(kernels::ceil_div(n / 2 + 1, 256));
+        if (opt.base == Base::lowpass) {  // the paper's: frequencies k < m
+          kernels::LowpassParams lp;
+          lp.z = z;
+          lp.n = n;
+          lp.m = lowpass_cutoff(n, opt.gamma);
+          lp.status = ws.status();
+          kernels::lowpass_kernel<><<<dim3(pair_ctas, static_cast<unsigned>(columns)), 256, 0, stream>>>(lp);
+          FLASHCACHE_RETURN_IF_ERROR(launched("lowpass_kernel"));
+        } else {  // chosen by energy, per head, K and V each their own (score_global.cuh)
+          FLASHCACHE_RETURN_IF_ERROR(choose_base(c, opt, ws, n, stream));
+        }
         FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftExecC2C(fft, zc, zc, CUFFT_INVERSE), "cufftExecC2C inverse"));
       }
       kernels::ResidualParams<T> rp{};

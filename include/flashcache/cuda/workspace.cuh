@@ -30,6 +30,10 @@ struct WorkspaceLayout {
   std::size_t scratch_ratio = 0, scratch_tokens = 0, scratch_floor = 0, scratch_out = 0;
   std::size_t kept = 0, kept_indptr = 0;
   std::size_t substitutes = 0, spectrum = 0, fft_work = 0;  // global transform only
+  // Global transform with a base chosen by energy (Options::base peak, mixed)
+  // only, for the longest sequence, reused by every (layer, sequence):
+  // frequency energies float [2][H][max_length] (K, V) and the choice, bytes [2][H][max_length].
+  std::size_t base_energy = 0, base_chosen = 0;
   std::size_t first_good = 0, last_good = 0, source = 0;    // blocked transform only: [L][H][slot_count]
   std::size_t page_owners = 0;                              // paged only: one bit per page of the pool
   // Image spans (Options::grids) only: tiles of the 2D pass, the row each
@@ -117,6 +121,11 @@ inline Status make_layout(const Shape& s, const Options& opt, std::int64_t max_l
     w.substitutes = detail::take(&at, L * H * N * 4);
     w.spectrum = detail::take(&at, H * static_cast<std::size_t>(s.head_dim) * static_cast<std::size_t>(max_length) * 8);
     w.fft_work = detail::take(&at, fft_work_bytes);
+    if (opt.base != Base::lowpass) {
+      const std::size_t frequencies = 2 * H * static_cast<std::size_t>(max_length);
+      w.base_energy = detail::take(&at, frequencies * 4);
+      w.base_chosen = detail::take(&at, frequencies);
+    }
   } else {
     w.first_good = detail::take(&at, L * H * slots * 4);
     w.last_good = detail::take(&at, L * H * slots * 4);
@@ -161,6 +170,8 @@ class Workspace {
   std::int32_t* substitutes() const { return at<std::int32_t>(layout_.substitutes); }
   void* spectrum() const { return at<unsigned char>(layout_.spectrum); }
   void* fft_work() const { return at<unsigned char>(layout_.fft_work); }
+  float* base_energy() const { return at<float>(layout_.base_energy); }                // [2][H][max_length]
+  std::uint8_t* base_chosen() const { return at<std::uint8_t>(layout_.base_chosen); }  // [2][H][max_length]
   std::int32_t* first_good() const { return at<std::int32_t>(layout_.first_good); }
   std::int32_t* last_good() const { return at<std::int32_t>(layout_.last_good); }
   std::int32_t* source() const { return at<std::int32_t>(layout_.source); }
