@@ -6,7 +6,7 @@
 // bench/results/llama_cpp.json).
 //
 //   flashcache_llama_bench --prompt-file FILE [--lengths 2048,8192] [--keeps 1,0.2,0.1]
-//                          [--threads 1,2] [--decode 32] [--model FILE.gguf]
+//                          [--threads 1,2] [--decode 32] [--prefill-threads N] [--model FILE.gguf]
 #include <flashcache/llama_cpp.hpp>
 
 #include <cstdio>
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   std::string model_path, prompt_file;
   std::vector<int> lengths = {2048, 4096, 8192}, threads = {1, 2};
   std::vector<double> keeps = {1.0, 0.2, 0.1};
-  int n_decode = 32;
+  int n_decode = 32, prefill_threads = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--model")
@@ -54,6 +54,8 @@ int main(int argc, char** argv) {
       threads = parse_list<int>(v);
     else if (k == "--decode")
       n_decode = std::atoi(v.c_str());
+    else if (k == "--prefill-threads")
+      prefill_threads = std::atoi(v.c_str());
     else {
       std::fprintf(stderr, "flashcache_llama_bench: unknown option %s\n", k.c_str());
       return 2;
@@ -81,6 +83,7 @@ int main(int argc, char** argv) {
   if (base.empty()) return 2;
   int max_threads = 1;
   for (int t : threads) max_threads = std::max(max_threads, t);
+  if (prefill_threads <= 0) prefill_threads = max_threads;
 
   std::printf("{\"llama_version\": \"%s\", \"llama_commit\": \"%s\", \"decode_tokens\": %d, \"runs\": [",
               llama_version(), fc::llama::kPinnedLlamaCommit, n_decode);
@@ -94,7 +97,7 @@ int main(int argc, char** argv) {
     cp.n_batch = 2048;
     cp.n_ubatch = 512;
     cp.n_seq_max = 1;
-    cp.n_threads = cp.n_threads_batch = max_threads;
+    cp.n_threads = cp.n_threads_batch = prefill_threads;
     llama_context* ctx = llama_init_from_model(model, cp);
     if (ctx == nullptr) return 1;
     std::vector<float> logits;
@@ -140,7 +143,7 @@ int main(int argc, char** argv) {
                     "\"decode_tokens_per_s\": %.3f, \"kv_bytes_before\": %llu, \"kv_bytes_after\": %llu}",
                     first ? "" : ",", length, th, keep, static_cast<long long>(st.cells_before),
                     static_cast<long long>(st.cells_after), used, used < 0 ? -1 : ls::n_kv_of(used, 1, ls::log_state().size),
-                    prefill_ms, max_threads, st.compress_ms, st.score_ms, 1000.0 * n_decode / decode_ms,
+                    prefill_ms, prefill_threads, st.compress_ms, st.score_ms, 1000.0 * n_decode / decode_ms,
                     static_cast<unsigned long long>(st.kv_bytes_before),
                     static_cast<unsigned long long>(st.kv_bytes_after));
         std::fflush(stdout);

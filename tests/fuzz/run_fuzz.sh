@@ -16,7 +16,7 @@ seconds=${FUZZ_SECONDS:-60}
 build=${FUZZ_BUILD_DIR:-build-fuzz}
 artifacts=${FUZZ_ARTIFACTS:-$build/artifacts}
 targets=("$@")
-((${#targets[@]})) || targets=(fuzz_npy fuzz_cli fuzz_compress fuzz_gguf)
+((${#targets[@]})) || targets=(fuzz_npy fuzz_cli fuzz_compress fuzz_gguf fuzz_llama_state)
 
 packages=(clang libclang-rt-14-dev)
 missing=()
@@ -52,6 +52,7 @@ for t in "${targets[@]}"; do
     fuzz_cli) extra=(-dict=tests/fuzz/cli.dict -max_len=8192) ;;
     fuzz_compress) extra=(-max_len=1024) ;;
     fuzz_gguf) extra=(-dict=tests/fuzz/gguf.dict -max_len=8192) ;;
+    fuzz_llama_state) extra=(-max_len=32768) ;;  # the real seed (1 token, 30 layers) is ~24 KB
   esac
   mkdir -p "$work/$t/corpus" "$work/$t/tmp"
   log=$work/$t/log
