@@ -4,6 +4,8 @@ Each section comes from its own JSON, written by the run that measured it:
   cpu.json      bench/run_cpu.sh (Google Benchmark)        -> speed.py
   quality.json  bench/quality/run.sh                        -> quality.py
   quality_long.json  bench/quality/run_long.sh              -> quality_long.py
+  quality_long_study_base.json (+ quality_long_passkey_dev*.json, optional)  the base study
+                                                            -> quality_study.py
   quality_grid.json  bench/quality/run_grid.sh              -> quality_grid.py
   engine.json   examples/engine (its benchmark)             -> engine.py
   static_sm90.json  bench/gpu/static_report.sh              -> static_gpu.py
@@ -39,6 +41,7 @@ def main():
     # Sections rendered by their own modules from their own JSON, when both exist.
     for name, module, function in (("quality_long.json", "quality_long", "render"),
                                    ("quality_long_passkey.json", "quality_long", "render_passkey"),
+                                   ("quality_long_study_base.json", "quality_study", "render_results"),
                                    ("quality_grid.json", "quality_grid", "render"),
                                    ("engine.json", "engine", "render"),
                                    ("static_sm90.json", "static_gpu", "render")):

@@ -3,6 +3,8 @@
 (bench/quality/long_eval.py, bench/results/quality_long*.json).
 
     render(doc) -> str               the RESULTS.md section of the main table
+    render_passkey(doc[, heading]) -> str   the passkey section (per-template files, or the older
+                                     single-template ones)
     plot(doc, path)                  nll_ratio against keep ratio, one panel per prompt length
     study(paths) -> (text, best)     the study's ranking on dev texts and the chosen label
     python3 tools/report/quality_long.py [--json PATH] [--plot PNG] [--study JSON ...]
@@ -144,15 +146,26 @@ def render(doc) -> str:
     return "\n".join(out)
 
 
-def render_passkey(doc) -> str:
-    """Hits out of 5 per row and keep ratio, at the length the full cache still solves."""
+def render_passkey(doc, heading: str = "## Passkey retrieval (SmolLM2-135M, 30 layers)") -> str:
+    """The passkey section. Records with a "template" field (long_eval.py passkey since the
+    template split): per split, hits/trials summed over the templates that ran and the mean share
+    of the needle's tokens kept, per row and keep ratio; per-template hits of the default and the
+    baselines; skipped templates and each template's length. Older single-template files: hits
+    out of 5 per row and keep ratio, as before."""
     header, records = load(doc)
-    info = header.get("passkey", {})
     if not records:
         return ""
+    if not any("template" in r for r in records):
+        return _render_passkey_single(header, records, heading)
+    return _render_passkey_templates(header, records, heading)
+
+
+def _render_passkey_single(header: Dict, records: List[Dict], heading: str) -> str:
+    info = header.get("passkey", {})
     ratios = sorted({r["keep_ratio"] for r in records})
-    hits = {(r["label"], r["keep_ratio"]): r["value"] for r in records}
-    out = ["## Passkey retrieval (SmolLM2-135M, 30 layers)", "",
+    hits = {(r["label"], r["keep_ratio"]): r["value"] for r in records if r.get("metric", "passkey_hits") ==
+            "passkey_hits"}
+    out = [heading, "",
            f"`{header.get('how', 'long_eval.py passkey')}`, {header.get('when', '?')}. A 5-digit key planted at "
            "depths 0.1-0.9 in repeated filler, asked at the end; the full cache found "
            + ", ".join(f"{v}/5 at ~{k} tokens" for k, v in info.get("full_cache_hits", {}).items())
@@ -160,8 +173,104 @@ def render_passkey(doc) -> str:
            "Same budgets and protected set as the long-context table.", "",
            "| row | " + " | ".join(f"keep {r:g}" for r in ratios) + " |", "|---|" + "---|" * len(ratios)]
     for label in (l for l in ORDER if any(k[0] == l for k in hits)):
-        out.append(f"| {NAMES.get(label, label)} | " + " | ".join(f"{hits[(label, r)]}/5" for r in ratios) + " |")
+        out.append(f"| {NAMES.get(label, label)} | " +
+                   " | ".join(f"{hits[(label, r)]}/5" if (label, r) in hits else "-" for r in ratios) + " |")
     out.append("")
+    return "\n".join(out)
+
+
+SPLIT_NAMES = {"dev": "Dev templates", "heldout": "Held-out templates"}
+DEFAULT_LABELS = ("flashcache-default", "default")
+
+
+def _row_order(header: Dict, records: List[Dict]) -> List[str]:
+    """The header's row order, then ORDER, then any other label as it first appears."""
+    labels = [row["label"] for row in header.get("rows", [])] + ORDER + [r["label"] for r in records]
+    present = {r["label"] for r in records if r["label"] != "full"}
+    out: List[str] = []
+    for label in labels:
+        if label in present and label not in out:
+            out.append(label)
+    return out
+
+
+def _render_passkey_templates(header: Dict, records: List[Dict], heading: str) -> str:
+    info = header.get("passkey", {}).get("templates", {})
+    order = _row_order(header, records)
+    policy = {r["label"]: r.get("policy") for r in records}
+    ratios = sorted({r["keep_ratio"] for r in records if r["label"] != "full"})
+    n_answer = header.get("passkey_answer_tokens", 8)
+    out = [heading, "",
+           f"`{header.get('how', 'long_eval.py passkey')}`, {header.get('when', '?')}, git "
+           f"`{(header.get('git') or '?')[:10]}`; {header.get('seconds', 0) / 60:.0f} minutes. Templates and "
+           "their dev / held-out split: `bench/quality/passkey_split.json` (fixed before any compressed run). "
+           "Each template has 5 trials, the asked key at depths 0.1-0.9; a hit is the asked key in the "
+           f"next {n_answer} greedy tokens. Per template the rows run at the longest length where the full cache "
+           "finds at least 4 of 5 keys; a template with no such length is skipped for every row. "
+           "`needle` = mean share of the asked needle's tokens kept in the compressed cache "
+           "(over trials, layers and KV heads, then over templates).", ""]
+    for split in ("dev", "heldout"):
+        recs = [r for r in records if r.get("split") == split]
+        if not recs:
+            continue
+        templates = [t for t in header.get("passkey_templates", []) if any(r["template"] == t for r in recs)]
+        templates += sorted({r["template"] for r in recs} - set(templates))
+        hits: Dict[Tuple[str, float], int] = {}
+        trials: Dict[Tuple[str, float], int] = {}
+        per_t: Dict[Tuple[str, str, float], Tuple[int, int]] = {}
+        share: Dict[Tuple[str, float], List[float]] = {}
+        for r in recs:
+            key = (r["label"], r["keep_ratio"])
+            if r["metric"] == "passkey_hits":
+                n = int(r.get("trials", 5))
+                hits[key] = hits.get(key, 0) + int(r["value"])
+                trials[key] = trials.get(key, 0) + n
+                per_t[(r["template"],) + key] = (int(r["value"]), n)
+            elif r["metric"] == "needle_kept_share":
+                share.setdefault(key, []).append(r["value"])
+        name = SPLIT_NAMES.get(split, split)
+        full = [(hits.get(("full", 1.0), 0), trials.get(("full", 1.0), 0))]
+        out += [f"### {name}: hits over {len(templates)} template{'s' if len(templates) != 1 else ''}", "",
+                f"Full cache at the same lengths: {full[0][0]}/{full[0][1]}.", "",
+                "| row | " + " | ".join(f"hits {r:g}" for r in ratios) + " | " +
+                " | ".join(f"needle {r:g}" for r in ratios) + " |",
+                "|---|" + "---|" * (2 * len(ratios))]
+        for label in order:
+            if not any((label, r) in trials or (label, r) in share for r in ratios):
+                continue
+            cells = [f"{hits[(label, r)]}/{trials[(label, r)]}" if (label, r) in trials else "-" for r in ratios]
+            cells += [f"{statistics.mean(share[(label, r)]):.3f}" if share.get((label, r)) else "-" for r in ratios]
+            out.append(f"| {NAMES.get(label, label)} | " + " | ".join(cells) + " |")
+        out.append("")
+        # Per template: the default row and the baselines, hits at each ratio.
+        shown = [l for l in order if l in DEFAULT_LABELS] + [l for l in order if policy.get(l) not in
+                                                              ("flashcache", "full", None)]
+        ratio_txt = " / ".join(f"{r:g}" for r in ratios)
+        out += [f"Per template (hits out of 5 at keep {ratio_txt}):", "",
+                "| template | kind | length | full | " + " | ".join(NAMES.get(l, l) for l in shown) + " |",
+                "|---|---|---|---|" + "---|" * len(shown)]
+        for t in templates:
+            entry = info.get(t, {})
+            toks = entry.get("prompt_tokens", {}).get(str(entry.get("length")), [])
+            length = f"~{entry.get('length')}" + (f" ({min(toks)}-{max(toks)})" if toks and min(toks) != max(toks)
+                                                 else f" ({toks[0]})" if toks else "")
+            f_hits = per_t.get((t, "full", 1.0))
+            cells = [" / ".join(str(per_t[(t, l, r)][0]) if (t, l, r) in per_t else "-" for r in ratios)
+                     for l in shown]
+            out.append(f"| {t} | {entry.get('kind', '?')} | {length} | "
+                       f"{f'{f_hits[0]}/{f_hits[1]}' if f_hits else '-'} | " + " | ".join(cells) + " |")
+        out.append("")
+        skipped = [(t, e) for t, e in info.items() if e.get("split") == split and e.get("skipped")]
+        if skipped:
+            out += ["Skipped (the full cache finds fewer than 4 of 5 keys at every length tried): " +
+                    "; ".join(f"{t} ({e.get('kind', '?')}, full cache " +
+                              ", ".join(f"{h}/5 at ~{n}" for n, h in e.get("full_cache_hits", {}).items()) + ")"
+                              for t, e in skipped) + ".", ""]
+        ran = {t: info[t]["length"] for t in templates if info.get(t, {}).get("length")}
+        if ran:
+            text = (f"all {len(ran)} at ~{next(iter(ran.values()))} tokens" if len(set(ran.values())) == 1
+                    else ", ".join(f"{t} ~{n}" for t, n in ran.items()))
+            out += [f"Lengths the templates ran at (target prompt tokens): {text}.", ""]
     return "\n".join(out)
 
 
