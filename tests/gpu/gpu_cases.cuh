@@ -297,12 +297,58 @@ TYPED_TEST_P(GpuPipeline, GridSpanPastAShortSequenceIsReported) {
   EXPECT_NE(s.message().find("reaches past the 50 tokens of sequence 1"), std::string::npos) << s.message();
 }
 
+// The Base KV chosen by energy (Options::base peak, mixed) on the global
+// transform, against the CPU (choose_base_frequencies, its scorer, the whole
+// pipeline): one ragged batch of odd lengths (a single token, an empty
+// sequence, 1000 tokens: more frequencies than the choose kernel's threads),
+// two layers with dynamic allocation, the generic head dim 5 and 64, gamma 0.1
+// to 0.3, a sink and a mask. Spectral data (Case::spectral): a clear choice.
+TYPED_TEST_P(GpuPipeline, GlobalPeakAndMixedBasesMatchTheCpu) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  int variant = 0;
+  for (Base kind : {Base::peak, Base::mixed})
+    for (std::int64_t d : {5, 64})
+      for (double gamma : {0.1, 0.2, 0.3}) {
+        Case c;
+        c.name = std::string("global ") + to_string(kind) + " head_dim " + std::to_string(d) + " gamma " +
+                 std::to_string(gamma);
+        c.layers = 2;
+        c.heads = 2;
+        c.head_dim = d;
+        c.lengths = {37, 0, 101, 250, 1, 1000};
+        c.nhd = variant % 2 == 0;
+        c.opt = global_transform();
+        c.opt.base = kind;
+        c.opt.gamma = gamma;
+        c.opt.sink = 1;
+        c.mask_every = 29;
+        c.spectral = true;
+        c.budget = Budget::ratio(0.3);
+        c.seed = 600 + static_cast<std::uint64_t>(variant++);
+        run_and_check<TypeParam>(c);
+      }
+}
+
+// Transform::blocked keeps the low-pass base only on the GPU: refused by name, before any launch.
+TYPED_TEST_P(GpuPipeline, BlockedRefusesAChosenBaseByName) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  Case c;
+  c.lengths = {100};
+  c.opt = blocked(64);
+  c.opt.base = Base::peak;
+  c.gather = false;
+  const Status s = run_expecting_device_failure<TypeParam>(c);
+  EXPECT_EQ(s.code(), Errc::unsupported) << s.message();
+  EXPECT_NE(s.message().find("with Transform::blocked"), std::string::npos) << s.message();
+}
+
 REGISTER_TYPED_TEST_SUITE_P(GpuPipeline, BlockedScoresAwkwardLengthsBothLayouts,
                             BlockedEveryCompiledHeadDimAndTheGenericOne, GlobalScoresAwkwardLengths,
                             RaggedBatchWithProtectionNaNsAndDynamicAllocation, DefaultOptionsKeepTheRecentWindowShare,
                             PagedCachesCompactInPlace, BudgetsNoneAllAndCounts, BudgetBelowProtectedIsReported,
                             CountAboveAShortSequenceIsReported, BlockedScoresAreReproducible, CapturesInACudaGraph,
                             ImageSpansMatchTheCpu, ImageSpansOfAFullImage, BaseSampleMatchesTheCpu,
-                            GridSpanPastAShortSequenceIsReported);
+                            GridSpanPastAShortSequenceIsReported, GlobalPeakAndMixedBasesMatchTheCpu,
+                            BlockedRefusesAChosenBaseByName);
 
 }  // namespace flashcache::gpu_testing

@@ -101,6 +101,11 @@ struct Case {
   std::vector<BadRow> bad_rows;
   std::int64_t token_pad = 0;  // dense only: elements of padding after each token row (unaligned strides)
   bool all_zero = false;       // every K and V value 0: every score ties
+  // K and V of each (layer, sequence, head) built from DCT-II basis vectors of
+  // distinct strengths (spectral_rows below), plus a little noise and no
+  // outliers: a base chosen by energy (Options::base) then has a clear choice,
+  // so the GPU's float energies and the CPU's double ones cannot part at a near tie.
+  bool spectral = false;
 };
 
 inline Options blocked(std::int64_t block) {
@@ -145,6 +150,42 @@ struct HostCache {
   }
 };
 
+// One head's K (or V) of n tokens for Case::spectral, [n][d]: every frequency
+// below the base's forced low ones (mixed: ceil(m / 2), lowpass: m) at strength
+// 1, and rest + 3 of the others (random ones) at strengths 1.5, 1.6, ... in a
+// random order, so that the m-th and the (m+1)-th strongest differ by more
+// than 1% of their energy, far above float rounding; each head-dim column
+// scales the whole spectrum by its own weight (the order over frequencies is
+// the same in every column), plus noise of 0.05. Frequencies outside the
+// design carry only that noise and are never chosen.
+inline std::vector<double> spectral_rows(std::int64_t n, std::int64_t d, const Options& opt, std::mt19937_64& rng) {
+  std::vector<double> x(static_cast<std::size_t>(n * d), 0.0);
+  if (n == 0) return x;
+  const std::int64_t m = lowpass_cutoff(n, opt.gamma);
+  const std::int64_t low = std::min(fcc::kernels::base_low_count(opt.base, m), n);
+  std::vector<std::int64_t> others(static_cast<std::size_t>(n - low));
+  std::iota(others.begin(), others.end(), low);
+  std::shuffle(others.begin(), others.end(), rng);
+  const std::int64_t designed = std::min<std::int64_t>(n - low, std::min(m, n) - low + 3);
+  std::vector<std::pair<std::int64_t, double>> strengths;  // (frequency, orthonormal coefficient)
+  for (std::int64_t f = 0; f < low; ++f) strengths.push_back({f, 1.0});
+  for (std::int64_t i = 0; i < designed; ++i) strengths.push_back({others[static_cast<std::size_t>(i)], 1.5 + 0.1 * static_cast<double>(i)});
+  std::uniform_real_distribution<double> weight(0.5, 1.5);
+  std::normal_distribution<double> noise(0.0, 0.05);
+  const double pi = 3.14159265358979323846;
+  for (std::int64_t j = 0; j < d; ++j) {
+    const double w = weight(rng);
+    for (const auto& [f, a] : strengths) {
+      const double scale = w * a * std::sqrt((f == 0 ? 1.0 : 2.0) / static_cast<double>(n));
+      for (std::int64_t t = 0; t < n; ++t)
+        x[static_cast<std::size_t>(t * d + j)] +=
+            scale * std::cos(pi * static_cast<double>(f) * static_cast<double>(2 * t + 1) / static_cast<double>(2 * n));
+    }
+    for (std::int64_t t = 0; t < n; ++t) x[static_cast<std::size_t>(t * d + j)] += noise(rng);
+  }
+  return x;
+}
+
 template <class T>
 HostCache<T> make_cache(const Case& c) {
   HostCache<T> hc;
@@ -187,6 +228,16 @@ HostCache<T> make_cache(const Case& c) {
     std::vector<T> ks(static_cast<std::size_t>(storage), from_float<T>(0.0f)), vs = ks;
     for (int b = 0; b < B; ++b)
       for (std::int64_t h = 0; h < H; ++h) {
+        if (c.spectral) {
+          const std::vector<double> sk = spectral_rows(c.lengths[b], d, c.opt, rng);
+          const std::vector<double> sv = spectral_rows(c.lengths[b], d, c.opt, rng);
+          for (std::int64_t t = 0; t < c.lengths[b]; ++t)
+            for (std::int64_t j = 0; j < d; ++j) {
+              ks[hc.row(b, h, t) + j] = from_float<T>(static_cast<float>(sk[static_cast<std::size_t>(t * d + j)]));
+              vs[hc.row(b, h, t) + j] = from_float<T>(static_cast<float>(sv[static_cast<std::size_t>(t * d + j)]));
+            }
+          continue;
+        }
         const double pk = phase(rng), pv = phase(rng);
         for (std::int64_t t = 0; t < c.lengths[b]; ++t) {
           const double outlier = (t % 37 == 11) ? 2.0 : 0.0;
