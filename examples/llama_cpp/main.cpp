@@ -220,6 +220,15 @@ int main(int argc, char** argv) {
     compressed = true;
     compress_ms = st.compress_ms;
   }
+  if (!compressed) {  // the full cache's cells and bytes, from its state
+    std::vector<std::uint8_t> blob(llama_state_seq_get_size(ctx, 0));
+    fc::llama::SeqState full;
+    if (llama_state_seq_get_data(ctx, blob.data(), blob.size(), 0) == blob.size() &&
+        fc::llama::parse_seq_state(blob.data(), blob.size(), &full).ok()) {
+      st.kv_bytes_before = st.kv_bytes_after = full.kv_bytes();
+      st.v_trans = full.v_trans;
+    }
+  }
   const std::int64_t bound = compressed ? st.cells_after : n_prompt;  // the size recompression returns to
   llama_memory_t mem = llama_get_memory(ctx);
 
@@ -297,7 +306,7 @@ int main(int argc, char** argv) {
                 used_after, llama_n_ctx(ctx), prefill_ms, compress_ms, recompressions, tok_s,
                 static_cast<unsigned long long>(st.kv_bytes_before), static_cast<unsigned long long>(st.kv_bytes_after),
                 a.keep_ratio, a.threads, json_string(a.cache_type).c_str(),
-                compressed ? (st.v_trans ? "true" : "false") : "null", generated.size());
+                st.v_trans ? "true" : "false", generated.size());
     if (nll_tokens > 0) std::printf(", \"nll\": %.6f, \"nll_tokens\": %d", nll, nll_tokens);
     std::printf(", \"text\": %s}\n", json_string(out_text).c_str());
   } else {
