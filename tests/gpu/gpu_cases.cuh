@@ -273,6 +273,7 @@ TYPED_TEST_P(GpuPipeline, BaseSampleMatchesTheCpu) {
     c.lengths = {120, 97, 300};
     c.opt = Options{};  // sink 4, half the budget to the recent window, grid_base_share 0.75
     c.opt.transform = transform;
+    if (transform == Transform::blocked) c.opt.base = Base::lowpass;  // the GPU's blocked kernel: low-pass only
     c.opt.block_size = 32;
     c.opt.base_share = spans ? 0.1 : 0.25;
     c.opt.allocation = Allocation::uniform;  // exact budgets: the sample's picks follow the budget

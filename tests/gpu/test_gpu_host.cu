@@ -60,6 +60,7 @@ Options blocked(std::int64_t block = 64) {
   Options o;
   o.transform = Transform::blocked;
   o.block_size = block;
+  o.base = flashcache::Base::lowpass;  // the GPU's blocked kernel takes the low-pass base only, whatever the default
   return o;
 }
 
