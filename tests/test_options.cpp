@@ -13,8 +13,9 @@ namespace {
 // over 64-token blocks.
 TEST(Options, DefaultsAreTheDevChoice) {
   const fc::Options o;
-  EXPECT_DOUBLE_EQ(o.gamma, 0.2);
-  EXPECT_EQ(o.transform, fc::Transform::blocked);
+  EXPECT_DOUBLE_EQ(o.gamma, 0.1);
+  EXPECT_EQ(o.base, fc::Base::peak);
+  EXPECT_EQ(o.transform, fc::Transform::global);
   EXPECT_EQ(o.block_size, 64);
   EXPECT_EQ(o.sink, 4);
   EXPECT_EQ(o.window, 0);

@@ -45,6 +45,7 @@ TEST_P(ScoreVsReference, DoubleAndFloatMatchNaive) {
   const std::int64_t heads = 3, dim = 5;
   const Layer l = random_layer(heads, n, dim, static_cast<std::uint64_t>(n * 31 + block));
   fc::Options opt;
+  opt.base = fc::Base::lowpass;  // the reference's base (test_base covers the others)
   opt.transform = transform;
   opt.block_size = block;
   const auto kv = fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
@@ -214,6 +215,7 @@ TEST(Score, NormalizedTermsAreDividedByTheirHeadMeans) {
   const std::int64_t heads = 2, n = 57, dim = 6;
   const Layer l = random_layer(heads, n, dim, 99);
   fc::Options opt;
+  opt.base = fc::Base::lowpass;  // the reference's base
   opt.normalize_terms = true;
   const auto kv = fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
              vv = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));

@@ -222,7 +222,7 @@ TEST(Select, RecentWindowSkipsImageSpans) {
     if (spans.size() > 1 && rng() % 2) std::swap(spans.front(), spans.back());
     const std::int64_t recent = static_cast<std::int64_t>(rng() % (n + 3));
     const std::vector<std::int64_t> want = text_window(n, recent, spans);
-    const std::int64_t start = fc::rules::recent_window_start(n, recent, fc::SpanList{&spans});
+    const std::int64_t start = fc::rules::recent_window_start(n, recent, fc::SpanList::of(spans));
     // The window is exactly the text tokens at or after `start`.
     std::vector<std::int64_t> got;
     for (std::int64_t t = n - 1; t >= start; --t) {

@@ -65,11 +65,12 @@ inline std::vector<float> energy_variant(const float* x, std::int64_t heads, std
   return out;
 }
 
-// Energy of one layer (K and V, [heads][tokens][head_dim]) per head, global DCT at `gamma`.
+// Energy of one layer (K and V, [heads][tokens][head_dim]) per head, global DCT, low-pass at `gamma`.
 inline std::vector<HeadEnergy> layer_energy(const float* k, const float* v, std::int64_t heads, std::int64_t tokens,
                                             std::int64_t d, double gamma) {
   Options opt;
   opt.gamma = gamma;
+  opt.base = Base::lowpass;  // the paper's observation is about the lowest frequencies
   opt.transform = Transform::global;
   Scorer<double> scorer;
   LayerScores scores;

@@ -63,12 +63,15 @@ KEEP_RATIOS = (0.05, 0.1, 0.2, 0.4)
 # The library's default options and the paper's exact algorithm, as select_configs reads
 # them (field names of flashcache::Options). DEFAULT must equal flashcache::Options{}:
 # long_eval checks it against `flashcache compress`'s summary.json (check_defaults).
-PAPER = {"gamma": 0.2, "transform": "global", "sink": 0, "window": 0, "window_share": 0.0,
+PAPER = {"gamma": 0.2, "base": "lowpass", "transform": "global", "sink": 0, "window": 0, "window_share": 0.0,
          "base_share": 0.0, "normalize_terms": False, "rope_theta": 0, "allocation": "dynamic"}
-DEFAULT = dict(PAPER, sink=4, window_share=0.5, transform="blocked", block_size=64)
-# The best dev configuration once the model's RoPE is known (Options::rope, which a
-# default cannot know): the default with de-rotated keys and gamma 0.1.
-ROPE = dict(DEFAULT, gamma=0.1, rope_theta=100000.0, rope_layout="half")
+# The base study's choice (bench/quality/study/RULE.md): the peak base, gamma 0.1, global.
+DEFAULT = dict(PAPER, gamma=0.1, base="peak", sink=4, window_share=0.5, transform="global", block_size=64)
+# The same with keys de-rotated with the model's RoPE base (Options::rope, which a default
+# cannot know).
+ROPE = dict(DEFAULT, rope_theta=100000.0, rope_layout="half")
+# The previous defaults (before the base study): low-pass base over 64-token blocks.
+LOWPASS = dict(PAPER, sink=4, window_share=0.5, transform="blocked", block_size=64)
 # The protected set every row shares (the default's): sink and recent window.
 PROTECTED_FIELDS = ("sink", "window", "window_share")
 
@@ -81,7 +84,10 @@ def table_rows() -> List[Tuple[str, str, Dict]]:
     """(label, policy, options) of the main table."""
     prot = protected(DEFAULT)
     rows = [("flashcache-default", "flashcache", dict(DEFAULT)),
+            # One keep-set per sequence, as llama.cpp's cells hold it (SharedKeepOptions{}).
+            ("flashcache-seq", "flashcache", dict(DEFAULT, keep_set="per_sequence", combine="mean_normalized")),
             ("flashcache-rope", "flashcache", dict(ROPE)),
+            ("flashcache-lowpass", "flashcache", dict(LOWPASS)),
             ("flashcache-paper", "flashcache", dict(PAPER))]
     for policy in ("streaming", "knorm", "keydiff", "random", "snapkv", "h2o"):
         rows.append((policy, policy, dict(prot, allocation="uniform")))
@@ -554,7 +560,7 @@ def check_defaults(cli: str) -> None:
             raise SystemExit(f"long_eval: {cli} failed: {run.stderr.strip()}")
         with open(os.path.join(work, "out", "summary.json"), encoding="utf-8") as f:
             got = json.load(f)["options"]
-    for field in ("gamma", "transform", "block", "sink", "window", "window_share", "base_share", "normalize_terms",
+    for field in ("gamma", "base", "transform", "block", "sink", "window", "window_share", "base_share", "normalize_terms",
                   "allocation"):
         want = DEFAULT["block_size" if field == "block" else field]
         if got[field] != want:

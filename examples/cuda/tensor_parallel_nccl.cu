@@ -64,6 +64,7 @@ int main() {
   const int heads = kHeads / ranks;
   flashcache::Options opt;
   opt.transform = flashcache::Transform::blocked;
+  opt.base = flashcache::Base::lowpass;  // the blocked kernel builds the low-pass base
   opt.block_size = 64;
   opt.sink = 4;
   const flashcache::Budget budget = flashcache::Budget::ratio(0.25);

@@ -71,12 +71,15 @@ inline std::int64_t window_tokens(const Options& opt, std::int64_t budget) {
   return rules::recent_window(opt.window, opt.window_share, budget);
 }
 
-// Image spans as rules::recent_window_start() reads them.
+// Image spans as rules::recent_window_start() reads them (host and device
+// callable, as that rule is).
 struct SpanList {
-  const std::vector<GridSpan>* spans;
-  int span_count() const { return static_cast<int>(spans->size()); }
-  std::int64_t span_first(int g) const { return (*spans)[static_cast<std::size_t>(g)].first; }
-  std::int64_t span_end(int g) const { return (*spans)[static_cast<std::size_t>(g)].end(); }
+  const GridSpan* spans = nullptr;
+  int count = 0;
+  static SpanList of(const std::vector<GridSpan>& v) { return {v.data(), static_cast<int>(v.size())}; }
+  FLASHCACHE_INLINE int span_count() const { return count; }
+  FLASHCACHE_INLINE std::int64_t span_first(int g) const { return spans[g].first; }
+  FLASHCACHE_INLINE std::int64_t span_end(int g) const { return spans[g].end(); }
 };
 
 // Evenly spaced tokens of the base sample for a layer budget.
@@ -98,7 +101,7 @@ inline std::int64_t keep_recent(std::int64_t n, std::int64_t window, std::int64_
 inline std::int64_t keep_recent(std::int64_t n, std::int64_t window, std::int64_t room,
                                 const std::vector<GridSpan>& spans, std::uint8_t* keep) {
   if (spans.empty()) return keep_recent(n, window, room, keep);
-  const std::int64_t start = rules::recent_window_start(n, window, SpanList{&spans});
+  const std::int64_t start = rules::recent_window_start(n, window, SpanList::of(spans));
   std::int64_t marked = 0;
   for (std::int64_t t = n - 1; t >= start && marked < room; --t) {
     bool in_span = false;

@@ -254,8 +254,9 @@ TEST_F(CliTest, KeepRatioAllocatesTheTotalAcrossLayers) {
   EXPECT_TRUE(o.summary["options"]["observation_window"].is_null());
   EXPECT_TRUE(o.summary["input"]["q"].is_null());
   EXPECT_EQ(o.summary["options"]["allocation"], "dynamic");
-  EXPECT_EQ(o.summary["options"]["gamma"], 0.2);
-  EXPECT_EQ(o.summary["options"]["transform"], "blocked");  // the library's defaults
+  EXPECT_EQ(o.summary["options"]["gamma"], 0.1);
+  EXPECT_EQ(o.summary["options"]["base"], "peak");
+  EXPECT_EQ(o.summary["options"]["transform"], "global");  // the library's defaults
   EXPECT_EQ(o.summary["options"]["sink"], 4);
   EXPECT_EQ(o.summary["options"]["window_share"], 0.5);
   EXPECT_EQ(o.summary["nonfinite"], 0);

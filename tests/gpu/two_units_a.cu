@@ -19,6 +19,7 @@ std::string run_without_workspace_a() {
   cache.capacity = 64;
   Options opt;
   opt.transform = Transform::blocked;
+  opt.base = Base::lowpass;  // the blocked kernel builds the low-pass base
   const Status s = gpu::compress_async(cache, Budget::ratio(0.5), opt, gpu::Outputs<float>{}, nullptr, 0, nullptr);
   return s.ok() ? std::string("ok") : s.message();
 }

@@ -19,7 +19,7 @@ using flashcache::Transform;
 namespace cli = flashcache::cli;
 
 void add_transform_options(CLI::App* cmd, cli::TransformArgs* t) {
-  cmd->add_option("--gamma", t->gamma, "Low-pass ratio in (0, 1]: the lowest ceil(gamma * N) frequencies form the base")
+  cmd->add_option("--gamma", t->gamma, "Base ratio in (0, 1]: ceil(gamma * N) frequencies form the base (which ones: --base)")
       ->capture_default_str();
   cmd->add_option("--transform", "DCT over the whole sequence (global) or over blocks of --block tokens (blocked)")
       ->check(CLI::IsMember({"global", "blocked"}))
