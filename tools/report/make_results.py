@@ -8,6 +8,7 @@ Each section comes from its own JSON, written by the run that measured it:
                                                             -> quality_study.py
   quality_grid.json  bench/quality/run_grid.sh              -> quality_grid.py
   engine.json   examples/engine (its benchmark)             -> engine.py
+  llama_cpp.json  examples/llama_cpp/bench.sh             -> llama_cpp.py
   static_sm90.json  bench/gpu/static_report.sh              -> static_gpu.py
 A missing JSON leaves its section out; numbers are never typed in by hand.
 """
@@ -44,6 +45,7 @@ def main():
                                    ("quality_long_study_base.json", "quality_study", "render_results"),
                                    ("quality_grid.json", "quality_grid", "render"),
                                    ("engine.json", "engine", "render"),
+                                   ("llama_cpp.json", "llama_cpp", "render"),
                                    ("static_sm90.json", "static_gpu", "render")):
         path = os.path.join(RESULTS, name)
         if os.path.exists(path) and os.path.exists(os.path.join(HERE, module + ".py")):

