@@ -382,6 +382,7 @@ struct Variant {
   fc::GridZone zone = fc::GridZone::rectangle;  // 2D only
   double share = 0;                             // base share (2D: grid_base_share, 1D: base_share)
   bool base = false;                            // a "+base" row
+  bool defaults = false;                        // Options{} as a user calls it (with or without the spans)
 
   std::string label() const { return family + (base ? "+base" : ""); }
   // Identity of the evaluation (what the scores and the selection depend on).
@@ -404,6 +405,8 @@ const std::vector<std::string>& row_labels() {
                                                   "flashcache-1d-blocked+base",
                                                   "flashcache-2d-global+base",
                                                   "flashcache-2d-tiles+base",
+                                                  "defaults",
+                                                  "defaults-grid",
                                                   "random",
                                                   "knorm",
                                                   "keydiff",
@@ -416,7 +419,12 @@ Variant make_variant(const std::string& label, fc::GridZone zone, double share) 
   Variant v;
   v.base = label.size() > 5 && label.compare(label.size() - 5, 5, "+base") == 0;
   v.family = v.base ? label.substr(0, label.size() - 5) : label;
-  if (v.family.rfind("flashcache-", 0) == 0) {
+  if (v.family == "defaults" || v.family == "defaults-grid") {
+    if (v.base) fail("row " + label + ": the defaults rows take no +base");
+    v.defaults = true;
+    v.grid2d = v.family == "defaults-grid";
+    v.transform = fc::Options{}.transform;
+  } else if (v.family.rfind("flashcache-", 0) == 0) {
     v.grid2d = v.family.find("-2d-") != std::string::npos;
     v.transform = v.family.find("global") != std::string::npos ? fc::Transform::global : fc::Transform::blocked;
     v.zone = v.grid2d ? zone : fc::GridZone::rectangle;
@@ -429,6 +437,11 @@ Variant make_variant(const std::string& label, fc::GridZone zone, double share) 
 }
 
 fc::Options variant_options(const Variant& v, const Entry& e) {
+  if (v.defaults) {  // what `flashcache compress --keep-ratio r [--grid ...]` selects, layer by layer
+    fc::Options o;
+    if (v.grid2d) o.grids = e.grids;
+    return o;
+  }
   fc::Options o = fc::Options::paper();
   o.gamma = kGamma;
   o.sink = 0;
@@ -451,7 +464,15 @@ fc::Options variant_options(const Variant& v, const Entry& e) {
 json variant_json(const Variant& v, const fc::Options& o, const fp::PolicyOptions& po, int seeds) {
   json j;
   j["policy"] = fp::to_string(v.policy);
-  if (v.policy == fp::Policy::flashcache) {
+  if (v.defaults) {
+    j["options"] = "flashcache::Options{} (the library's defaults)";
+    j["grids"] = v.grid2d ? "the entry's spans" : "none";
+    j["base"] = fc::to_string(o.base);
+    j["transform"] = fc::to_string(o.transform);
+    j["sink"] = o.sink;
+    j["window_share"] = o.window_share;
+    j["grid_base_share"] = o.grid_base_share;
+  } else if (v.policy == fp::Policy::flashcache) {
     j["scores"] = v.grid2d ? "2d" : "1d";
     j["transform"] = fc::to_string(v.transform);
     if (!v.grid2d && v.transform == fc::Transform::blocked) j["block_size"] = o.block_size;
@@ -725,7 +746,7 @@ int main(int argc, char** argv) {
         fail("--sweep needs flashcache-2d-global or flashcache-2d-tiles among --rows");
       for (const auto& l : labels) {
         const Variant base = make_variant(l, fc::GridZone::rectangle, 0);
-        if (base.policy != fp::Policy::flashcache) {
+        if (base.policy != fp::Policy::flashcache || base.defaults) {
           add(base);
           continue;
         }
@@ -906,7 +927,9 @@ int main(int argc, char** argv) {
     header["protocol"] =
         "all N tokens compressed; queries: all N tokens, non-causal, attending to the kept tokens only; every row "
         "keeps n = round(keep_ratio * N) tokens per KV head in every layer (uniform), the CLS tokens protected "
-        "(counted in n); sink 0, window 0, window_share 0 for every row; snapkv and h2o score with these same "
+        "(counted in n); sink 0, window 0, window_share 0 for every row but defaults and defaults-grid, which "
+        "select with flashcache::Options{} as a user calls it (their sink and recent window, counted in n; "
+        "defaults-grid with the entry's spans as --grid); snapkv and h2o score with these same "
         "queries (causal accumulation, as the library implements them), so they saw the evaluated queries, the "
         "other rows saw no queries";
     header["rows"] =
