@@ -44,6 +44,7 @@ def main():
                                    ("quality_long_passkey.json", "quality_long", "render_passkey"),
                                    ("quality_long_study_base.json", "quality_study", "render_results"),
                                    ("quality_grid.json", "quality_grid", "render"),
+                                   ("quality_grid_defaults.json", "quality_grid", "render_defaults"),
                                    ("engine.json", "engine", "render"),
                                    ("llama_cpp.json", "llama_cpp", "render"),
                                    ("static_sm90.json", "static_gpu", "render")):

@@ -135,14 +135,14 @@ def goals(records, ratios, split: str = "heldout") -> List[str]:
     return out
 
 
-def render(doc) -> str:
+def render(doc, title: str = "Image spans as 2D grids: ViT caches (issue #11)") -> str:
     doc = _load(doc)
     headers = doc.get("header", {})
     records = doc.get("records", [])
     sweep = doc.get("dev_sweep", {})
     choice = doc.get("choice", {})
     ratios = sorted({r["keep_ratio"] for r in records})
-    lines = ["## Image spans as 2D grids: ViT caches (issue #11)", "",
+    lines = [f"## {title}", "",
              "Regenerate with `bench/quality/run_grid.sh` (protocol: bench/quality/README.md, \"2D image grids\"). "
              "Relative attention-output error of all N queries (non-causal) against the full cache, per entry the "
              "mean over its 4 layers, then the mean (median) over entries; lower is better, best per column in "
@@ -291,3 +291,8 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def render_defaults(doc) -> str:
+    """The library's defaults as a user calls them (with and without --grid) on the same caches."""
+    return render(doc, "The library's defaults on ViT caches (with and without the image spans)")
