@@ -1,7 +1,7 @@
 #pragma once
 // Independent references for the tests: the textbook O(N^2) orthonormal DCT in
 // double precision and a direct per-token score, written from the definitions
-// in ALGORITHM.md without any of the library's transforms.
+// in docs/ALGORITHM.md without any of the library's transforms.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
