@@ -19,6 +19,8 @@ namespace flashcache::gpu::kernels {
 // Most layers one call handles: per-layer pointers travel as kernel parameters.
 inline constexpr int kMaxLayers = 128;
 
+__host__ __device__ constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
 // ---- elements -------------------------------------------------------------
 // half_t / bfloat16_t share the bit layout of __half / __nv_bfloat16; reading
 // the bits keeps device code free of the host types' constructors.
@@ -169,11 +171,14 @@ FLASHCACHE_INLINE GridTile grid_tile_at(const GridSpans& s, int q) {
   while (g + 1 < s.count && s.tile_start[g + 1] <= q) ++g;
   const int local = q - s.tile_start[g];
   const std::int32_t tile_rows = s.tile > 0 ? s.tile : s.rows[g], tile_cols = s.tile > 0 ? s.tile : s.cols[g];
-  const int across = static_cast<int>((s.cols[g] + tile_cols - 1) / tile_cols);
+  // In 64 bits, as grid_spans() counts the tiles: cols + tile - 1 passes 2^31
+  // for a span over 2^30 patches wide cut into tiles over 2^30.
+  const int across = static_cast<int>(ceil_div(s.cols[g], tile_cols));
   const int i = local / across, j = local % across;
   t.span = g;
-  t.r0 = i * tile_rows;
-  t.c0 = j * tile_cols;
+  // i * tile_rows < rows and j * tile_cols < cols for a tile of the span: int32.
+  t.r0 = static_cast<std::int32_t>(std::int64_t{i} * tile_rows);
+  t.c0 = static_cast<std::int32_t>(std::int64_t{j} * tile_cols);
   t.tr = static_cast<std::int32_t>(flashcache::rules::tile_extent(s.rows[g], tile_rows, i));
   t.tc = static_cast<std::int32_t>(flashcache::rules::tile_extent(s.cols[g], tile_cols, j));
   return t;
@@ -200,7 +205,5 @@ struct MaxOf {
 struct MinOf {
   __device__ int operator()(int a, int b) const { return a < b ? a : b; }
 };
-
-__host__ __device__ constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace flashcache::gpu::kernels

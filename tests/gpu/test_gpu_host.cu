@@ -419,6 +419,40 @@ TEST(GpuGrids, TilesCoverEverySpanTokenOnceAndTheWorkspaceHoldsThem) {
     }
 }
 
+// A span over 2^30 patches wide in tiles over 2^30: cols + tile - 1 (the tile
+// count's intermediate, about tiles x tile) passes 2^31. grid_tile_at must
+// cut it as the host's 64-bit tiling (grid_spans, grid_tile_count) does.
+TEST(GpuGrids, TileIndicesOfAVeryWideOrTallSpanAreTheHostsSixtyFourBitOnes) {
+  namespace kn = fcc::kernels;
+  const std::int64_t tile = (std::int64_t{1} << 30) + 1, along = 2147483638;  // rows x cols < 2^31
+  for (bool wide : {true, false}) {
+    SCOPED_TRACE(wide ? "one row" : "one column");
+    Options o = with_spans(blocked(), {{0, wide ? 1 : along, wide ? along : 1}});
+    o.grid_tile = tile;
+    const GridSpan& g = o.grids[0];
+    const kn::GridSpans spans = fcc::detail::grid_spans(o);
+    ASSERT_EQ(spans.tiles(), fcc::grid_tile_count(o));
+    ASSERT_EQ(spans.tiles(), 2);
+    const std::int64_t across = kn::ceil_div(g.cols, tile), down = kn::ceil_div(g.rows, tile);
+    EXPECT_GT(std::max(across, down) * tile, std::int64_t{2147483647});
+    std::int64_t covered = 0;
+    for (int q = 0; q < spans.tiles(); ++q) {
+      const kn::GridTile t = kn::grid_tile_at(spans, q);
+      const std::int64_t i = q / across, j = q % across;  // the host's tiling, 64-bit
+      EXPECT_EQ(t.span, 0);
+      EXPECT_EQ(t.r0, i * tile) << "tile " << q;
+      EXPECT_EQ(t.c0, j * tile) << "tile " << q;
+      EXPECT_EQ(t.tr, flashcache::rules::tile_extent(g.rows, tile, i)) << "tile " << q;
+      EXPECT_EQ(t.tc, flashcache::rules::tile_extent(g.cols, tile, j)) << "tile " << q;
+      covered += std::int64_t{t.tr} * t.tc;
+      EXPECT_EQ(t.token(spans, 0), (i * tile) * g.cols + j * tile) << "tile " << q;
+    }
+    EXPECT_EQ(covered, g.tokens());
+    const kn::GridTile last = kn::grid_tile_at(spans, spans.tiles() - 1);
+    EXPECT_EQ(last.token(spans, last.tr * last.tc - 1), g.end() - 1);
+  }
+}
+
 // The 2D pass's arithmetic run on the host, item by item as score_grid_kernel's
 // threads run it (GridTileMath), for one head of dense [n][d] K and V, against
 // the CPU scorer's scores of the span tokens. `width` 0: the launch's own.
