@@ -4,7 +4,8 @@
 //
 // Same rules as the CPU front door (flashcache.hpp):
 //   - one layer, or Allocation::uniform: every layer resolves the budget on
-//     its own (round(ratio * N) or the count, which must not exceed N);
+//     its own (round(ratio * N) or the count, which must not exceed N); one
+//     layer with Allocation::dynamic still has its floor (lone_layer_floor_missed);
 //   - several layers with Allocation::dynamic: the model-wide total
 //     (round(ratio * L N) or L x count) is split by allocate_budgets(), the
 //     same host/device arithmetic the CPU uses, with floors
@@ -40,6 +41,18 @@ struct AllocateParams {
 
 inline constexpr int kAllocateThreads = 256;
 
+// A layer that resolves its budget `want` on its own, with Allocation::dynamic
+// (one layer): the floor it falls below, else 0. The CPU's BudgetPlanner refuses
+// a total below rules::layer_floor (check_allocation); here the min_layer_ratio
+// share decides (the protected count is select's to report, naming the
+// protected tokens) and the floor returned for the message is the CPU's.
+// Allocation::uniform has no floor: always 0.
+FLASHCACHE_INLINE long long lone_layer_floor_missed(bool dynamic, long long want, long long protected_max,
+                                                    double min_layer_ratio, long long n) {
+  if (!dynamic || want >= flashcache::rules::layer_floor(0, min_layer_ratio, n)) return 0;
+  return flashcache::rules::layer_floor(protected_max, min_layer_ratio, n);
+}
+
 // A template (never instantiated with another argument) so that the kernel has
 // vague linkage: any number of translation units may include this header.
 template <int kOneDefinition = 0>
@@ -55,6 +68,13 @@ __global__ void __launch_bounds__(kAllocateThreads) allocate_kernel(AllocatePara
       want = n;
     }
     if (!(p.dynamic && L > 1)) {
+      if (L == 1) {
+        const long long floor = lone_layer_floor_missed(p.dynamic, want, p.protected_max[b], p.min_layer_ratio, n);
+        if (floor > 0) {
+          raise(p.status, DeviceErrc::total_below_floors, b, want, floor);
+          want = 0;  // later stages stop anyway
+        }
+      }
       for (int l = 0; l < L; ++l) p.budget[std::int64_t{l} * B + b] = static_cast<std::int32_t>(want);
       continue;
     }
