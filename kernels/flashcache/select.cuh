@@ -15,7 +15,8 @@
 // order decides each token (key above the threshold, or equal to it and among
 // the first `take_equal` such tokens) and writes it at its prefix-sum position.
 // The window and the base sample enter the radix select as keys above every
-// finite score (the window's newest first, then the sample), so its top takes
+// finite score (the window's newest first, only its newest `rest` free tokens
+// when it holds more, see window_pick; then the sample), so its top takes
 // them before any outlier, as the CPU does. The sample's picks depend on ranks
 // among the free tokens, so base_sample_kernel (below) marks them first, in
 // token order, one byte per token in the workspace.
@@ -36,6 +37,31 @@ using flashcache::rules::GridSampleShape;
 // stay below 0xFF800000): the recent window's, newest highest, then the sample's.
 inline constexpr std::uint32_t kBaseSampleKey = 0xFF800000u;
 inline constexpr long long kMaxWindowAge = 0x7FFFFE;  // window keys stay above kBaseSampleKey
+
+// ---- the recent window: select.hpp's keep_recent, host and device ----------------------
+// The window is the run of text tokens from rules::recent_window_start() to the
+// end; keep_recent takes its newest free (not forced) tokens, at most the room
+// left after the forced ones. 2^23 keys cannot order a window of up to 2^31
+// tokens, so select_kernel first finds where the picks start: with `skip` =
+// window_free - room > 0, at the free window token of rank `skip` in token
+// order (the oldest `skip` stay out); else at the window's start. Only the picks
+// get window keys (newest highest, the oldest ones tied, all taken either way).
+
+// Whether token t is one of the window's picks, which start at `picks_from`.
+FLASHCACHE_INLINE bool window_pick(std::int64_t t, std::int64_t picks_from, const GridSpans& grids) {
+  return t >= picks_from && !grids.contains(t);
+}
+
+// The key of a window pick at `age` = n - 1 - t: above kBaseSampleKey, newest highest.
+FLASHCACHE_INLINE std::uint32_t window_key(std::int64_t age) {
+  return 0xFFFFFFFFu - static_cast<std::uint32_t>(age < kMaxWindowAge ? age : kMaxWindowAge);
+}
+
+// Whether a token, free in the window (`free_in_window`) with `rank` free window
+// tokens before it, is where the picks start when the room leaves out the oldest `skip`.
+FLASHCACHE_INLINE bool window_picks_start(bool free_in_window, long long rank, long long skip) {
+  return free_in_window && rank == skip;
+}
 
 struct SelectParams {
   int sequences = 0;
@@ -66,6 +92,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int hist[256];
   __shared__ int chosen_bin, still_needed, forced_total;
+  __shared__ long long picks_start;
   const int tid = static_cast<int>(threadIdx.x);
   if (stop_requested(p.status)) return;
 
@@ -81,19 +108,18 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
     return flashcache::rules::always_kept_score(score[t]) || p.protect(t, n, packed + t);
   };
   // The recent window that scales with the budget (select.hpp's keep_recent):
-  // its tokens outrank every finite score, the newest first, so the top of the
-  // radix select takes them before any outlier, as the CPU does. The keys sit in
-  // the +inf/NaN band of ordered_key, which forced tokens never enter.
+  // its picks (all its free tokens, or the newest `rest` of them when it has
+  // more: window_pick from picks_from) outrank every finite score, so the top of
+  // the radix select takes them before any outlier, as the CPU does. The keys sit
+  // in the +inf/NaN band of ordered_key, which forced tokens never enter.
   // It holds the newest text tokens: image spans' tokens are never part of it.
   const std::int64_t recent = flashcache::rules::recent_window(p.protect.window, p.window_share, budget);
   const std::int64_t window_start = flashcache::rules::recent_window_start(n, recent, p.grids);
   std::uint8_t* mark =
       p.base_mark != nullptr ? p.base_mark + (std::int64_t{layer} * heads + head) * p.capacity + packed : nullptr;
+  std::int64_t picks_from = window_start;  // set below when the room is short of the window
   auto key_of = [&](std::int64_t t) -> std::uint32_t {
-    if (t >= window_start && !p.grids.contains(t)) {
-      const std::int64_t age = n - 1 - t;
-      return 0xFFFFFFFFu - static_cast<std::uint32_t>(age < kMaxWindowAge ? age : kMaxWindowAge);
-    }
+    if (window_pick(t, picks_from, p.grids)) return window_key(n - 1 - t);
     if (mark != nullptr && mark[t]) return kBaseSampleKey;
     return ordered_key(score[t]);
   };
@@ -120,6 +146,29 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
   std::uint32_t prefix = 0, prefix_mask = 0;
   int need = static_cast<int>(rest);
   if (mode == kThreshold) {
+    // The window's picks: its newest `rest` free tokens when it has more (keep_recent).
+    auto free_in_window = [&](std::int64_t t) { return t < n && window_pick(t, window_start, p.grids) && !forced(t); };
+    int mine_free = 0;
+    for (std::int64_t t = window_start + tid; t < n; t += kSelectThreads) mine_free += free_in_window(t) ? 1 : 0;
+    int before = 0, window_free = 0;
+    Scan(scan_storage).ExclusiveSum(mine_free, before, window_free);
+    if (tid == 0) picks_start = n;
+    __syncthreads();
+    const long long skip = static_cast<long long>(window_free) - rest;
+    if (skip > 0) {
+      long long carry = 0;
+      for (std::int64_t base = window_start; base < n && carry <= skip; base += kSelectThreads) {  // uniform
+        const std::int64_t t = base + tid;
+        const bool e = free_in_window(t);
+        int rank = 0, chunk = 0;
+        Scan(scan_storage).ExclusiveSum(e ? 1 : 0, rank, chunk);
+        __syncthreads();
+        if (window_picks_start(e, carry + rank, skip)) picks_start = t;
+        carry += chunk;
+      }
+      __syncthreads();
+      picks_from = picks_start;
+    }
     for (int shift = 24; shift >= 0; shift -= 8) {
       hist[tid] = 0;
       __syncthreads();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -782,6 +783,92 @@ TEST(GpuBaseSample, KeysOrderTheWindowThenTheSampleAboveEveryScore) {
   // ordered_key of the largest finite float: its bits with the sign bit set.
   EXPECT_GT(kn::kBaseSampleKey, 0x7F7FFFFFu | 0x80000000u);
   EXPECT_LT(kn::kBaseSampleKey, 0xFFFFFFFFu - static_cast<std::uint32_t>(kn::kMaxWindowAge));
+}
+
+// select_kernel's recent window replayed on the host with the kernel's own
+// helpers (window_picks_start, window_pick, window_key): where the picks start,
+// then the keys of the free tokens and the radix select's rule (the `room`
+// highest keys, ties to the lower index). Scores stand in below kBaseSampleKey.
+// `keys_only`: the picks start at the window's start (the keys alone decide).
+std::vector<std::uint8_t> window_as_the_kernel_does(const std::vector<std::uint8_t>& forced, std::int64_t window_start,
+                                                    long long room, const fcc::kernels::GridSpans& grids,
+                                                    bool keys_only = false) {
+  namespace kn = fcc::kernels;
+  const auto n = static_cast<std::int64_t>(forced.size());
+  auto free_in_window = [&](std::int64_t t) {
+    return kn::window_pick(t, window_start, grids) && !forced[static_cast<std::size_t>(t)];
+  };
+  long long window_free = 0;
+  for (std::int64_t t = window_start; t < n; ++t) window_free += free_in_window(t);
+  std::int64_t picks_from = window_start;
+  const long long skip = window_free - room;
+  if (skip > 0 && !keys_only) {
+    picks_from = n;
+    long long rank = 0;
+    for (std::int64_t t = window_start; t < n; ++t) {
+      const bool e = free_in_window(t);
+      if (kn::window_picks_start(e, rank, skip)) picks_from = t;
+      rank += e;
+    }
+  }
+  // Key in the high word, the complement of the token in the low: larger first is
+  // the higher key, ties to the lower token.
+  std::vector<std::uint64_t> order;
+  order.reserve(forced.size());
+  for (std::int64_t t = 0; t < n; ++t) {
+    if (forced[static_cast<std::size_t>(t)]) continue;
+    const std::uint32_t key = kn::window_pick(t, picks_from, grids)
+                                  ? kn::window_key(n - 1 - t)
+                                  : 0x80000000u + static_cast<std::uint32_t>((t * 2654435761ull) % 0x7F000000u);
+    order.push_back(std::uint64_t{key} << 32 | (0xFFFFFFFFu - static_cast<std::uint32_t>(t)));
+  }
+  std::vector<std::uint8_t> picked(forced.size(), 0);
+  const auto take = static_cast<std::ptrdiff_t>(std::min<long long>(room, static_cast<long long>(order.size())));
+  std::nth_element(order.begin(), order.begin() + take, order.end(), std::greater<>());
+  for (std::ptrdiff_t i = 0; i < take; ++i) {
+    const std::uint64_t item = order[static_cast<std::size_t>(i)];
+    if ((item >> 32) > kn::kBaseSampleKey) picked[0xFFFFFFFFu - (item & 0xFFFFFFFFu)] = 1;  // a window pick
+  }
+  return picked;
+}
+
+TEST(GpuSelect, AWindowLongerThanTheKeysTakesItsNewestTokensAsTheCpu) {
+  namespace kn = fcc::kernels;
+  // 9M window tokens: more than kMaxWindowAge, so keys alone tie the oldest.
+  const std::int64_t n = 9'100'300, recent = 9'000'000;
+  ASSERT_GT(recent, kn::kMaxWindowAge);
+  const std::vector<GridSpan> spans{{n - 70'000, 100, 300}};  // inside the window: never part of it
+  const kn::GridSpans grids = fcc::detail::grid_spans(with_spans(Options{}, spans));
+  std::vector<std::uint8_t> forced(static_cast<std::size_t>(n), 0);
+  for (std::int64_t t = 0; t < n; ++t) forced[static_cast<std::size_t>(t)] = t < 4 || t % 997 == 5 || t >= n - 16;
+  const std::int64_t window_start = flashcache::rules::recent_window_start(n, recent, grids);
+  ASSERT_GT(window_start, 0);
+  ASSERT_FALSE(forced[static_cast<std::size_t>(window_start)]);
+  long long window_free = 0;
+  for (std::int64_t t = window_start; t < n; ++t)
+    window_free += !grids.contains(t) && !forced[static_cast<std::size_t>(t)];
+  for (long long room : {1LL, 10LL, 5000LL, 8'500'000LL, window_free - 1, window_free, window_free + 7}) {
+    SCOPED_TRACE("room " + std::to_string(room));
+    std::vector<std::uint8_t> cpu = forced;
+    const std::int64_t marked = flashcache::keep_recent(n, recent, room, spans, cpu.data());
+    ASSERT_EQ(marked, std::min(room, window_free));
+    const std::vector<std::uint8_t> gpu = window_as_the_kernel_does(forced, window_start, room, grids);
+    std::int64_t mismatches = 0, first = -1, picks = 0;
+    for (std::int64_t t = 0; t < n; ++t) {
+      const bool want = cpu[static_cast<std::size_t>(t)] && !forced[static_cast<std::size_t>(t)];
+      const bool got = gpu[static_cast<std::size_t>(t)] != 0;
+      picks += got;
+      if (want != got && mismatches++ == 0) first = t;
+    }
+    EXPECT_EQ(mismatches, 0) << "first at token " << first;
+    EXPECT_EQ(picks, marked);
+  }
+  // The keys alone (the picks from the window's start) take the oldest of the tied ones.
+  const long long room = 8'500'000;
+  std::vector<std::uint8_t> cpu = forced;
+  flashcache::keep_recent(n, recent, room, spans, cpu.data());
+  const std::vector<std::uint8_t> keys_only = window_as_the_kernel_does(forced, window_start, room, grids, true);
+  EXPECT_TRUE(keys_only[static_cast<std::size_t>(window_start)] && !cpu[static_cast<std::size_t>(window_start)]);
 }
 
 // ---- a base chosen by energy (Options::base peak, mixed), global transform -------
