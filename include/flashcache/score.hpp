@@ -304,6 +304,28 @@ class Scorer {
     }
   }
 
+  // Loads head-dim columns [c0, c0 + kLanes) of head h into the panels xk_ and
+  // xv_ ([tokens][kLanes]; lanes past the head dim stay zero: they add nothing)
+  // and adds their squares to the tokens' totals.
+  template <class T>
+  void load_panel(KVView<const T> k, KVView<const T> v, std::int64_t h, std::int64_t c0) {
+    constexpr int W = kLanes;
+    const int lanes = static_cast<int>(std::min<std::int64_t>(W, k.head_dim - c0));
+    for (std::int64_t t = 0; t < k.tokens; ++t) {
+      const std::int64_t src = source_[static_cast<std::size_t>(t)];
+      Real* xk = xk_.data() + t * W;
+      Real* xv = xv_.data() + t * W;
+      for (int w = 0; w < W; ++w) {
+        xk[w] = w < lanes ? element(k, h, src, c0 + w) : Real(0);
+        xv[w] = w < lanes ? element(v, h, src, c0 + w) : Real(0);
+      }
+      for (int w = 0; w < W; ++w) {
+        total_k_[static_cast<std::size_t>(t)] += xk[w] * xk[w];
+        total_v_[static_cast<std::size_t>(t)] += xv[w] * xv[w];
+      }
+    }
+  }
+
   template <class T>
   void residuals_global(KVView<const T> k, KVView<const T> v, std::int64_t h, double gamma) {
     constexpr int W = kLanes;
@@ -311,20 +333,7 @@ class Scorer {
     Dct<Real, W>& dct = plan(n);
     for (Panel* p : {&xk_, &xv_}) p->resize(static_cast<std::size_t>(n * W));
     for (std::int64_t c0 = 0; c0 < d; c0 += W) {
-      const int lanes = static_cast<int>(std::min<std::int64_t>(W, d - c0));
-      for (std::int64_t t = 0; t < n; ++t) {
-        const std::int64_t src = source_[static_cast<std::size_t>(t)];
-        Real* xk = xk_.data() + t * W;
-        Real* xv = xv_.data() + t * W;
-        for (int w = 0; w < W; ++w) {  // lanes past the head dim stay zero: they add nothing
-          xk[w] = w < lanes ? element(k, h, src, c0 + w) : Real(0);
-          xv[w] = w < lanes ? element(v, h, src, c0 + w) : Real(0);
-        }
-        for (int w = 0; w < W; ++w) {
-          total_k_[static_cast<std::size_t>(t)] += xk[w] * xk[w];
-          total_v_[static_cast<std::size_t>(t)] += xv[w] * xv[w];
-        }
-      }
+      load_panel(k, v, h, c0);
       dct.lowpass_residual(xk_.data(), xv_.data(), m, residual_k_.data(), residual_v_.data());
     }
   }
@@ -345,19 +354,7 @@ class Scorer {
     energy_k_.assign(static_cast<std::size_t>(n), Real(0));
     energy_v_.assign(static_cast<std::size_t>(n), Real(0));
     for (std::int64_t p = 0; p < panels; ++p) {
-      const std::int64_t c0 = p * W;
-      const int lanes = static_cast<int>(std::min<std::int64_t>(W, d - c0));
-      for (std::int64_t t = 0; t < n; ++t) {
-        const std::int64_t src = source_[static_cast<std::size_t>(t)];
-        Real* xk = xk_.data() + t * W;
-        Real* xv = xv_.data() + t * W;
-        for (int w = 0; w < W; ++w) {  // lanes past the head dim stay zero: they add nothing
-          xk[w] = w < lanes ? element(k, h, src, c0 + w) : Real(0);
-          xv[w] = w < lanes ? element(v, h, src, c0 + w) : Real(0);
-          total_k_[static_cast<std::size_t>(t)] += xk[w] * xk[w];
-          total_v_[static_cast<std::size_t>(t)] += xv[w] * xv[w];
-        }
-      }
+      load_panel(k, v, h, p * W);
       Real* sk = spectrum_k_.data() + p * n * W;
       Real* sv = spectrum_v_.data() + p * n * W;
       dct.forward(xk_.data(), xv_.data(), sk, sv);
