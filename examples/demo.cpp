@@ -19,7 +19,7 @@ namespace fc = flashcache;
 
 int main(int argc, char** argv) try {
   const double keep_ratio = argc > 1 ? std::atof(argv[1]) : 0.2;
-  fc::Options opt;  // the paper's defaults: gamma 0.2, global transform, dynamic allocation
+  fc::Options opt;  // the library's defaults (README "Options and defaults")
   if (argc > 2) opt.transform = std::string(argv[2]) == "blocked" ? fc::Transform::blocked : fc::Transform::global;
   opt.window = 64;  // keep the text question at the end of the prompt
 
@@ -41,14 +41,14 @@ int main(int argc, char** argv) try {
       static_cast<long long>(shape.grid * shape.grid), static_cast<long long>(shape.grid),
       static_cast<long long>(shape.grid), static_cast<long long>(shape.text_tokens),
       static_cast<long long>(shape.outliers_per_head));
-  std::printf("  keep ratio %.2f, gamma %.2f, %s transform, %s allocation\n\n", keep_ratio, opt.gamma,
-              fc::to_string(opt.transform), fc::to_string(opt.allocation));
+  std::printf("  keep ratio %.2f, gamma %.2f, %s base, %s transform, %s allocation\n\n", keep_ratio, opt.gamma,
+              fc::to_string(opt.base), fc::to_string(opt.transform), fc::to_string(opt.allocation));
 
   const auto start = std::chrono::steady_clock::now();
   const auto model = fc::compress_model(k, v, fc::Budget::ratio(keep_ratio), opt);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
-  std::printf("layer  low-freq energy K  low-freq energy V   R_l    budget  outliers kept\n");
+  std::printf("layer     base energy K      base energy V   R_l    budget  outliers kept\n");
   std::int64_t found = 0, planted = 0;
   for (std::int64_t l = 0; l < shape.layers; ++l) {
     const auto& out = model.layers[l];
