@@ -124,6 +124,13 @@ Status check_model_inputs(const std::vector<KVView<T>>& k, std::size_t v_layers,
   return check_options(opt);
 }
 
+// The layer counts of a scored model must agree (masks: one per layer, or none).
+inline Status check_model_layers(std::size_t k, std::size_t v, std::size_t scored, std::size_t masks) {
+  if (k != v || k != scored || (masks != 0 && masks != k))
+    return make_error(Errc::invalid_shape, k, " K layers, ", v, " V layers, ", scored, " scored layers, ", masks,
+                      " masks");
+  return Status::success();
+}
 }  // namespace detail
 
 // Plan, select and gather for a whole model whose layers are scored already,
@@ -133,9 +140,7 @@ template <class T>
 Status compress_scored_model(const std::vector<KVView<const T>>& k, const std::vector<KVView<const T>>& v,
                              std::vector<LayerScores> scores, Budget budget, const Options& opt,
                              const std::vector<ProtectMask>& masks, CompressedModel<T>* model) {
-  if (k.size() != v.size() || k.size() != scores.size() || (!masks.empty() && masks.size() != k.size()))
-    return make_error(Errc::invalid_shape, k.size(), " K layers, ", v.size(), " V layers, ", scores.size(),
-                      " scored layers, ", masks.size(), " masks");
+  FLASHCACHE_RETURN_IF_ERROR(detail::check_model_layers(k.size(), v.size(), scores.size(), masks.size()));
   const int layers = static_cast<int>(k.size());
   std::vector<ProtectMask> mask(k.size());
   std::vector<LayerSummary> summary(k.size());
@@ -200,9 +205,7 @@ Status compress_model_shared(const std::vector<KVView<const T>>& k, const std::v
   if (shared.keep_set == KeepSet::per_head)
     return compress_scored_model<T>(k, v, std::move(scores), budget, opt, masks, model);
   FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
-  if (k.size() != v.size() || k.size() != scores.size() || (!masks.empty() && masks.size() != k.size()))
-    return make_error(Errc::invalid_shape, k.size(), " K layers, ", v.size(), " V layers, ", scores.size(),
-                      " scored layers, ", masks.size(), " masks");
+  FLASHCACHE_RETURN_IF_ERROR(detail::check_model_layers(k.size(), v.size(), scores.size(), masks.size()));
   const int layers = static_cast<int>(k.size());
   std::vector<ProtectMask> mask(k.size());
   std::vector<LayerSummary> summary(k.size());
