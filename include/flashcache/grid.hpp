@@ -37,6 +37,46 @@ enum class GridZone {
 
 inline const char* to_string(GridZone z) { return z == GridZone::rectangle ? "rectangle" : "triangle"; }
 
+// One tile of a span: patches [r0, r0 + tr) x [c0, c0 + tc) of its grid.
+struct SpanTile {
+  std::int64_t r0 = 0, c0 = 0, tr = 0, tc = 0;
+};
+
+// How the 2D pass cuts a rows x cols span into tiles: tile_rows x tile_cols
+// patches, the last row and column of tiles keeping what is left, numbered
+// row-major. The one definition the CPU scorer, the GPU workspace, launch and
+// kernels all read.
+struct SpanTiling {
+  std::int64_t rows = 1, cols = 1;
+  std::int64_t tile_rows = 1, tile_cols = 1;
+
+  // ceil(n / tile) without forming n + tile - 1 (a tile near INT64_MAX overflows it).
+  FLASHCACHE_INLINE std::int64_t down() const { return (rows - 1) / tile_rows + 1; }
+  FLASHCACHE_INLINE std::int64_t across() const { return (cols - 1) / tile_cols + 1; }
+  FLASHCACHE_INLINE std::int64_t count() const { return down() * across(); }
+  // Tile q, 0 <= q < count().
+  FLASHCACHE_INLINE SpanTile at(std::int64_t q) const {
+    const std::int64_t i = q / across(), j = q % across();
+    SpanTile t;
+    t.r0 = i * tile_rows;
+    t.c0 = j * tile_cols;
+    t.tr = rows - t.r0 < tile_rows ? rows - t.r0 : tile_rows;
+    t.tc = cols - t.c0 < tile_cols ? cols - t.c0 : tile_cols;
+    return t;
+  }
+};
+
+// A span of rows x cols patches (both >= 1) cut into tile x tile tiles, or
+// kept whole when tile <= 0.
+FLASHCACHE_INLINE SpanTiling span_tiling(std::int64_t rows, std::int64_t cols, std::int64_t tile) {
+  SpanTiling s;
+  s.rows = rows;
+  s.cols = cols;
+  s.tile_rows = tile > 0 ? tile : rows;
+  s.tile_cols = tile > 0 ? tile : cols;
+  return s;
+}
+
 namespace rules {
 
 // Frequencies per axis of a rectangle zone: max(1, ceil(sqrt(gamma) n)).
@@ -54,13 +94,6 @@ FLASHCACHE_INLINE bool in_grid_zone(GridZone zone, std::int64_t u, std::int64_t 
   if (zone == GridZone::rectangle) return u < grid_axis_cutoff(rows, gamma) && v < grid_axis_cutoff(cols, gamma);
   return static_cast<double>(u) / static_cast<double>(rows) + static_cast<double>(v) / static_cast<double>(cols) <
          sqrt(2.0 * gamma) - 1e-9;
-}
-
-// Edge length of tile `i` of an axis of n patches cut into tiles of `tile`:
-// the last tile keeps what is left.
-FLASHCACHE_INLINE std::int64_t tile_extent(std::int64_t n, std::int64_t tile, std::int64_t i) {
-  const std::int64_t left = n - i * tile;
-  return left < tile ? left : tile;
 }
 
 // The base sample's sub-grid of a span for `count` picks (1 <= count <= rows

@@ -151,6 +151,12 @@ FLASHCACHE_INLINE std::int64_t lowpass_cutoff(std::int64_t n, double gamma) {
   return m < 1 ? 1 : (m > n ? n : m);
 }
 
+// The tiles of span g's 2D pass under opt: grid_tile x grid_tile patches with
+// Transform::blocked, the whole span with Transform::global.
+inline SpanTiling span_tiling(const GridSpan& g, const Options& opt) {
+  return span_tiling(g.rows, g.cols, opt.transform == Transform::global ? 0 : opt.grid_tile);
+}
+
 inline Status check_options(const Options& o) {
   if (!(o.gamma > 0.0 && o.gamma <= 1.0))
     return make_error(Errc::invalid_option, "gamma ", o.gamma, " is outside (0, 1]");

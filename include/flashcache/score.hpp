@@ -202,12 +202,11 @@ class Scorer {
     else
       residuals_blocked(k, v, h, opt.gamma, opt.block_size, opt.base);
     for (const GridSpan& g : opt.grids) {
-      const bool whole = opt.transform == Transform::global;
-      const std::int64_t tile_rows = whole ? g.rows : opt.grid_tile, tile_cols = whole ? g.cols : opt.grid_tile;
-      for (std::int64_t i = 0; i * tile_rows < g.rows; ++i)
-        for (std::int64_t j = 0; j * tile_cols < g.cols; ++j)
-          residuals_tile(k, v, h, g, i * tile_rows, rules::tile_extent(g.rows, tile_rows, i), j * tile_cols,
-                         rules::tile_extent(g.cols, tile_cols, j), opt);
+      const SpanTiling tiling = span_tiling(g, opt);
+      for (std::int64_t q = 0; q < tiling.count(); ++q) {
+        const SpanTile t = tiling.at(q);
+        residuals_tile(k, v, h, g, t.r0, t.tr, t.c0, t.tc, opt);
+      }
     }
     // Energies of the finite tokens: E from the input, E_high from the residual.
     for (std::int64_t t = 0; t < k.tokens; ++t)

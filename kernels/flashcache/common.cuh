@@ -170,17 +170,15 @@ FLASHCACHE_INLINE GridTile grid_tile_at(const GridSpans& s, int q) {
   int g = 0;
   while (g + 1 < s.count && s.tile_start[g + 1] <= q) ++g;
   const int local = q - s.tile_start[g];
-  const std::int32_t tile_rows = s.tile > 0 ? s.tile : s.rows[g], tile_cols = s.tile > 0 ? s.tile : s.cols[g];
-  // In 64 bits, as grid_spans() counts the tiles: cols + tile - 1 passes 2^31
-  // for a span over 2^30 patches wide cut into tiles over 2^30.
-  const int across = static_cast<int>(ceil_div(s.cols[g], tile_cols));
-  const int i = local / across, j = local % across;
+  // The host's tiling, in its 64 bits (cols + tile - 1 passes 2^31 for a span
+  // over 2^30 patches wide cut into tiles over 2^30); each field of a tile
+  // lies inside its span, so int32 holds it.
+  const flashcache::SpanTile st = flashcache::span_tiling(s.rows[g], s.cols[g], s.tile).at(local);
   t.span = g;
-  // i * tile_rows < rows and j * tile_cols < cols for a tile of the span: int32.
-  t.r0 = static_cast<std::int32_t>(std::int64_t{i} * tile_rows);
-  t.c0 = static_cast<std::int32_t>(std::int64_t{j} * tile_cols);
-  t.tr = static_cast<std::int32_t>(flashcache::rules::tile_extent(s.rows[g], tile_rows, i));
-  t.tc = static_cast<std::int32_t>(flashcache::rules::tile_extent(s.cols[g], tile_cols, j));
+  t.r0 = static_cast<std::int32_t>(st.r0);
+  t.c0 = static_cast<std::int32_t>(st.c0);
+  t.tr = static_cast<std::int32_t>(st.tr);
+  t.tc = static_cast<std::int32_t>(st.tc);
   return t;
 }
 

@@ -147,9 +147,7 @@ inline kernels::GridSpans grid_spans(const Options& opt) {
     g.first[i] = static_cast<std::int32_t>(s.first);
     g.rows[i] = static_cast<std::int32_t>(s.rows);
     g.cols[i] = static_cast<std::int32_t>(s.cols);
-    const std::int64_t tile_rows = whole ? s.rows : tile, tile_cols = whole ? s.cols : tile;
-    const std::int64_t tiles = kernels::ceil_div(s.rows, tile_rows) * kernels::ceil_div(s.cols, tile_cols);
-    g.tile_start[i + 1] = static_cast<std::int32_t>(g.tile_start[i] + tiles);
+    g.tile_start[i + 1] = static_cast<std::int32_t>(g.tile_start[i] + span_tiling(s.rows, s.cols, tile).count());
   }
   return g;
 }
@@ -184,14 +182,11 @@ inline Status plan_grid_launch(std::int64_t head_dim, const Options& opt, std::i
   g.spans = grid_spans(opt);
   const bool whole = opt.transform == Transform::global;
   for (int i = 0; i < g.spans.count; ++i) {
-    const std::int64_t rows = g.spans.rows[i], cols = g.spans.cols[i];
-    const std::int64_t tile_rows = whole ? rows : g.spans.tile, tile_cols = whole ? cols : g.spans.tile;
-    const std::int64_t down = kernels::ceil_div(rows, tile_rows), across = kernels::ceil_div(cols, tile_cols);
-    // Full tiles and the edge tiles: every shape a tile of this span takes.
-    const std::int64_t row_extents[2] = {rules::tile_extent(rows, tile_rows, 0),
-                                         rules::tile_extent(rows, tile_rows, down - 1)};
-    const std::int64_t col_extents[2] = {rules::tile_extent(cols, tile_cols, 0),
-                                         rules::tile_extent(cols, tile_cols, across - 1)};
+    const SpanTiling tiling = span_tiling(g.spans.rows[i], g.spans.cols[i], g.spans.tile);
+    // The first and the last tile: between them every shape a tile of this span takes.
+    const SpanTile first = tiling.at(0), last = tiling.at(tiling.count() - 1);
+    const std::int64_t row_extents[2] = {first.tr, last.tr};
+    const std::int64_t col_extents[2] = {first.tc, last.tc};
     for (const std::int64_t tr : row_extents)
       for (const std::int64_t tc : col_extents) {
         std::int64_t u = 0, v = 0;
@@ -337,11 +332,6 @@ Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt
     if (static_cast<std::int64_t>(c.sequences) * grid_tile_count(opt) > std::int64_t{2147483647})
       return make_error(Errc::unsupported, c.sequences, " sequences x ", grid_tile_count(opt),
                         " grid tiles: more than 2^31 - 1 tiles in one call; use a larger grid_tile");
-    // The workspace is carved for grid_tile_count() tiles and the kernels launch
-    // grid_spans().tiles(): a disagreement would write outside the regions.
-    if (grid_tile_count(opt) != detail::grid_spans(opt).tiles())
-      return make_error(Errc::unsupported, "grid tiles: the workspace holds ", grid_tile_count(opt),
-                        ", the launch has ", detail::grid_spans(opt).tiles());
     detail::GridLaunch launch;
     FLASHCACHE_RETURN_IF_ERROR(detail::plan_grid_launch(c.head_dim, opt, detail::max_shared_bytes(), &launch));
   }

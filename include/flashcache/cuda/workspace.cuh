@@ -68,14 +68,9 @@ inline bool samples_base(const Options& opt) {
 // span with Transform::global; 0 without spans.
 inline std::int64_t grid_tile_count(const Options& opt) {
   std::int64_t tiles = 0;
-  for (const GridSpan& g : opt.grids) {
-    if (opt.transform == Transform::global) {
-      ++tiles;
-    } else if (opt.grid_tile >= 1 && g.rows >= 1 && g.cols >= 1) {
-      // ceil(n / tile) without forming n + tile - 1, which overflows for a tile near INT64_MAX.
-      tiles += ((g.rows - 1) / opt.grid_tile + 1) * ((g.cols - 1) / opt.grid_tile + 1);
-    }
-  }
+  for (const GridSpan& g : opt.grids)
+    if (g.rows >= 1 && g.cols >= 1 && (opt.transform == Transform::global || opt.grid_tile >= 1))
+      tiles += span_tiling(g, opt).count();
   return tiles;
 }
 
