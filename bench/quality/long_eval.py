@@ -49,11 +49,11 @@ from typing import Dict, List, Optional, Sequence, Tuple  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+import _paths  # noqa: E402,F401  (tools/ on sys.path: the smollm2 package)
+from smollm2 import KVCache, SmolLM2, log_softmax  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(REPO, "tools", "extract"))
-
-from extract_llm import KVCache, SmolLM2, log_softmax  # noqa: E402
 
 SPLIT_FILE = os.path.join(HERE, "long_split.json")
 MODEL = "SmolLM2-135M-Instruct (30 layers)"

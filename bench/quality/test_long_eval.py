@@ -2,7 +2,7 @@
 """Checks of the long-context harness (bench/quality/long_eval.py), not of its numbers:
 
 * the attention error against a direct double-precision loop, on odd sizes;
-* batched greedy decoding (greedy_many) against extract_llm's one-cache decoder;
+* batched greedy decoding (greedy_many) against smollm2's one-cache decoder;
 * a --tiny run end to end through select_configs and the CLI (one text, a 256-token prompt),
   of the table and of the passkey part (one template);
 * the passkey set (passkey_split.json, tokenizer only, no forward pass): every prompt holds
@@ -23,6 +23,8 @@ import json
 import os
 import sys
 import tempfile
+
+import _paths  # noqa: F401  (tools/ on sys.path: the smollm2 package)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SKIP = 77
@@ -59,7 +61,6 @@ def _skip_without_model():
     for module in ("numpy", "gguf", "regex"):
         if importlib.util.find_spec(module) is None:
             return None, f"{module} is not installed"
-    sys.path.insert(0, HERE)
     import long_eval
     try:
         long_eval.model()
@@ -115,7 +116,6 @@ def test_passkey_split_file():
 
 
 def test_passkey_hit_rule():
-    sys.path.insert(0, HERE)
     from long_eval import passkey_hit
     assert passkey_hit(" 58213.", ["58213"], 0, False)
     assert not passkey_hit(" 5821", ["58213"], 0, False)
@@ -151,7 +151,6 @@ def test_passkey_prompts():
 
 def test_kept_share():
     np = __import__("numpy")
-    sys.path.insert(0, HERE)
     from long_eval import kept_share
     keep = [np.array([[0, 1, 5], [2, 3, 4]]), np.array([[1, 2, 3], [0, 1, 2]])]
     # positions 1, 2: head shares 1/2, 1/2, 1, 1
@@ -194,7 +193,6 @@ def main(argv) -> int:
             print(f"SKIP: {module} is not installed")
             return SKIP
     import numpy as np
-    sys.path.insert(0, HERE)
     import long_eval
 
     rng = np.random.default_rng(3)
@@ -217,7 +215,7 @@ def main(argv) -> int:
     except Exception as e:  # the model package is missing
         print(f"SKIP: model unavailable ({e})")
         return SKIP
-    from extract_llm import greedy_decode
+    from smollm2 import greedy_decode
     ids = model.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 6)
     pre = model.forward(ids, all_logits=False)
     want, _ = greedy_decode(model, pre.cache, pre.logits[-1], 12, stop_at_eos=False)

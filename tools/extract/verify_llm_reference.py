@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check extract_llm.py's numpy forward pass and tokenizer against independent code.
+"""Check tools/smollm2's numpy forward pass and tokenizer against independent code.
 
 1. Logits vs llama.cpp. No current llama.cpp binding has a prebuilt wheel on PyPI
    (llama-cpp-python is source-only and needs a long compile), but ``ctransformers``
@@ -35,10 +35,9 @@ from typing import Dict, List
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import extract_llm  # noqa: E402
-from extract_llm import SmolLM2, find_gguf, greedy_generate, log_softmax  # noqa: E402
+import _paths  # noqa: F401  (tools/ on sys.path: the smollm2 package)
+import smollm2
+from smollm2 import SmolLM2, find_gguf, greedy_generate, log_softmax
 
 TEST_TEXT = ("The history of the bicycle begins in the early nineteenth century. "
              "Early designs had no pedals: riders pushed themselves along with their feet. "
@@ -192,7 +191,7 @@ TOKENIZER_SAMPLES = [
     "Hello   world!! It's 2024, isn't it?  12345 apples\n\n\tand   \u00e9t\u00e9 caf\u00e9 \u4e2d\u6587",
     "def f(x):\n    return x ** 2  # square\n",
     "<|im_start|>user\nWhat's 7 x 8?<|im_end|>\n<|im_start|>assistant\n",
-    extract_llm.__doc__,   # a longer real text with code, punctuation and newlines
+    smollm2.__doc__,   # a longer real text with code, punctuation and newlines
 ]
 
 

