@@ -1,11 +1,15 @@
-// quality_eval's measures on tiny inputs: the attention error against a direct
-// dense reference (masked score matrix, explicit compressed K' and V'), and the
+// The quality evaluations' measures on tiny inputs: the attention error, both
+// ways attention_error.hpp computes it (attention_error() for quality_eval,
+// LayerAttention's GEMMs for grid_eval), against a direct dense reference
+// (masked score matrix, explicit compressed K' and V') and each other; and the
 // energy controls.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "attention_error.hpp"
@@ -161,6 +165,59 @@ TEST(AttentionError, RefusesBadInput) {
   bad.q_heads = 3;
   bad.kv_heads = 2;
   EXPECT_THROW(fq::attention_error(t.q.data(), t.k.data(), t.v.data(), bad, nullptr, 0), std::invalid_argument);
+}
+
+// LayerAttention (grid_eval's form) on awkward sizes: 7 tokens, head dim 3, 6 query
+// heads over 2 KV heads; several kept sets of different budgets through one object
+// (its workspaces reused), each against the dense reference and attention_error().
+TEST(LayerAttention, MatchesTheDenseReferenceAndTheDirectForm) {
+  const Tiny t(6, 2, 7, 3, 7, false);
+  fq::LayerAttention att(t.q.data(), t.k.data(), t.v.data(), t.s);
+  const std::vector<std::pair<std::vector<std::int32_t>, std::int64_t>> sets = {
+      {{3, 0, 6, 2, 5, 1}, 3},           // 3 per head, any order
+      {{4, 6}, 1},                       // one token per head
+      {{0, 1, 2, 3, 4, 5, 6, 6, 5, 4, 3, 2, 1, 0}, 7},  // every token: exact
+      {{1, 2, 3, 5, 0, 4, 6, 2, 3, 1}, 5},
+      {{5, 2}, 1},  // a smaller budget after a larger one
+  };
+  for (const auto& [kept, budget] : sets) {
+    const double e = att.relative_error(kept, budget);
+    EXPECT_NEAR(e, reference_error(t.q, t.k, t.v, t.s, kept, budget), 1e-12) << "budget " << budget;
+    EXPECT_NEAR(e, t.error(kept, budget), 1e-12) << "budget " << budget;
+  }
+  EXPECT_NEAR(att.relative_error(sets[2].first, 7), 0.0, 1e-12);
+  // Nothing kept: a zero output, so the error is exactly 1 both ways.
+  EXPECT_NEAR(att.relative_error(std::vector<std::int32_t>{}, 0), 1.0, 1e-15);
+  EXPECT_NEAR(t.error({}, 0), 1.0, 1e-15);
+}
+
+// Rows whose kept keys all lie far below the row's best key (numerators under
+// 1e-250, exp(-900) here) are recomputed from the logits; the other rows go
+// through the GEMM. Both agree with the reference, which normalises over the kept keys.
+TEST(LayerAttention, RowsFarBelowTheirBestKeyFallBackToTheLogits) {
+  Tiny t(1, 1, 4, 1, 4, false);
+  t.s.scale = 1.0;
+  t.q = {30.0f, 30.0f, 0.1f, -0.1f};  // rows 0, 1: key 0's logit 900, the kept keys' at most 15
+  t.k = {30.0f, 0.0f, 0.5f, -0.2f};
+  t.v = {1.0f, -2.0f, 3.0f, 0.5f};
+  fq::LayerAttention att(t.q.data(), t.k.data(), t.v.data(), t.s);
+  const std::vector<std::int32_t> kept = {1, 2};
+  const double e = att.relative_error(kept, 2);
+  EXPECT_GT(e, 0.1);
+  EXPECT_NEAR(e, reference_error(t.q, t.k, t.v, t.s, kept, 2), 1e-12);
+  EXPECT_NEAR(e, t.error(kept, 2), 1e-12);
+}
+
+TEST(LayerAttention, RefusesOtherSetupsAndBadKeptSets) {
+  const Tiny causal(2, 1, 8, 4, 5, true);
+  EXPECT_THROW(fq::LayerAttention(causal.q.data(), causal.k.data(), causal.v.data(), causal.s), std::invalid_argument);
+  Tiny t(2, 2, 6, 3, 6, false);
+  fq::AttentionSetup part = t.s;
+  part.query_begin = 1;  // not every token a query
+  EXPECT_THROW(fq::LayerAttention(t.q.data(), t.k.data(), t.v.data(), part), std::invalid_argument);
+  fq::LayerAttention att(t.q.data(), t.k.data(), t.v.data(), t.s);
+  EXPECT_THROW(att.relative_error(std::vector<std::int32_t>{0, 6}, 1), std::invalid_argument);  // not a token
+  EXPECT_THROW(att.relative_error(std::vector<std::int32_t>(14, 0), 7), std::invalid_argument);  // budget > N
 }
 
 TEST(Energy, ConstantTokensSitBelowTheCutoffAndCenteringRemovesThem) {
