@@ -29,25 +29,25 @@
 // Output: --out (default bench/results/quality.json), {"header", "records"};
 // records of the other parts (end_to_end, written by
 // tools/extract/eval_end_to_end.py) already in that file are kept.
+//
+// The fixtures are read by cache_io.hpp, the results file written by
+// results_io.hpp.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "attention_error.hpp"
+#include "cache_io.hpp"
 #include "energy.hpp"
 #include "eval_util.hpp"
 #include "flashcache/flashcache.hpp"
 #include "flashcache/policies/baselines.hpp"
-#include "npy/npy.hpp"
+#include "results_io.hpp"
 
 #ifndef FLASHCACHE_SOURCE_DIR
 #error "FLASHCACHE_SOURCE_DIR must name the repository root"
@@ -64,49 +64,31 @@ using json = nlohmann::ordered_json;
 // ------------------------------------------------------------------ fixtures
 
 struct Fixture {
-  std::string name, dir;
-  json meta;
-  std::int64_t layers = 0, heads = 0, q_heads = 0, tokens = 0, head_dim = 0;
-  std::vector<float> k, v, q;  // [L][H][N][d], [L][Hq][N][d]
-  fq::AttentionSetup setup;    // per layer
-  std::string token_kind;      // "text" or "visual"
+  std::string name;
+  fq::Cache cache;           // k, v, q [L, H, N, d] and meta.json (cache_io.hpp)
+  fq::AttentionSetup setup;  // per layer
+  std::string token_kind;    // "text" or "visual"
   std::string protocol;
-
-  const float* layer(const std::vector<float>& x, std::int64_t h, std::int64_t l) const {
-    return x.data() + l * h * tokens * head_dim;
-  }
 };
 
 Fixture load_fixture(const std::string& root, const std::string& name) {
   Fixture f;
   f.name = name;
-  f.dir = (fs::path(root) / name).string();
-  std::ifstream in(fs::path(f.dir) / "meta.json");
-  if (!in) throw std::runtime_error(f.dir + "/meta.json: cannot open");
-  f.meta = json::parse(in);
-  std::vector<std::int64_t> ks, vs, qs;
-  f.k = fq::load_floats(f.dir + "/k.npy", &ks);
-  f.v = fq::load_floats(f.dir + "/v.npy", &vs);
-  f.q = fq::load_floats(f.dir + "/q.npy", &qs);
-  if (ks != vs || qs[0] != ks[0] || qs[2] != ks[2] || qs[3] != ks[3])
-    throw std::runtime_error(f.dir + ": k, v, q shapes disagree");
-  f.layers = ks[0];
-  f.heads = ks[1];
-  f.q_heads = qs[1];
-  f.tokens = ks[2];
-  f.head_dim = ks[3];
+  f.cache = fq::read_cache((fs::path(root) / name).string());
+  const fq::Cache& c = f.cache;
+  const json& meta = c.meta;
 
   fq::AttentionSetup& s = f.setup;
-  s.q_heads = f.q_heads;
-  s.kv_heads = f.heads;
-  s.tokens = f.tokens;
-  s.head_dim = f.head_dim;
-  s.causal = f.meta.value("causal", true);
-  s.scale = f.meta.value("softmax_scale", 1.0 / std::sqrt(static_cast<double>(f.head_dim)));
-  if (f.meta.contains("prompt_range") && f.meta.contains("continuation_range")) {
-    s.prompt = f.meta["prompt_range"][1].get<std::int64_t>();
-    s.query_begin = f.meta["continuation_range"][0].get<std::int64_t>();
-    s.query_end = f.meta["continuation_range"][1].get<std::int64_t>();
+  s.q_heads = c.q_heads;
+  s.kv_heads = c.heads;
+  s.tokens = c.tokens;
+  s.head_dim = c.head_dim;
+  s.causal = meta.value("causal", true);
+  s.scale = c.scale;
+  if (meta.contains("prompt_range") && meta.contains("continuation_range")) {
+    s.prompt = meta["prompt_range"][1].get<std::int64_t>();
+    s.query_begin = meta["continuation_range"][0].get<std::int64_t>();
+    s.query_end = meta["continuation_range"][1].get<std::int64_t>();
     f.token_kind = "text";
     f.protocol = "prompt tokens [0, " + std::to_string(s.prompt) +
                  ") compressed; held-out queries: continuation tokens [" + std::to_string(s.query_begin) + ", " +
@@ -114,12 +96,12 @@ Fixture load_fixture(const std::string& root, const std::string& name) {
                  "), causal, attending to the kept prompt tokens and the uncompressed continuation tokens before them; "
                  "snapkv/h2o scored with prompt queries only (no policy saw the evaluated queries)";
   } else {
-    if (s.causal) throw std::runtime_error(f.dir + ": a causal fixture needs prompt_range and continuation_range");
-    s.prompt = f.tokens;
+    if (s.causal) throw std::runtime_error(c.dir + ": a causal fixture needs prompt_range and continuation_range");
+    s.prompt = c.tokens;
     s.query_begin = 0;
-    s.query_end = f.tokens;
+    s.query_end = c.tokens;
     f.token_kind = "visual";
-    f.protocol = "all " + std::to_string(f.tokens) +
+    f.protocol = "all " + std::to_string(c.tokens) +
                  " tokens compressed; queries: all tokens, non-causal, attending to the kept tokens only; "
                  "snapkv/h2o scored with these same queries (their causal form, as the library implements "
                  "them), so on this model they saw the evaluation queries; the other policies saw no queries";
@@ -127,13 +109,19 @@ Fixture load_fixture(const std::string& root, const std::string& name) {
   return f;
 }
 
-// Views of the first `prompt` tokens of every layer.
-std::vector<fc::KVView<const float>> prompt_views(const Fixture& f, const std::vector<float>& x, std::int64_t heads) {
-  std::vector<fc::KVView<const float>> out;
-  const std::int64_t n = f.tokens, d = f.head_dim;
-  for (std::int64_t l = 0; l < f.layers; ++l)
-    out.emplace_back(f.layer(x, heads, l), heads, f.setup.prompt, d, n * d, d);
-  return out;
+// The fixture as the header lists it.
+json fixture_json(const Fixture& f, const std::string& src) {
+  const fq::Cache& c = f.cache;
+  json fx;
+  fx["name"] = f.name;
+  fx["path"] = fs::relative(fs::absolute(c.dir), src).string();
+  fx["model"] = c.meta.value("model", "");
+  fx["shape_k"] = {c.layers, c.heads, c.tokens, c.head_dim};
+  fx["q_heads"] = c.q_heads;
+  fx["model_layers"] = c.meta.value("layers", std::vector<int>{});
+  fx["tokens"] = f.token_kind;
+  fx["protocol"] = f.protocol;
+  return fx;
 }
 
 // ---------------------------------------------------------------- policy rows
@@ -179,7 +167,34 @@ json row_options(const Row& r, const fc::Options& o, const fp::PolicyOptions& po
   return j;
 }
 
-// ------------------------------------------------------------------- helpers
+// The labels of --rows (all when empty), in all_rows() order.
+std::vector<Row> choose_rows(const std::string& rows_text) {
+  std::vector<Row> rows;
+  for (const Row& r : all_rows())
+    if (rows_text.empty() || ("," + rows_text + ",").find("," + r.label + ",") != std::string::npos)
+      rows.push_back(r);
+  if (rows.empty()) throw std::runtime_error("--rows matches no row");
+  return rows;
+}
+
+// ------------------------------------------------------------------- output
+
+// What the run measures, after provenance(); the fixtures are added as they are read.
+json run_header(json header, int seeds) {
+  header["metric"] =
+      "attn_rel_err: per layer sqrt(sum ||A(q,K',V') - A(q,K,V)||^2 / sum ||A(q,K,V)||^2) over all query heads "
+      "and held-out queries (float64), then the mean over the fixture's layers (records with 'layer' hold the "
+      "per-layer values)";
+  header["budget"] =
+      "every row keeps n = round(keep_ratio * compressed tokens) per KV head and layer, n * L in all; "
+      "allocation dynamic re-splits n * L over the layers by R_l";
+  header["defaults"] =
+      "gamma 0.2, sink 0, window 0, block 64 (blocked), snapkv observation window 32 and pool 7, "
+      "random: mean over seeds 0.." +
+      std::to_string(seeds - 1) + "; nothing fitted";
+  header["fixtures"] = json::array();
+  return header;
+}
 
 json record(const std::string& part, const std::string& model, const std::string& policy, json options, json keep_ratio,
             const std::string& metric, double value, json layer = nullptr) {
@@ -199,11 +214,12 @@ json record(const std::string& part, const std::string& model, const std::string
 
 // Per-layer relative attention error of one compressed model.
 std::vector<double> layer_errors(const Fixture& f, const fc::CompressedModel<float>& m) {
+  const fq::Cache& c = f.cache;
   std::vector<double> out;
-  for (std::int64_t l = 0; l < f.layers; ++l) {
+  for (std::int64_t l = 0; l < c.layers; ++l) {
     const auto& layer = m.layers[static_cast<std::size_t>(l)];
-    const fq::ErrorSums s = fq::attention_error(f.layer(f.q, f.q_heads, l), f.layer(f.k, f.heads, l),
-                                                f.layer(f.v, f.heads, l), f.setup, layer.kept.data(), layer.budget);
+    const fq::ErrorSums s =
+        fq::attention_error(c.q_layer(l), c.k_layer(l), c.v_layer(l), f.setup, layer.kept.data(), layer.budget);
     out.push_back(s.relative());
   }
   return out;
@@ -211,12 +227,12 @@ std::vector<double> layer_errors(const Fixture& f, const fc::CompressedModel<flo
 
 void evaluate_attention(const Fixture& f, const std::vector<double>& ratios, const std::vector<Row>& rows, int seeds,
                         json* records) {
-  const auto kp = prompt_views(f, f.k, f.heads), vp = prompt_views(f, f.v, f.heads);
-  const auto qp = prompt_views(f, f.q, f.q_heads);  // prompt queries only: never the held-out ones
-  const std::vector<int> model_layers = f.meta.value("layers", std::vector<int>{});
+  const fq::Cache& c = f.cache;
+  const auto kp = c.k_views(f.setup.prompt), vp = c.v_views(f.setup.prompt);
+  const auto qp = c.q_views(f.setup.prompt);  // prompt queries only: never the held-out ones
   std::printf("\n%s: %lld layers x %lld KV heads (%lld query heads) x %lld tokens x %lld dims\n  %s\n", f.name.c_str(),
-              static_cast<long long>(f.layers), static_cast<long long>(f.heads), static_cast<long long>(f.q_heads),
-              static_cast<long long>(f.tokens), static_cast<long long>(f.head_dim), f.protocol.c_str());
+              static_cast<long long>(c.layers), static_cast<long long>(c.heads), static_cast<long long>(c.q_heads),
+              static_cast<long long>(c.tokens), static_cast<long long>(c.head_dim), f.protocol.c_str());
   std::printf("  %-28s", "attention rel. error");
   for (double r : ratios) std::printf(" %9.2f", r);
   std::printf("\n");
@@ -231,7 +247,7 @@ void evaluate_attention(const Fixture& f, const std::vector<double>& ratios, con
       opt.allocation = row.allocation;
       fp::PolicyOptions po;  // seed 0, observation window 32, pool 7
       const int runs = row.policy == fp::Policy::random ? seeds : 1;
-      std::vector<double> per_layer(static_cast<std::size_t>(f.layers), 0.0);
+      std::vector<double> per_layer(static_cast<std::size_t>(c.layers), 0.0);
       std::vector<double> overall;
       std::int64_t kept_total = 0;
       double first_kept = 0;  // share of (layer, KV head) pairs that kept token 0
@@ -243,7 +259,7 @@ void evaluate_attention(const Fixture& f, const std::vector<double>& ratios, con
         for (const auto& layer : model.layers)
           for (std::int64_t h = 0; h < layer.heads; ++h)
             first_kept +=
-                (layer.budget > 0 && layer.kept_head(h)[0] == 0) / static_cast<double>(runs * f.layers * layer.heads);
+                (layer.budget > 0 && layer.kept_head(h)[0] == 0) / static_cast<double>(runs * c.layers * layer.heads);
         const auto e = layer_errors(f, model);
         for (std::size_t l = 0; l < e.size(); ++l) per_layer[l] += e[l] / runs;
         overall.push_back(fq::mean_of(e));
@@ -262,7 +278,7 @@ void evaluate_attention(const Fixture& f, const std::vector<double>& ratios, con
       records->push_back(record("attention", f.name, policy, options, ratio, "first_token_kept_share", first_kept));
       for (std::size_t l = 0; l < per_layer.size(); ++l)
         records->push_back(record("attention", f.name, policy, options, ratio, "attn_rel_err", per_layer[l],
-                                  l < model_layers.size() ? model_layers[l] : static_cast<int>(l)));
+                                  c.model_layer(static_cast<std::int64_t>(l))));
       std::printf(" %9.4f", fq::mean_of(per_layer));
       std::fflush(stdout);
     }
@@ -271,8 +287,8 @@ void evaluate_attention(const Fixture& f, const std::vector<double>& ratios, con
 }
 
 void evaluate_energy(const Fixture& f, double gamma, json* records) {
-  const std::int64_t n = f.setup.prompt, d = f.head_dim;
-  const std::vector<int> model_layers = f.meta.value("layers", std::vector<int>{});
+  const fq::Cache& c = f.cache;
+  const std::int64_t n = f.setup.prompt, d = c.head_dim;
   std::printf("  energy below the cutoff (gamma %g, global DCT over %lld %s tokens): ", gamma,
               static_cast<long long>(n), f.token_kind.c_str());
   for (auto variant : {fq::EnergyVariant::raw, fq::EnergyVariant::centered, fq::EnergyVariant::shuffled,
@@ -289,19 +305,19 @@ void evaluate_energy(const Fixture& f, double gamma, json* records) {
     };
     fc::HeadEnergy all;
     std::int64_t k_over_90 = 0, heads_seen = 0;
-    for (std::int64_t l = 0; l < f.layers; ++l) {
+    for (std::int64_t l = 0; l < c.layers; ++l) {
       // This layer's compressed tokens, [H][n][d] contiguous.
       std::vector<float> kl, vl;
-      for (std::int64_t h = 0; h < f.heads; ++h) {
-        const float* kh = f.layer(f.k, f.heads, l) + h * f.tokens * d;
-        const float* vh = f.layer(f.v, f.heads, l) + h * f.tokens * d;
+      for (std::int64_t h = 0; h < c.heads; ++h) {
+        const float* kh = c.k_layer(l) + h * c.tokens * d;
+        const float* vh = c.v_layer(l) + h * c.tokens * d;
         kl.insert(kl.end(), kh, kh + n * d);
         vl.insert(vl.end(), vh, vh + n * d);
       }
-      const auto kx = fq::energy_variant(kl.data(), f.heads, n, d, variant);
-      const auto vx = fq::energy_variant(vl.data(), f.heads, n, d, variant);
+      const auto kx = fq::energy_variant(kl.data(), c.heads, n, d, variant);
+      const auto vx = fq::energy_variant(vl.data(), c.heads, n, d, variant);
       fc::HeadEnergy layer;
-      for (const auto& e : fq::layer_energy(kx.data(), vx.data(), f.heads, n, d, gamma)) {
+      for (const auto& e : fq::layer_energy(kx.data(), vx.data(), c.heads, n, d, gamma)) {
         layer.k_total += e.k_total;
         layer.k_high += e.k_high;
         layer.v_total += e.v_total;
@@ -313,8 +329,7 @@ void evaluate_energy(const Fixture& f, double gamma, json* records) {
       all.k_high += layer.k_high;
       all.v_total += layer.v_total;
       all.v_high += layer.v_high;
-      const int ml = static_cast<std::size_t>(l) < model_layers.size() ? model_layers[static_cast<std::size_t>(l)]
-                                                                       : static_cast<int>(l);
+      const int ml = c.model_layer(l);
       for (const char* t : {"K", "V"})
         records->push_back(record("energy", f.name, "none", energy_options(t), nullptr, "energy_below_cutoff",
                                   share_of(layer, t), ml));
@@ -352,79 +367,32 @@ int main(int argc, char** argv) {
   try {
     std::vector<double> ratios;
     for (const auto& r : fq::split_list(ratios_text)) ratios.push_back(std::stod(r));
-    std::vector<Row> rows;
-    for (const Row& r : all_rows())
-      if (rows_text.empty() || ("," + rows_text + ",").find("," + r.label + ",") != std::string::npos)
-        rows.push_back(r);
-    if (rows.empty()) throw std::runtime_error("--rows matches no row");
+    const std::vector<Row> rows = choose_rows(rows_text);
     if (seeds < 1) throw std::runtime_error("--random-seeds must be at least 1");
 
-    std::string command;
-    for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
     const std::string src = FLASHCACHE_SOURCE_DIR;
-    json header;
-    header["date"] = fq::utc_now();
-    header["command"] = command;
-    header["git_revision"] = fq::run_text("git -C '" + src + "' rev-parse HEAD 2>/dev/null");
-    header["git_dirty"] =
-        !fq::run_text("git -C '" + src + "' status --porcelain --untracked-files=no 2>/dev/null").empty();
-    header["library"] = FLASHCACHE_VERSION_STRING;
-    header["metric"] =
-        "attn_rel_err: per layer sqrt(sum ||A(q,K',V') - A(q,K,V)||^2 / sum ||A(q,K,V)||^2) over all query heads "
-        "and held-out queries (float64), then the mean over the fixture's layers (records with 'layer' hold the "
-        "per-layer values)";
-    header["budget"] =
-        "every row keeps n = round(keep_ratio * compressed tokens) per KV head and layer, n * L in all; "
-        "allocation dynamic re-splits n * L over the layers by R_l";
-    header["defaults"] =
-        "gamma 0.2, sink 0, window 0, block 64 (blocked), snapkv observation window 32 and pool 7, "
-        "random: mean over seeds 0.." +
-        std::to_string(seeds - 1) + "; nothing fitted";
-    header["fixtures"] = json::array();
+    json header = run_header(fq::provenance(argc, argv, src), seeds);
 
     json records = json::array();
     const auto t0 = std::chrono::steady_clock::now();
     for (const auto& name : fq::split_list(models)) {
       const Fixture f = load_fixture(fixtures, name);
-      json fx;
-      fx["name"] = f.name;
-      fx["path"] = fs::relative(fs::absolute(f.dir), src).string();
-      fx["model"] = f.meta.value("model", "");
-      fx["shape_k"] = {f.layers, f.heads, f.tokens, f.head_dim};
-      fx["q_heads"] = f.q_heads;
-      fx["model_layers"] = f.meta.value("layers", std::vector<int>{});
-      fx["tokens"] = f.token_kind;
-      fx["protocol"] = f.protocol;
-      header["fixtures"].push_back(fx);
+      header["fixtures"].push_back(fixture_json(f, src));
       evaluate_attention(f, ratios, rows, seeds, &records);
       evaluate_energy(f, fc::Options::paper().gamma, &records);
     }
     header["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-    // Keep the other parts of an existing file.
-    json doc;
-    if (std::ifstream old(out); old) {
-      try {
-        doc = json::parse(old);
-      } catch (const std::exception&) {
-        doc = json();
-      }
-    }
-    json merged = json::array();
-    if (doc.is_object() && doc.contains("records"))
-      for (const auto& r : doc["records"])
-        if (r.value("part", "") != "attention" && r.value("part", "") != "energy") merged.push_back(r);
-    for (auto& r : records) merged.push_back(r);
-    json headers =
-        doc.is_object() && doc.contains("header") && doc["header"].is_object() ? doc["header"] : json::object();
-    headers["attention"] = header;
+    // Keep the other parts of an existing file (end_to_end).
+    const json doc = fq::read_old_results(out);
     json result;
-    result["header"] = headers;
-    result["records"] = merged;
-    if (!fs::path(out).parent_path().empty()) fs::create_directories(fs::path(out).parent_path());
-    std::ofstream o(out);
-    o << result.dump(1) << "\n";
-    if (!o) throw std::runtime_error("cannot write " + out);
+    result["header"] = fq::old_headers(doc);
+    result["header"]["attention"] = header;
+    result["records"] = fq::merge_records(
+        doc,
+        [](const json& r) { return r.value("part", "") != "attention" && r.value("part", "") != "energy"; },
+        records);
+    fq::write_json(out, result);
     std::printf("\nwrote %zu records to %s (%.1f s)\n", records.size(), out.c_str(), header["seconds"].get<double>());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "quality_eval: %s\n", e.what());

@@ -2,7 +2,7 @@
 // long-context evaluation (bench/quality/long_eval.py).
 //
 // Reads one prompt cache (k.npy, v.npy [L, H, P, d] float32, and q.npy
-// [L, Hq, P, d] when a policy needs queries) and a JSON list of
+// [L, Hq, P, d] when a policy needs queries; cache_io.hpp) and a JSON list of
 // configurations, and writes for each configuration the kept token indices of
 // every layer and head, through the library's own policies, select and
 // allocation stages: the same code a user calls.
@@ -35,9 +35,11 @@
 #include <string>
 #include <vector>
 
+#include "cache_io.hpp"
 #include "flashcache/flashcache.hpp"
 #include "flashcache/policies/baselines.hpp"
 #include "npy/npy.hpp"
+#include "results_io.hpp"
 
 namespace {
 
@@ -45,26 +47,7 @@ namespace fc = flashcache;
 namespace fp = flashcache::policies;
 using Json = nlohmann::json;
 
-struct Cache {
-  fc::npy::Array k, v, q;
-  std::int64_t layers = 0, heads = 0, q_heads = 0, tokens = 0, head_dim = 0;
-
-  std::vector<fc::KVView<const float>> views(const fc::npy::Array& a, std::int64_t h) const {
-    std::vector<fc::KVView<const float>> out;
-    for (std::int64_t l = 0; l < layers; ++l)
-      out.push_back(fc::hnd(a.data<float>() + l * h * tokens * head_dim, fc::Heads(h), fc::Tokens(tokens),
-                            fc::HeadDim(head_dim)));
-    return out;
-  }
-};
-
-fc::npy::Array load_float(const std::string& path, std::int64_t layers_expected) {
-  fc::npy::Array a = fc::npy::read(path);
-  if (!a.is<float>() || a.shape.size() != 4 || (layers_expected > 0 && a.shape[0] != layers_expected))
-    throw std::runtime_error(path + ": expected float32 [L, H, P, d], got " + fc::npy::shape_string(a.shape));
-  return a;
-}
-
+namespace fq = flashcache::quality;
 fc::Options options_from(const Json& j) {
   fc::Options o;
   o.gamma = j.value("gamma", o.gamma);
@@ -121,14 +104,6 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    Cache c;
-    c.k = load_float(cache_dir + "/k.npy", 0);
-    c.v = load_float(cache_dir + "/v.npy", c.k.shape[0]);
-    if (c.k.shape != c.v.shape) throw std::runtime_error("k.npy and v.npy differ in shape");
-    c.layers = c.k.shape[0];
-    c.heads = c.k.shape[1];
-    c.tokens = c.k.shape[2];
-    c.head_dim = c.k.shape[3];
     std::ifstream in(configs_path);
     if (!in) throw std::runtime_error("cannot open " + configs_path);
     const Json doc = Json::parse(in);
@@ -138,14 +113,10 @@ int main(int argc, char** argv) {
       fc::throw_if_error(fp::parse_policy(cfg.at("policy").get<std::string>(), &p));
       want_q |= fp::needs_queries(p);
     }
-    if (want_q) {
-      c.q = load_float(cache_dir + "/q.npy", c.layers);
-      if (c.q.shape[2] != c.tokens || c.q.shape[3] != c.head_dim)
-        throw std::runtime_error("q.npy does not match k.npy in tokens or head dim");
-      c.q_heads = c.q.shape[1];
-    }
-    const auto k = c.views(c.k, c.heads), v = c.views(c.v, c.heads);
-    const auto q = want_q ? c.views(c.q, c.q_heads) : std::vector<fc::KVView<const float>>{};
+    // float32, no meta.json; q.npy only when a policy needs queries.
+    const fq::Cache c = fq::read_cache(cache_dir, {/*meta=*/false, /*queries=*/want_q, /*float32_only=*/true});
+    const auto k = c.k_views(), v = c.v_views();
+    const auto q = want_q ? c.q_views() : std::vector<fc::KVView<const float>>{};
 
     std::map<std::string, std::vector<fc::LayerScores>> scored;
     Json results = Json::array();
@@ -193,7 +164,7 @@ int main(int argc, char** argv) {
       results.push_back(
           {{"id", id}, {"budgets", model.budgets}, {"keep_set", fc::to_string(shared.keep_set)}, {"seconds", seconds}});
     }
-    std::ofstream(out_dir + "/result.json") << Json{{"configs", results}}.dump(1) << "\n";
+    fq::write_json(out_dir + "/result.json", Json{{"configs", results}});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "select_configs: %s\n", e.what());
     return 2;
