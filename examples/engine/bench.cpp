@@ -11,9 +11,9 @@
 #include <sstream>
 
 #include "compress_cache.hpp"
-#include "find_model.hpp"
-#include "generate.hpp"
-#include "tokenizer.hpp"
+#include "runtime/find_model.hpp"
+#include "runtime/generate.hpp"
+#include "runtime/tokenizer.hpp"
 
 namespace {
 using Clock = std::chrono::steady_clock;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "model.hpp"
+#include "runtime/model.hpp"
 
 namespace engine {
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Writes unicode_ranges.hpp: the code point ranges of \\p{L}, \\p{N} and \\s as the
-`regex` module (which tools/extract/extract_llm.py's tokenizer uses) defines them.
+"""Writes runtime/unicode_ranges.hpp: the code point ranges of \\p{L}, \\p{N} and \\s as the
+`regex` module (which the tokenizer of tools/smollm2 uses) defines them.
 
 The classes come from `regex` itself, not `unicodedata`: the two ship different
 Unicode versions (here regex's matched ~14,000 more letters than unicodedata 14.0), and
 the C++ tokenizer must split text exactly as the Python one does.
 
-    python3 examples/engine/gen_unicode_ranges.py > examples/engine/unicode_ranges.hpp
+    python3 examples/engine/gen_unicode_ranges.py > examples/engine/runtime/unicode_ranges.hpp
 """
 import regex
 

@@ -13,9 +13,9 @@
 #include <thread>
 
 #include "compress_cache.hpp"
-#include "find_model.hpp"
-#include "generate.hpp"
-#include "tokenizer.hpp"
+#include "runtime/find_model.hpp"
+#include "runtime/generate.hpp"
+#include "runtime/tokenizer.hpp"
 
 namespace {
 

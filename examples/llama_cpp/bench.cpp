@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "find_model.hpp"
+#include "runtime/find_model.hpp"
 #include "session.hpp"
 
 namespace fc = flashcache;

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "flashcache/flashcache.hpp"
-#include "gguf.hpp"
-#include "tokenizer.hpp"
+#include "runtime/gguf.hpp"
+#include "runtime/tokenizer.hpp"
 
 namespace {
 

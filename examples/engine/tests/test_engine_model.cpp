@@ -1,4 +1,4 @@
-// The engine against the numpy reference (tools/extract/extract_llm.py) on the
+// The engine against the numpy reference (tools/smollm2) on the
 // real SmolLM2 model: token ids, logits, greedy tokens with the full cache, and
 // decoding over a compressed cache. Expected values: data/reference.json, written
 // once by make_reference.py. Skips when the model package is not installed.
@@ -11,9 +11,9 @@
 #include <memory>
 
 #include "compress_cache.hpp"
-#include "find_model.hpp"
-#include "generate.hpp"
-#include "tokenizer.hpp"
+#include "runtime/find_model.hpp"
+#include "runtime/generate.hpp"
+#include "runtime/tokenizer.hpp"
 
 namespace {
 

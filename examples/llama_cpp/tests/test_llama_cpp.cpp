@@ -21,7 +21,7 @@ TEST(LlamaCpp, NeedsLlamaCpp) {
 #include <vector>
 
 #include "../session.hpp"
-#include "find_model.hpp"
+#include "runtime/find_model.hpp"
 
 namespace fc = flashcache;
 namespace fl = flashcache::llama;

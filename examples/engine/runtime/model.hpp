@@ -11,7 +11,7 @@
 //
 // Keys and queries are in the Hugging Face layout: llama.cpp's converter permutes
 // the q/k rows so that RoPE rotates adjacent pairs, and load undoes that, as
-// tools/extract/extract_llm.py does (dimension i pairs with i + d/2).
+// tools/smollm2/model.py does (dimension i pairs with i + d/2).
 #include <omp.h>
 
 #include <Eigen/Core>
