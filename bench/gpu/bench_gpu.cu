@@ -147,13 +147,13 @@ std::vector<Result> bench_tokens(std::int64_t tokens) {
       opt.allocation = flashcache::Allocation::dynamic;
       if (grids)  // four 24 x 24 images (2304 tokens) after a 512-token prompt, 128 text tokens apart
         for (std::int64_t i = 0; i < 4; ++i) opt.grids.push_back({512 + i * (576 + 128), 24, 24});
-      fcc::GlobalPlan plan;
-      const fcc::GlobalPlan* plan_ptr = nullptr;
+      fcc::GlobalTransform plan;
+      const fcc::GlobalTransform* plan_ptr = nullptr;
       if (transform == flashcache::Transform::global) {
         const std::int64_t lengths[1] = {tokens};
-        const flashcache::Status s = fcc::GlobalPlan::create(lengths, 1, kHeads, kHeadDim, &plan);
+        const flashcache::Status s = fcc::GlobalTransform::create(lengths, 1, kHeads, kHeadDim, &plan);
         if (!s.ok()) {
-          std::fprintf(stderr, "GlobalPlan: %s\n", s.message().c_str());
+          std::fprintf(stderr, "GlobalTransform: %s\n", s.message().c_str());
           continue;
         }
         plan_ptr = &plan;

@@ -29,7 +29,7 @@ SM90 = {
 
 # Threads per CTA of each kernel, as compress.cuh launches them.
 THREADS = {
-    "plan_kernel": 256, "blocked_edges_kernel": 256, "finite_kernel": 256, "substitute_kernel": 256,
+    "sequence_table_kernel": 256, "blocked_edges_kernel": 256, "finite_kernel": 256, "substitute_kernel": 256,
     "check_lengths_kernel": 256, "pack_kernel": 256, "lowpass_kernel": 256, "residual_kernel": 256,
     "energy_kernel": 128, "allocate_kernel": 256, "select_kernel": 256, "gather_kernel": 256,
     "compact_paged_kernel": 256, "page_owner_kernel": 256, "score_grid_kernel": 256, "base_sample_kernel": 256,
@@ -69,7 +69,7 @@ def grid_zone(tr, tc, gamma):
 
 
 def grid_smem(tr, tc, head_dim, gamma, threads=256, preferred=48 * 1024, max_width=64):
-    """GridSmem in kernels/flashcache/score_grid.cuh and the width plan_grid_launch picks, line for line."""
+    """GridSmem in kernels/flashcache/score_grid.cuh and the width size_grid_launch picks, line for line."""
     u, v = grid_zone(tr, tc, gamma)
     tokens = tr * tc
 

@@ -51,17 +51,8 @@ int main() {
 
   bfloat16_t* k_layers[1] = {dk};
   bfloat16_t* v_layers[1] = {dv};
-  fcc::Cache<bfloat16_t> cache;
-  cache.layers = 1;
-  cache.k = k_layers;
-  cache.v = v_layers;
-  cache.heads = kHeads;
-  cache.head_dim = kHeadDim;
-  cache.head_stride = kHeadDim;  // NHD
-  cache.token_stride = kHeads * kHeadDim;
-  cache.sequences = 2;
-  cache.capacity = tokens;
-  cache.indptr = dindptr;
+  // [tokens][heads][d], two sequences packed in order (dindptr).
+  const auto cache = fcc::Cache<bfloat16_t>::dense_nhd(1, k_layers, v_layers, kHeads, kHeadDim, tokens, 2, dindptr);
 
   flashcache::Options opt;
   opt.transform = flashcache::Transform::blocked;  // one fused pass, no cuFFT plan

@@ -97,14 +97,7 @@ int main() {
       }
     CHECK_CUDA(cudaMalloc(&R.kept, sizeof(std::int32_t) * kLayers * heads * kTokens));
     CHECK_CUDA(cudaMalloc(&R.kept_indptr, sizeof(std::int32_t) * kLayers * 2));
-    R.cache.layers = kLayers;
-    R.cache.k = R.k.data();
-    R.cache.v = R.v.data();
-    R.cache.heads = heads;
-    R.cache.head_dim = kHeadDim;
-    R.cache.head_stride = std::int64_t{kTokens} * kHeadDim;
-    R.cache.token_stride = kHeadDim;
-    R.cache.capacity = kTokens;
+    R.cache = fcg::Cache<float>::dense_hnd(kLayers, R.k.data(), R.v.data(), heads, kHeadDim, kTokens);
     R.out.kept = R.kept;
     R.out.kept_indptr = R.kept_indptr;
     CHECK_STATUS(fcg::workspace_size(R.cache, opt, &R.bytes));

@@ -40,11 +40,11 @@ enum class DeviceErrc : int {
   bad_page,                // info: sequence (-1: page id check), value, bound
   capacity_exceeded,       // info: total tokens, capacity
   budget_exceeds_tokens,   // info: sequence, budget, tokens
-  budget_below_protected,  // info: layer, sequence, head, budget, protected
+  budget_below_always_kept,  // info: layer, sequence, head, budget, protected
   total_below_floors,      // info: sequence, total, sum of floors
   bad_energy_ratio,        // info: layer, sequence
   output_capacity,         // info: layer, kept rows, output capacity
-  length_mismatch,         // info: sequence, device length, plan length
+  length_mismatch,         // info: sequence, device length, GlobalTransform length
   shared_page,             // info: page id, position in the page table
   grid_past_sequence,      // info: sequence, its tokens, span index, span first, span end
 };
@@ -95,7 +95,7 @@ struct RowMap {
   }
 };
 
-// Per-sequence bookkeeping the plan kernel writes into the workspace.
+// Per-sequence bookkeeping the sequence-table kernel writes into the workspace.
 struct SeqTable {
   const std::int32_t* len = nullptr;     // [B] tokens
   const std::int32_t* offset = nullptr;  // [B+1] packed token offsets (scores, masks, kept)

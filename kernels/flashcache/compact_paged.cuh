@@ -108,8 +108,8 @@ __global__ void __launch_bounds__(kCompactThreads) compact_paged_kernel(CompactP
 // ---- every page owned once ---------------------------------------------------
 struct PageOwnerParams {
   int sequences = 0;
-  const std::int32_t* page_indptr = nullptr;   // [B+1], validated by the plan kernel
-  const std::int32_t* page_indices = nullptr;  // ids validated in [0, num_pages) by the plan kernel
+  const std::int32_t* page_indptr = nullptr;   // [B+1], validated by the sequence-table kernel
+  const std::int32_t* page_indices = nullptr;  // ids validated in [0, num_pages) by the sequence-table kernel
   std::uint32_t* owners = nullptr;             // ceil(num_pages / 32) words, zeroed before the launch
   int* status = nullptr;
 };

@@ -13,7 +13,7 @@
 //   (cuFFT inverse)
 //   residual     base = z / N at the un-permuted position; per-token scores,
 //                per-tile energies and protected counts as in the blocked pass
-// The host loops over layers and sequences (lengths come from the GlobalPlan),
+// The host loops over layers and sequences (lengths come from the GlobalTransform),
 // reusing one z buffer per (layer, sequence), in stream order.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -104,15 +104,15 @@ __global__ void __launch_bounds__(kSubstituteThreads) substitute_kernel(Substitu
     for (int t = tid; t < n && t < first_good; t += kSubstituteThreads) sub[t] = first_good;
 }
 
-// ---- the plan's lengths against the device's ------------------------------------
-// Every sequence, zero-length ones included, before any pass uses the plan's
+// ---- the GlobalTransform's lengths against the device's ------------------------------------
+// Every sequence, zero-length ones included, before any pass uses the GlobalTransform's
 // lengths: a mismatch stops the run (and names the sequence) instead of
-// letting packed offsets drift. The plan's lengths travel as kernel
+// letting packed offsets drift. Its lengths travel as kernel
 // parameters, kLengthsPerCheck at a time (no device copy, no allocation).
 inline constexpr int kLengthsPerCheck = 256;
 
 struct LengthCheckParams {
-  const std::int32_t* seq_len = nullptr;  // the device's, from the plan kernel
+  const std::int32_t* seq_len = nullptr;  // the device's, from the sequence-table kernel
   int first = 0, count = 0;               // sequences [first, first + count)
   std::int32_t expected[kLengthsPerCheck];
   int* status = nullptr;
@@ -134,7 +134,7 @@ struct PackParams {
   RowMap rows;
   int sequence = 0;
   int heads = 0, head_dim = 0;
-  std::int64_t n = 0;                 // the plan's length of this sequence
+  std::int64_t n = 0;                 // the GlobalTransform's length of this sequence
   const std::int32_t* sub = nullptr;  // this layer, head 0, packed token 0; heads `capacity` apart
   std::int64_t capacity = 0;
   SeqTable seq;                       // the device's lengths and packed offsets

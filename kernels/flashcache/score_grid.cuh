@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(kGridThreads) score_grid_kernel(GridParams<T> 
   const GridTile tile = grid_tile_at(p.grids, q);
   const int n_tok = tile.tr * tile.tc;
   const std::int64_t n_seq = p.seq.len[b];
-  // A sequence the spans do not fit was reported by the plan kernel (and the
+  // A sequence the spans do not fit was reported by the sequence-table kernel (and the
   // run stopped above); never read past it. The tile's last token is its largest.
   if (tile.token(p.grids, n_tok - 1) >= n_seq) return;  // uniform
   const std::int64_t packed = p.seq.offset[b];

@@ -2,8 +2,8 @@
 // Stage 3, select: which tokens each (layer, sequence, head) keeps.
 //
 // One CTA of 256 threads per segment. The guarantees of select.hpp hold:
-//   - protected tokens (sink, window, mask, score +inf or NaN) are always kept, and a
-//     budget below them is reported through the status word;
+//   - always-kept tokens (protected: sink, window, mask; and score +inf or NaN) are kept,
+//     and a budget below them is reported through the status word;
 //   - then the recent window, then the base sample (base_share, and grid_base_share
 //     inside image spans), exactly as select.hpp's keep_recent / keep_base_sample;
 //   - the rest are the highest scores, ties to the lower token index;
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
   const std::int64_t candidates = n - forced_count;
   const std::int64_t rest = std::int64_t{budget} - forced_count;
   if (rest < 0 || budget > n) {
-    if (tid == 0) raise(p.status, DeviceErrc::budget_below_protected, layer, b, head, budget, forced_count);
+    if (tid == 0) raise(p.status, DeviceErrc::budget_below_always_kept, layer, b, head, budget, forced_count);
     return;
   }
 

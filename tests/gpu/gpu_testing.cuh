@@ -416,10 +416,10 @@ void run_and_check(const Case& c) {
   const int B = static_cast<int>(c.lengths.size());
   const std::int64_t H = c.heads, d = c.head_dim;
 
-  fcc::GlobalPlan plan;
-  const fcc::GlobalPlan* plan_ptr = nullptr;
+  fcc::GlobalTransform plan;
+  const fcc::GlobalTransform* plan_ptr = nullptr;
   if (c.opt.transform == Transform::global) {
-    FLASHCACHE_OK(fcc::GlobalPlan::create(c.lengths.data(), B, H, d, &plan));
+    FLASHCACHE_OK(fcc::GlobalTransform::create(c.lengths.data(), B, H, d, &plan));
     plan_ptr = &plan;
   }
   std::size_t bytes = 0;

@@ -103,14 +103,14 @@ TEST(GpuDefects, ZeroLengthPlanEntryMismatchIsReported) {
   const HostCache<float> hc = make_cache<float>(c);
   DeviceCache<float> dc(hc);
   const std::vector<std::int64_t> plan_lengths = {0, 100};
-  gpu::GlobalPlan plan;
-  FLASHCACHE_OK(gpu::GlobalPlan::create(plan_lengths.data(), 2, c.heads, c.head_dim, &plan));
+  gpu::GlobalTransform plan;
+  FLASHCACHE_OK(gpu::GlobalTransform::create(plan_lengths.data(), 2, c.heads, c.head_dim, &plan));
   std::size_t bytes = 0;
   FLASHCACHE_OK(gpu::workspace_size(dc.cache, dc.opt, &bytes, &plan));
   DeviceArray<unsigned char> ws(bytes);
   FLASHCACHE_OK(gpu::compress_async(dc.cache, c.budget, dc.opt, dc.out, ws.get(), bytes, nullptr, &plan));
   expect_error(gpu::device_status(dc.cache, dc.opt, ws.get(), nullptr, &plan), Errc::invalid_shape,
-               "sequence 0 has 30 tokens on the device but 0 in the GlobalPlan");
+               "sequence 0 has 30 tokens on the device but 0 in the GlobalTransform");
 }
 
 // Defect 4 (finite check with independent and 16-byte loads) rides on the
@@ -129,9 +129,9 @@ TEST(GpuDefects, NonFiniteRowsOnUnalignedRows) {
     }
 }
 
-// Defect 5: one GlobalPlan serves one stream and workspace; another stream is
+// Defect 5: one GlobalTransform serves one stream and workspace; another stream is
 // refused by name, and release_binding() lets it move.
-TEST(GpuDefects, GlobalPlanRefusesASecondStream) {
+TEST(GpuDefects, GlobalTransformRefusesASecondStream) {
   FLASHCACHE_REQUIRE_DEVICE();
   Case c;
   c.lengths = {64};
@@ -139,8 +139,8 @@ TEST(GpuDefects, GlobalPlanRefusesASecondStream) {
   c.gather = false;
   const HostCache<float> hc = make_cache<float>(c);
   DeviceCache<float> dc(hc);
-  gpu::GlobalPlan plan;
-  FLASHCACHE_OK(gpu::GlobalPlan::create(c.lengths.data(), 1, c.heads, c.head_dim, &plan));
+  gpu::GlobalTransform plan;
+  FLASHCACHE_OK(gpu::GlobalTransform::create(c.lengths.data(), 1, c.heads, c.head_dim, &plan));
   std::size_t bytes = 0;
   FLASHCACHE_OK(gpu::workspace_size(dc.cache, dc.opt, &bytes, &plan));
   DeviceArray<unsigned char> ws(bytes);
@@ -231,11 +231,11 @@ TEST(GpuTensorParallel, TwoRanksWithReducedSumsKeepWhatOneRankKeeps) {
     const HostCache<float> hc = make_cache<float>(c);
     DeviceCache<float> full(hc);
     const int B = static_cast<int>(c.lengths.size());
-    gpu::GlobalPlan plan_full, plan_rank[2];
+    gpu::GlobalTransform plan_full, plan_rank[2];
     const bool global = transform == Transform::global;
     if (global) {
-      FLASHCACHE_OK(gpu::GlobalPlan::create(c.lengths.data(), B, c.heads, c.head_dim, &plan_full));
-      for (auto& p : plan_rank) FLASHCACHE_OK(gpu::GlobalPlan::create(c.lengths.data(), B, 2, c.head_dim, &p));
+      FLASHCACHE_OK(gpu::GlobalTransform::create(c.lengths.data(), B, c.heads, c.head_dim, &plan_full));
+      for (auto& p : plan_rank) FLASHCACHE_OK(gpu::GlobalTransform::create(c.lengths.data(), B, 2, c.head_dim, &p));
     }
     FLASHCACHE_OK(gpu::compress(full.cache, c.budget, full.opt, full.out, nullptr, global ? &plan_full : nullptr));
     const std::vector<std::int32_t> want = full.kept.download(), want_indptr = full.kept_indptr.download();
@@ -249,7 +249,7 @@ TEST(GpuTensorParallel, TwoRanksWithReducedSumsKeepWhatOneRankKeeps) {
       std::size_t bytes = 0;
     };
     Part part[2];
-    const gpu::GlobalPlan* plans[2] = {global ? &plan_rank[0] : nullptr, global ? &plan_rank[1] : nullptr};
+    const gpu::GlobalTransform* plans[2] = {global ? &plan_rank[0] : nullptr, global ? &plan_rank[1] : nullptr};
     for (int r = 0; r < 2; ++r) {
       Part& P = part[r];
       for (int l = 0; l < c.layers; ++l) {

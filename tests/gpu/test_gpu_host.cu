@@ -111,6 +111,49 @@ TEST(GpuCanImplement, RefusesBudgetsOutOfRange) {
   EXPECT_TRUE(fcc::can_implement(f.cache, Budget::tokens(0), blocked()).ok());
 }
 
+// The layout factories set the strides each layout's comment in cache.cuh
+// gives, and leave every other field at its default.
+TEST(GpuCache, FactoriesSetTheStridesOfEachLayout) {
+  std::vector<bfloat16_t*> k = {fake<bfloat16_t>(0x10000000u)}, v = {fake<bfloat16_t>(0x20000000u)};
+  const auto* indptr = reinterpret_cast<const std::int32_t*>(std::uintptr_t{0x30000000u});
+  const std::int64_t heads = 3, d = 40, tokens = 37;
+  const auto nhd = fcc::Cache<bfloat16_t>::dense_nhd(1, k.data(), v.data(), heads, d, tokens, 2, indptr);
+  EXPECT_EQ(nhd.head_stride, d);
+  EXPECT_EQ(nhd.token_stride, heads * d);
+  EXPECT_EQ(nhd.capacity, tokens);
+  EXPECT_EQ(nhd.sequences, 2);
+  EXPECT_EQ(nhd.indptr, indptr);
+  EXPECT_FALSE(nhd.paged());
+  EXPECT_EQ(nhd.protect, nullptr);
+  const auto hnd = fcc::Cache<bfloat16_t>::dense_hnd(1, k.data(), v.data(), heads, d, tokens);
+  EXPECT_EQ(hnd.head_stride, tokens * d);
+  EXPECT_EQ(hnd.token_stride, d);
+  EXPECT_EQ(hnd.sequences, 1);
+  EXPECT_EQ(hnd.indptr, nullptr);
+  EXPECT_TRUE(fcc::can_implement(hnd, Budget::ratio(0.5), blocked()).ok());
+
+  fcc::PageTable table;
+  table.indptr = indptr;
+  table.indices = indptr + 8;
+  table.last_page_len = indptr + 16;
+  table.page_size = 5;
+  table.num_pages = 7;
+  const auto pn = fcc::Cache<bfloat16_t>::paged_nhd(1, k.data(), v.data(), heads, d, table, 2, 35);
+  const auto ph = fcc::Cache<bfloat16_t>::paged_hnd(1, k.data(), v.data(), heads, d, table, 2, 35);
+  for (const auto* c : {&pn, &ph}) {
+    EXPECT_TRUE(c->paged());
+    EXPECT_EQ(c->pages.page_stride, 5 * heads * d);
+    EXPECT_EQ(c->pages.indices, table.indices);
+    EXPECT_EQ(c->capacity, 35);
+    const Status s = fcc::can_implement(*c, Budget::ratio(0.5), blocked());
+    EXPECT_TRUE(s.ok()) << s.message();
+  }
+  EXPECT_EQ(pn.head_stride, d);
+  EXPECT_EQ(pn.token_stride, heads * d);
+  EXPECT_EQ(ph.head_stride, 5 * d);
+  EXPECT_EQ(ph.token_stride, d);
+}
+
 TEST(GpuCanImplement, RefusesBadOptions) {
   DenseFixture f(1, 2, 16, 64);
   Options o = blocked();
@@ -139,9 +182,9 @@ TEST(GpuCanImplement, GlobalNeedsAPlan) {
   DenseFixture f(1, 2, 16, 64);
   Options o;
   o.transform = Transform::global;
-  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), o), Errc::invalid_option, "GlobalPlan");
+  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), o), Errc::invalid_option, "GlobalTransform");
   std::size_t bytes = 0;
-  expect_error(fcc::workspace_size(f.cache, o, &bytes), Errc::invalid_option, "GlobalPlan");
+  expect_error(fcc::workspace_size(f.cache, o, &bytes), Errc::invalid_option, "GlobalTransform");
 }
 
 TEST(GpuCanImplement, PagedCachesNeedTheirTables) {
@@ -260,8 +303,8 @@ TEST(GpuDeviceStatus, EveryCodeHasAMessageNamingTheProblem) {
     return fcc::describe_device_status(w);
   };
   EXPECT_TRUE(message(DeviceErrc::ok, {}).ok());
-  expect_error(message(DeviceErrc::budget_below_protected, {2, 1, 3, 10, 12}), Errc::invalid_budget,
-               "keep budget 10 < 12 protected tokens in head 3");
+  expect_error(message(DeviceErrc::budget_below_always_kept, {2, 1, 3, 10, 12}), Errc::invalid_budget,
+               "keep budget 10 < 12 always-kept tokens in head 3");
   expect_error(message(DeviceErrc::bad_page, {-1, 99, 64}), Errc::invalid_shape, "page id 99");
   expect_error(message(DeviceErrc::bad_page, {4, 0, 16}), Errc::invalid_shape, "last_page_len 0");
   expect_error(message(DeviceErrc::bad_indptr, {1, 10, 5}), Errc::invalid_shape, "indptr");
@@ -270,7 +313,7 @@ TEST(GpuDeviceStatus, EveryCodeHasAMessageNamingTheProblem) {
   expect_error(message(DeviceErrc::total_below_floors, {0, 5, 9}), Errc::invalid_budget, "total budget 5 < 9");
   expect_error(message(DeviceErrc::bad_energy_ratio, {3, 0}), Errc::invalid_option, "energy ratio");
   expect_error(message(DeviceErrc::output_capacity, {0, 50, 40}), Errc::invalid_shape, "out_capacity 40");
-  expect_error(message(DeviceErrc::length_mismatch, {0, 9, 8}), Errc::invalid_shape, "GlobalPlan");
+  expect_error(message(DeviceErrc::length_mismatch, {0, 9, 8}), Errc::invalid_shape, "GlobalTransform");
   expect_error(message(DeviceErrc::grid_past_sequence, {1, 50, 0, 20, 56}), Errc::invalid_shape,
                "grid span 0 [20, 56) reaches past the 50 tokens of sequence 1");
 }
@@ -279,7 +322,7 @@ TEST(GpuDeviceStatus, EveryCodeHasAMessageNamingTheProblem) {
 // its own, but refuses it below the min_layer_ratio floor, as the CPU's
 // BudgetPlanner (check_allocation) does, with the same numbers in the message;
 // a budget below only the protected count is select_kernel's to report
-// (budget_below_protected). Allocation::uniform has no floor, on either side.
+// (budget_below_always_kept). Allocation::uniform has no floor, on either side.
 TEST(GpuAllocate, OneDynamicLayerKeepsTheCpusMinLayerRatioFloor) {
   namespace kn = fcc::kernels;
   using DeviceErrc = kn::DeviceErrc;
@@ -326,13 +369,13 @@ TEST(GpuAllocate, OneDynamicLayerKeepsTheCpusMinLayerRatioFloor) {
   EXPECT_GT(refused, 20);
 }
 
-TEST(GpuGlobalPlan, RefusesBadArgumentsBeforeTouchingCufft) {
-  fcc::GlobalPlan plan;
+TEST(GpuGlobalTransform, RefusesBadArgumentsBeforeTouchingCufft) {
+  fcc::GlobalTransform plan;
   std::int64_t lengths[2] = {10, -1};
-  expect_error(fcc::GlobalPlan::create(lengths, 0, 4, 128, &plan), Errc::invalid_shape, "sequences");
-  expect_error(fcc::GlobalPlan::create(nullptr, 2, 4, 128, &plan), Errc::invalid_shape, "lengths");
+  expect_error(fcc::GlobalTransform::create(lengths, 0, 4, 128, &plan), Errc::invalid_shape, "sequences");
+  expect_error(fcc::GlobalTransform::create(nullptr, 2, 4, 128, &plan), Errc::invalid_shape, "lengths");
   std::int64_t bad[1] = {-1};
-  expect_error(fcc::GlobalPlan::create(bad, 1, 4, 128, &plan), Errc::unsupported, "length");
+  expect_error(fcc::GlobalTransform::create(bad, 1, 4, 128, &plan), Errc::unsupported, "length");
 }
 
 // ---- image spans (Options::grids) ----------------------------------------------
@@ -406,11 +449,11 @@ TEST(GpuGrids, RefusesTilesTooLargeForSharedMemoryNamingTheFix) {
   Options g = with_spans(Options{}, {{0, 200, 200}});
   g.transform = Transform::global;
   fcc::detail::GridLaunch launch;
-  expect_error(fcc::detail::plan_grid_launch(128, g, fcc::kMaxSharedBytes, &launch), Errc::unsupported,
+  expect_error(fcc::detail::size_grid_launch(128, g, fcc::kMaxSharedBytes, &launch), Errc::unsupported,
                "use Transform::blocked");
   // The whole grid of a 24 x 24 image (LLaVA) fits, and a few thousand patches still do.
-  EXPECT_TRUE(fcc::detail::plan_grid_launch(128, with_spans(g, {{0, 24, 24}}), fcc::kMaxSharedBytes, &launch).ok());
-  EXPECT_TRUE(fcc::detail::plan_grid_launch(128, with_spans(g, {{0, 64, 64}}), fcc::kMaxSharedBytes, &launch).ok());
+  EXPECT_TRUE(fcc::detail::size_grid_launch(128, with_spans(g, {{0, 24, 24}}), fcc::kMaxSharedBytes, &launch).ok());
+  EXPECT_TRUE(fcc::detail::size_grid_launch(128, with_spans(g, {{0, 64, 64}}), fcc::kMaxSharedBytes, &launch).ok());
 }
 
 TEST(GpuGrids, LaunchStaysUnderTheDefaultSharedMemoryForUsualTiles) {
@@ -419,7 +462,7 @@ TEST(GpuGrids, LaunchStaysUnderTheDefaultSharedMemoryForUsualTiles) {
       Options o = with_spans(blocked(), {{3, 7, 5}, {40, 24, 24}});
       o.grid_tile = tile;
       fcc::detail::GridLaunch launch;
-      ASSERT_TRUE(fcc::detail::plan_grid_launch(d, o, fcc::kMaxSharedBytes, &launch).ok());
+      ASSERT_TRUE(fcc::detail::size_grid_launch(d, o, fcc::kMaxSharedBytes, &launch).ok());
       EXPECT_LE(launch.smem, fcc::kernels::kGridPreferredSmem) << "head_dim " << d << " tile " << tile;
       EXPECT_GE(launch.width, 1);
       EXPECT_LE(launch.width, d);
@@ -521,7 +564,7 @@ HostGridRun run_grid_pass_on_host(const std::vector<float>& k, const std::vector
   HostGridRun out;
   out.scores.assign(static_cast<std::size_t>(n), std::numeric_limits<float>::quiet_NaN());
   fcc::detail::GridLaunch g;
-  const flashcache::Status planned = fcc::detail::plan_grid_launch(d, opt, fcc::kMaxSharedBytes, &g);
+  const flashcache::Status planned = fcc::detail::size_grid_launch(d, opt, fcc::kMaxSharedBytes, &g);
   EXPECT_TRUE(planned.ok()) << planned.message();
   if (width > 0) g.width = width;
   const kn::GridSmem lay(g.max_rows, g.max_cols, g.max_tokens, g.max_u, g.max_v, g.width);
@@ -893,11 +936,11 @@ TEST(GpuChosenBase, CanImplementTakesPeakAndMixedGlobalAndRefusesThemBlockedByNa
     expect_error(s, Errc::unsupported, "use Transform::global");
     // Global: the base is no reason to refuse. Without a plan the plan is.
     expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), global_base(kind)), Errc::invalid_option,
-                 "needs a GlobalPlan");
+                 "needs a GlobalTransform");
     // Lengths 0 and 1 make no cuFFT plan, so a plan exists without a device.
     const std::int64_t lengths[] = {1};
-    fcc::GlobalPlan plan;
-    ASSERT_TRUE(fcc::GlobalPlan::create(lengths, 1, 2, 64, &plan).ok());
+    fcc::GlobalTransform plan;
+    ASSERT_TRUE(fcc::GlobalTransform::create(lengths, 1, 2, 64, &plan).ok());
     const Status ok = fcc::can_implement(f.cache, Budget::ratio(0.2), global_base(kind), {}, &plan);
     EXPECT_TRUE(ok.ok()) << ok.message();
   }

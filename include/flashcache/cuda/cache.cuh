@@ -50,6 +50,55 @@ struct Cache {
   const std::uint8_t* protect = nullptr;
 
   bool paged() const { return pages.indices != nullptr; }
+
+  // The common layouts, every other field at its default. `tokens` rows of
+  // each layer's buffer hold the batch, packed in order; `indptr` ([sequences
+  // + 1] device offsets) may be null for one sequence.
+  static Cache dense_nhd(int layers, T* const* k, T* const* v, std::int64_t heads, std::int64_t head_dim,
+                         std::int64_t tokens, int sequences = 1, const std::int32_t* indptr = nullptr) {
+    return dense(layers, k, v, heads, head_dim, head_dim, heads * head_dim, tokens, sequences, indptr);
+  }
+  static Cache dense_hnd(int layers, T* const* k, T* const* v, std::int64_t heads, std::int64_t head_dim,
+                         std::int64_t tokens, int sequences = 1, const std::int32_t* indptr = nullptr) {
+    return dense(layers, k, v, heads, head_dim, tokens * head_dim, head_dim, tokens, sequences, indptr);
+  }
+  // A page pool of `table.num_pages` pages of `table.page_size` tokens in each
+  // layer's buffer; page_stride is set here. `capacity` bounds the tokens of
+  // the batch (the scores and kept arrays hold that many).
+  static Cache paged_nhd(int layers, T* const* k, T* const* v, std::int64_t heads, std::int64_t head_dim,
+                         PageTable table, int sequences, std::int64_t capacity) {
+    return paged(layers, k, v, heads, head_dim, head_dim, heads * head_dim, table, sequences, capacity);
+  }
+  static Cache paged_hnd(int layers, T* const* k, T* const* v, std::int64_t heads, std::int64_t head_dim,
+                         PageTable table, int sequences, std::int64_t capacity) {
+    return paged(layers, k, v, heads, head_dim, table.page_size * head_dim, head_dim, table, sequences, capacity);
+  }
+
+ private:
+  static Cache dense(int layers, T* const* k, T* const* v, std::int64_t heads, std::int64_t head_dim,
+                     std::int64_t head_stride, std::int64_t token_stride, std::int64_t tokens, int sequences,
+                     const std::int32_t* indptr) {
+    Cache c;
+    c.layers = layers;
+    c.k = k;
+    c.v = v;
+    c.heads = heads;
+    c.head_dim = head_dim;
+    c.head_stride = head_stride;
+    c.token_stride = token_stride;
+    c.sequences = sequences;
+    c.capacity = tokens;
+    c.indptr = indptr;
+    return c;
+  }
+  static Cache paged(int layers, T* const* k, T* const* v, std::int64_t heads, std::int64_t head_dim,
+                     std::int64_t head_stride, std::int64_t token_stride, PageTable table, int sequences,
+                     std::int64_t capacity) {
+    Cache c = dense(layers, k, v, heads, head_dim, head_stride, token_stride, capacity, sequences, nullptr);
+    table.page_stride = table.page_size * heads * head_dim;
+    c.pages = table;
+    return c;
+  }
 };
 
 // Where the results go. Everything is optional: without kept / kept_indptr

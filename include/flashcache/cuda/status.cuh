@@ -43,9 +43,9 @@ inline Status describe_device_status(const int* w) {
       return make_error(Errc::invalid_shape, "the batch holds ", w[1], " tokens but capacity is ", w[2]);
     case DeviceErrc::budget_exceeds_tokens:
       return make_error(Errc::invalid_budget, "sequence ", w[1], ": keep budget ", w[2], " > ", w[3], " tokens");
-    case DeviceErrc::budget_below_protected:
+    case DeviceErrc::budget_below_always_kept:
       return make_error(Errc::invalid_budget, "layer ", w[1], ", sequence ", w[2], ": keep budget ", w[4], " < ", w[5],
-                        " protected tokens in head ", w[3], " (sink, window, mask and non-finite)");
+                        " always-kept tokens in head ", w[3], " (protected: sink, window, mask; and non-finite)");
     case DeviceErrc::total_below_floors:
       return make_error(Errc::invalid_budget, "sequence ", w[1], ": total budget ", w[2], " < ", w[3],
                         " always-kept tokens over the layers");
@@ -63,7 +63,7 @@ inline Status describe_device_status(const int* w) {
                         " tokens of sequence ", w[1], " (Options::grids are positions in every sequence of the batch)");
     case DeviceErrc::length_mismatch:
       return make_error(Errc::invalid_shape, "sequence ", w[1], " has ", w[2], " tokens on the device but ", w[3],
-                        " in the GlobalPlan");
+                        " in the GlobalTransform");
   }
   return make_error(Errc::cuda_error, "unknown device status ", w[0]);
 }

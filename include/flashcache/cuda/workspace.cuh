@@ -76,7 +76,7 @@ inline std::int64_t grid_tile_count(const Options& opt) {
 
 // The carve-up for `shape` under `opt`. For the global transform,
 // `max_length` is the longest sequence and `fft_work_bytes` the cuFFT work
-// area (both from the GlobalPlan).
+// area (both from the GlobalTransform).
 inline Status make_layout(const Shape& s, const Options& opt, std::int64_t max_length, std::size_t fft_work_bytes,
                           WorkspaceLayout* out) {
   if (s.layers < 1 || s.heads < 1 || s.head_dim < 1 || s.sequences < 1 || s.capacity < 0)

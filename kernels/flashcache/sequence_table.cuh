@@ -1,5 +1,5 @@
 #pragma once
-// Stage 0, plan: per-sequence lengths and offsets from the caller's CSR
+// Stage 0, the sequence table: per-sequence lengths and offsets from the caller's CSR
 // metadata, checked on the device (the host never reads indptr).
 //
 // One CTA walks the batch in chunks: lengths from indptr (dense) or from the
@@ -13,7 +13,7 @@
 
 namespace flashcache::gpu::kernels {
 
-struct PlanParams {
+struct SequenceTableParams {
   int sequences = 0;
   std::int64_t capacity = 0;                   // bound on the packed tokens over the batch
   std::int64_t tile = 1;                       // tokens per energy-partial slot
@@ -33,13 +33,13 @@ struct PlanParams {
   int* status = nullptr;
 };
 
-inline constexpr int kPlanThreads = 256;
+inline constexpr int kSequenceTableThreads = 256;
 
 // A template (never instantiated with another argument) so that the kernel has
 // vague linkage: any number of translation units may include this header.
 template <int kOneDefinition = 0>
-__global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanParams p) {
-  using Scan = cub::BlockScan<long long, kPlanThreads>;
+__global__ void __launch_bounds__(kSequenceTableThreads) sequence_table_kernel(SequenceTableParams p) {
+  using Scan = cub::BlockScan<long long, kSequenceTableThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   const int tid = static_cast<int>(threadIdx.x);
   // The status word starts clean for this run; every later kernel reads it.
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanParams p) {
   if (paged && tid == 0 && p.indptr[0] != 0) raise(p.status, DeviceErrc::bad_indptr, 0, p.indptr[0], p.indptr[1]);
 
   long long token_carry = 0, slot_carry = 0;
-  for (int base = 0; base < p.sequences; base += kPlanThreads) {
+  for (int base = 0; base < p.sequences; base += kSequenceTableThreads) {
     const int b = base + tid;
     long long len = 0;
     if (b < p.sequences) {
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanParams p) {
   __syncthreads();
   if (paged && !failed(p.status)) {  // page ids must name pages of the pool
     const long long last = p.indptr[p.sequences];
-    for (long long i = tid; i < last; i += kPlanThreads) {
+    for (long long i = tid; i < last; i += kSequenceTableThreads) {
       const int page = p.page_indices[i];
       if (page < 0 || page >= p.num_pages) raise(p.status, DeviceErrc::bad_page, -1, page, p.num_pages);
     }

@@ -1,6 +1,8 @@
 #pragma once
-// cuFFT plans for the global transform, created up front and owned by the
-// caller (no hidden handles, no allocation in the run path).
+// GlobalTransform: the cuFFT plans of Transform::global, created up front and
+// owned by the caller (no hidden handles, no allocation in the run path). In
+// flashcache's own names "plan" means the budget plan (plan.hpp); here it is
+// cuFFT's word for a prepared transform.
 //
 // One batched C2C plan per distinct sequence length (batch = heads x
 // head_dim columns, K in the real part and V in the imaginary part). Plans
@@ -9,10 +11,10 @@
 //
 // cuFFT keeps the stream and the work area inside each plan, so one plan
 // shared by two streams (or by two captured graphs over two workspaces)
-// would run on whichever was set last. A GlobalPlan therefore serves one
+// would run on whichever was set last. A GlobalTransform therefore serves one
 // (stream, workspace) pair: the first run binds it, and a run with another
-// stream or workspace is refused with a message. Create one plan per stream;
-// release_binding() rebinds, once no run that uses the plan is in flight.
+// stream or workspace is refused with a message. Create one per stream;
+// release_binding() rebinds, once no run that uses it is in flight.
 #include <cuda_runtime.h>
 #include <cufft.h>
 
@@ -27,13 +29,13 @@
 
 namespace flashcache::gpu {
 
-class GlobalPlan {
+class GlobalTransform {
  public:
-  GlobalPlan() = default;
-  GlobalPlan(const GlobalPlan&) = delete;
-  GlobalPlan& operator=(const GlobalPlan&) = delete;
-  GlobalPlan(GlobalPlan&& o) noexcept { *this = std::move(o); }
-  GlobalPlan& operator=(GlobalPlan&& o) noexcept {
+  GlobalTransform() = default;
+  GlobalTransform(const GlobalTransform&) = delete;
+  GlobalTransform& operator=(const GlobalTransform&) = delete;
+  GlobalTransform(GlobalTransform&& o) noexcept { *this = std::move(o); }
+  GlobalTransform& operator=(GlobalTransform&& o) noexcept {
     if (this != &o) {
       release();
       lengths_ = std::move(o.lengths_);
@@ -49,37 +51,37 @@ class GlobalPlan {
     }
     return *this;
   }
-  ~GlobalPlan() { release(); }
+  ~GlobalTransform() { release(); }
 
   // `lengths` is a host copy of every sequence's token count, the same the
   // device sees through the cache's indptr / page table (a run checks it).
   static Status create(const std::int64_t* lengths, int sequences, std::int64_t heads, std::int64_t head_dim,
-                       GlobalPlan* out) {
+                       GlobalTransform* out) {
     if (sequences < 1 || heads < 1 || head_dim < 1)
-      return make_error(Errc::invalid_shape, "GlobalPlan: sequences ", sequences, ", heads ", heads, ", head_dim ",
+      return make_error(Errc::invalid_shape, "GlobalTransform: sequences ", sequences, ", heads ", heads, ", head_dim ",
                         head_dim, " must all be >= 1");
-    if (lengths == nullptr) return make_error(Errc::invalid_shape, "GlobalPlan: null lengths");
-    GlobalPlan plan;
-    plan.heads_ = heads;
-    plan.head_dim_ = head_dim;
-    plan.lengths_.assign(lengths, lengths + sequences);
-    for (const std::int64_t n : plan.lengths_) {
+    if (lengths == nullptr) return make_error(Errc::invalid_shape, "GlobalTransform: null lengths");
+    GlobalTransform t;
+    t.heads_ = heads;
+    t.head_dim_ = head_dim;
+    t.lengths_.assign(lengths, lengths + sequences);
+    for (const std::int64_t n : t.lengths_) {
       if (n < 0 || n >= (std::int64_t{1} << 24))
-        return make_error(Errc::unsupported, "GlobalPlan: sequence length ", n, " is outside [0, 2^24)");
-      // Length 0 needs nothing; length 1 is the identity (no cuFFT plan, see compress.cuh).
-      if (n <= 1 || plan.plans_.count(n)) continue;
+        return make_error(Errc::unsupported, "GlobalTransform: sequence length ", n, " is outside [0, 2^24)");
+      // Length 0 needs nothing; length 1 is the identity (no cuFFT plan, see launch/score_global.cuh).
+      if (n <= 1 || t.plans_.count(n)) continue;
       cufftHandle handle = 0;
       FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftCreate(&handle), "cufftCreate"));
-      plan.plans_.emplace(n, handle);  // owned from here on, destroyed by release()
+      t.plans_.emplace(n, handle);  // owned from here on, destroyed by release()
       FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftSetAutoAllocation(handle, 0), "cufftSetAutoAllocation"));
       long long size = n;
       std::size_t work = 0;
       FLASHCACHE_RETURN_IF_ERROR(cufft_status(
           cufftMakePlanMany64(handle, 1, &size, nullptr, 1, size, nullptr, 1, size, CUFFT_C2C, heads * head_dim, &work),
           "cufftMakePlanMany64"));
-      if (work > plan.work_bytes_) plan.work_bytes_ = work;
+      if (work > t.work_bytes_) t.work_bytes_ = work;
     }
-    *out = std::move(plan);
+    *out = std::move(t);
     return Status::success();
   }
 
@@ -101,9 +103,9 @@ class GlobalPlan {
     std::lock_guard<std::mutex> lock(mutex_);
     if (bound_) {
       if (stream == stream_ && work == work_) return Status::success();
-      return make_error(Errc::invalid_option, "GlobalPlan is bound to another ",
+      return make_error(Errc::invalid_option, "GlobalTransform is bound to another ",
                         stream != stream_ ? "stream" : "workspace",
-                        ": cuFFT keeps one stream and work area per plan, so use one GlobalPlan per stream and "
+                        ": cuFFT keeps one stream and work area per plan, so use one GlobalTransform per stream and "
                         "workspace (or release_binding() once its runs have finished)");
     }
     for (const auto& entry : plans_) {
@@ -136,5 +138,8 @@ class GlobalPlan {
   mutable cudaStream_t stream_ = nullptr;
   mutable void* work_ = nullptr;
 };
+
+// The earlier name, kept for code written against it.
+using GlobalPlan [[deprecated("renamed flashcache::gpu::GlobalTransform")]] = GlobalTransform;
 
 }  // namespace flashcache::gpu

@@ -1,0 +1,194 @@
+#pragma once
+// can_implement: everything about a call that can be checked on the host,
+// before anything is enqueued, as named checks in the order they run.
+#include <cstdint>
+
+#include "flashcache/compact_paged.cuh"  // kernels::kCompactStageBytes
+#include "flashcache/cuda/cache.cuh"
+#include "flashcache/cuda/global_transform.cuh"
+#include "flashcache/cuda/launch/score_blocked.cuh"  // blocked_smem_bytes
+#include "flashcache/cuda/launch/score_grid.cuh"     // size_grid_launch
+#include "flashcache/cuda/limits.cuh"
+#include "flashcache/cuda/run_context.cuh"
+#include "flashcache/cuda/workspace.cuh"
+#include "flashcache/error.hpp"
+#include "flashcache/grid.hpp"
+#include "flashcache/options.hpp"
+#include "flashcache/view.hpp"
+
+namespace flashcache::gpu {
+namespace checks {
+
+// Options these kernels take: the CPU's check_options, less what only the CPU has.
+inline Status options(const Options& opt) {
+  FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
+  // Options the CPU has and these kernels do not yet; the defaults never need them.
+  if (opt.normalize_terms)
+    return make_error(Errc::unsupported, "normalize_terms: the GPU scores K and V unweighted only (CPU only)");
+  if (opt.rope.derotate)
+    return make_error(Errc::unsupported, "rope.derotate: the GPU scores keys as cached only (CPU only)");
+  // A base chosen by energy needs a block's whole spectrum; the blocked kernel
+  // keeps only the m low rows of its DCT basis in shared memory.
+  if (opt.base != Base::lowpass && opt.transform == Transform::blocked)
+    return make_error(Errc::unsupported, "base ", to_string(opt.base),
+                      " with Transform::blocked: the GPU blocked kernel holds only the m low rows of the DCT basis, "
+                      "and a base chosen by energy needs every frequency of the block (CPU only); use "
+                      "Transform::global, or Base::lowpass");
+  if (opt.grids.size() > static_cast<std::size_t>(kMaxGridSpans))
+    return make_error(Errc::unsupported, opt.grids.size(), " grid spans: the GPU takes at most ", kMaxGridSpans,
+                      " per call (they travel in kernel parameters)");
+  return Status::success();
+}
+
+// The cache: counts, pointers, and rows that do not overlap (dense or paged).
+template <class T>
+Status cache(const Cache<T>& c) {
+  if (c.layers < 1 || c.layers > kMaxLayers)
+    return make_error(Errc::unsupported, c.layers, " layers: one call takes 1 to ", kMaxLayers);
+  if (c.k == nullptr || c.v == nullptr) return make_error(Errc::invalid_shape, "null K or V layer array");
+  if (c.heads < 1 || c.head_dim < 1)
+    return make_error(Errc::invalid_shape, "heads ", c.heads, " and head_dim ", c.head_dim, " must be >= 1");
+  if (c.heads > 65535) return make_error(Errc::unsupported, c.heads, " KV heads: at most 65535");
+  if (c.sequences < 1) return make_error(Errc::invalid_shape, "sequences ", c.sequences, " must be >= 1");
+  if (c.capacity < 0 || c.capacity > std::int64_t{2147483647} - 1024)
+    return make_error(Errc::unsupported, "capacity ", c.capacity, " tokens: must lie in [0, 2^31 - 1024)");
+  for (int l = 0; l < c.layers; ++l)
+    if (c.capacity > 0 && (c.k[l] == nullptr || c.v[l] == nullptr))
+      return make_error(Errc::invalid_shape, "layer ", l, ": null K or V pointer");
+  if (!c.paged()) {
+    if (c.indptr == nullptr && c.sequences != 1)
+      return make_error(Errc::invalid_shape, c.sequences, " sequences need an indptr");
+    const KVView<const T> view(c.capacity > 0 ? c.k[0] : nullptr, c.heads, c.capacity, c.head_dim, c.head_stride,
+                               c.token_stride);
+    return check_view(view, "K");
+  }
+  const PageTable& p = c.pages;
+  if (p.indptr == nullptr || p.last_page_len == nullptr)
+    return make_error(Errc::invalid_shape, "paged cache: indptr and last_page_len are required");
+  if (p.page_size < 1) return make_error(Errc::invalid_shape, "page_size ", p.page_size, " must be >= 1");
+  if (p.num_pages < 1) return make_error(Errc::invalid_shape, "num_pages ", p.num_pages, " must be >= 1");
+  // Rows of one page must not overlap, nor may pages.
+  const KVView<const T> page(c.k[0], c.heads, p.page_size, c.head_dim, c.head_stride, c.token_stride);
+  FLASHCACHE_RETURN_IF_ERROR(check_view(page, "page of K"));
+  const std::int64_t span = (c.heads - 1) * c.head_stride + (p.page_size - 1) * c.token_stride + c.head_dim;
+  if (p.num_pages > 1 && p.page_stride < span)
+    return make_error(Errc::invalid_stride, "page_stride ", p.page_stride, " < ", span,
+                      " elements spanned by one page's rows");
+  return Status::success();
+}
+
+// The budget's range: the CPU's rule (Budget::resolve) against the capacity;
+// what each sequence can keep only the device knows.
+inline Status budget(const Budget& b, std::int64_t capacity) {
+  std::int64_t tokens = 0;
+  const Status s = b.resolve(capacity, &tokens);
+  if (s.ok() || b.is_ratio() || b.token_count() < 0) return s;
+  return make_error(s.code(), s.message(), " of the cache's capacity");
+}
+
+// The transform: the blocked kernel's block size and shared memory, or the
+// global transform's global against the cache.
+template <class T>
+Status transform(const Cache<T>& c, const Options& opt, const GlobalTransform* global) {
+  if (opt.transform == Transform::blocked) {
+    if (!rules::block_size_ok(opt.block_size, true))
+      return make_error(Errc::unsupported, "block_size ", opt.block_size, ": the GPU blocked transform takes ",
+                        rules::kMinBlockSize, " to ", rules::kMaxGpuBlockSize);
+    const std::int64_t smem = detail::blocked_smem_bytes(c.head_dim, sizeof(T), opt);
+    const std::int64_t limit = detail::max_shared_bytes();
+    if (smem > limit)
+      return make_error(Errc::unsupported, "block_size ", opt.block_size, " with head_dim ", c.head_dim, " ",
+                        to_string(dtype_of<T>::value), " needs ", smem, " bytes of shared memory > ", limit,
+                        " this device allows; use a smaller block_size");
+    return Status::success();
+  }
+  if (global == nullptr) return make_error(Errc::invalid_option, "the global transform needs a GlobalTransform");
+  if (global->heads() != c.heads || global->head_dim() != c.head_dim ||
+      static_cast<std::int64_t>(global->lengths().size()) != c.sequences)
+    return make_error(Errc::invalid_option, "GlobalTransform is for ", global->lengths().size(), " sequences x ",
+                      global->heads(), " heads x ", global->head_dim(), " dims, the cache has ", c.sequences, " x ",
+                      c.heads, " x ", c.head_dim);
+  if (c.heads * c.head_dim > 65535)
+    return make_error(Errc::unsupported, "global transform: heads x head_dim ", c.heads * c.head_dim,
+                      " > 65535 columns");
+  std::int64_t total = 0;
+  for (auto n : global->lengths()) total += n;
+  if (total > c.capacity)
+    return make_error(Errc::invalid_shape, "GlobalTransform lengths add up to ", total, " > capacity ", c.capacity);
+  return Status::success();
+}
+
+// Image spans: inside the capacity (and, with the global transform, whose global
+// knows the lengths, inside every sequence; with Transform::blocked the device
+// checks the lengths: grid_past_sequence), a tile count that fits an int, and
+// a 2D pass that fits the device's shared memory.
+template <class T>
+Status grids(const Cache<T>& c, const Options& opt, const GlobalTransform* global) {
+  if (opt.grids.empty()) return Status::success();
+  for (std::size_t i = 0; i < opt.grids.size(); ++i)
+    if (opt.grids[i].end() > c.capacity)
+      return make_error(Errc::invalid_shape, "grid span ", i, " [", opt.grids[i].first, ", ", opt.grids[i].end(),
+                        ") reaches past the capacity of ", c.capacity, " tokens");
+  if (opt.transform == Transform::global)
+    for (std::size_t b = 0; b < global->lengths().size(); ++b) {
+      const Status fits = check_grids_fit(opt.grids, global->lengths()[b]);
+      if (!fits.ok()) return make_error(fits.code(), "sequence ", b, ": ", fits.message());
+    }
+  if (static_cast<std::int64_t>(c.sequences) * grid_tile_count(opt) > std::int64_t{2147483647})
+    return make_error(Errc::unsupported, c.sequences, " sequences x ", grid_tile_count(opt),
+                      " grid tiles: more than 2^31 - 1 tiles in one call; use a larger grid_tile");
+  detail::GridLaunch launch;
+  return detail::size_grid_launch(c.head_dim, opt, detail::max_shared_bytes(), &launch);
+}
+
+// Where the results go: a dense output, in-place compaction, the kept indices.
+template <class T>
+Status outputs(const Cache<T>& c, const Options& opt, const Outputs<T>& out) {
+  if (out.k_out != nullptr || out.v_out != nullptr) {
+    if (out.k_out == nullptr || out.v_out == nullptr)
+      return make_error(Errc::invalid_shape, "dense output: give both k_out and v_out");
+    if (out.out_capacity < 0) return make_error(Errc::invalid_shape, "out_capacity ", out.out_capacity, " < 0");
+    for (int l = 0; l < c.layers; ++l) {
+      if (out.out_capacity > 0 && (out.k_out[l] == nullptr || out.v_out[l] == nullptr))
+        return make_error(Errc::invalid_shape, "layer ", l, ": null output pointer");
+      const KVView<T> view(out.out_capacity > 0 ? out.k_out[l] : nullptr, c.heads, out.out_capacity, c.head_dim,
+                           out.out_head_stride, out.out_token_stride);
+      FLASHCACHE_RETURN_IF_ERROR(check_view(view, "dense output"));
+    }
+  }
+  if (out.compact_in_place) {
+    if (!c.paged()) return make_error(Errc::invalid_option, "compact_in_place needs a paged cache");
+    if (out.new_len == nullptr || out.pages_freed == nullptr)
+      return make_error(Errc::invalid_shape, "compact_in_place: new_len and pages_freed are required");
+    if (c.layers > 1 && opt.allocation == Allocation::dynamic)
+      return make_error(Errc::unsupported,
+                        "compact_in_place with Allocation::dynamic: each layer would keep its own number of tokens, "
+                        "which one page table shared by all layers (FlashInfer, vLLM) cannot describe; use "
+                        "Allocation::uniform, or a dense output (k_out / v_out)");
+    if (2 * c.head_dim * static_cast<std::int64_t>(sizeof(T)) > kernels::kCompactStageBytes)
+      return make_error(Errc::unsupported, "compact_in_place: head_dim ", c.head_dim, " rows exceed the ",
+                        kernels::kCompactStageBytes, "-byte staging buffer");
+  }
+  if ((out.kept == nullptr) != (out.kept_indptr == nullptr))
+    return make_error(Errc::invalid_shape, "give both kept and kept_indptr, or neither");
+  return Status::success();
+}
+
+}  // namespace checks
+
+// Everything that can be checked without running: options, the cache, the
+// budget's range, the transform (and its global), the image spans and the
+// outputs, in that order.
+template <class T>
+Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out = {},
+                     const GlobalTransform* global = nullptr) {
+  static_assert(detail::is_element_v<T>, "flashcache::gpu: elements are float, half_t or bfloat16_t");
+  FLASHCACHE_RETURN_IF_ERROR(checks::options(opt));
+  FLASHCACHE_RETURN_IF_ERROR(checks::cache(c));
+  FLASHCACHE_RETURN_IF_ERROR(checks::budget(budget, c.capacity));
+  FLASHCACHE_RETURN_IF_ERROR(checks::transform(c, opt, global));
+  FLASHCACHE_RETURN_IF_ERROR(checks::grids(c, opt, global));
+  return checks::outputs(c, opt, out);
+}
+
+}  // namespace flashcache::gpu

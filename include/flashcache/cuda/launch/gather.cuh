@@ -1,0 +1,43 @@
+#pragma once
+// Stage 4a (kernels/flashcache/gather.cuh): the kept rows into the caller's
+// dense K', V'.
+#include "flashcache/cuda/run_context.cuh"
+#include "flashcache/gather.cuh"
+
+namespace flashcache::gpu::detail {
+
+template <class T>
+Status gather_kept(const RunContext<T>& run, const Outputs<T>& out, const std::int32_t* kept,
+                   const std::int32_t* kept_indptr, cudaStream_t stream) {
+  const Cache<T>& c = run.cache;
+  kernels::GatherParams p{};
+  const auto e = static_cast<std::int64_t>(sizeof(T));
+  bool vector_ok = run.vector_ok && (out.out_head_stride * e) % 16 == 0 && (out.out_token_stride * e) % 16 == 0;
+  for (int l = 0; l < c.layers; ++l) {
+    p.k[l] = c.k[l];
+    p.v[l] = c.v[l];
+    p.k_out[l] = out.k_out[l];
+    p.v_out[l] = out.v_out[l];
+    vector_ok = vector_ok && aligned16(out.k_out[l]) && aligned16(out.v_out[l]);
+  }
+  p.rows = run.rows;
+  p.sequences = c.sequences;
+  p.head_dim = static_cast<int>(c.head_dim);
+  p.capacity = c.capacity;
+  p.out_head_stride = out.out_head_stride;
+  p.out_token_stride = out.out_token_stride;
+  p.out_capacity = out.out_capacity;
+  p.vector_ok = vector_ok;
+  p.kept = kept;
+  p.kept_indptr = kept_indptr;
+  p.status = run.status;
+  const dim3 grid(static_cast<unsigned>(kernels::ceil_div(c.capacity, kernels::kGatherRowsPerCta)),
+                  static_cast<unsigned>(c.heads), static_cast<unsigned>(c.layers));
+  if constexpr (sizeof(T) == 2)
+    kernels::gather_kernel<2><<<grid, kernels::kGatherThreads, 0, stream>>>(p);
+  else
+    kernels::gather_kernel<4><<<grid, kernels::kGatherThreads, 0, stream>>>(p);
+  return launched("gather_kernel");
+}
+
+}  // namespace flashcache::gpu::detail

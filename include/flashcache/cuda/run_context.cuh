@@ -1,0 +1,120 @@
+#pragma once
+// What every launch of one call reads, worked out once per call: the row map,
+// the sequence table, the image spans, the protected set, the vector-load
+// decision, the status word and the shared-memory limit. Each launch header
+// (launch/) fills its kernel's Params from it.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "flashcache/common.cuh"  // kernels/flashcache/
+#include "flashcache/cuda/cache.cuh"
+#include "flashcache/cuda/limits.cuh"
+#include "flashcache/cuda/status.cuh"
+#include "flashcache/cuda/workspace.cuh"
+#include "flashcache/options.hpp"
+#include "flashcache/types.hpp"
+
+namespace flashcache::gpu::detail {
+
+template <class T>
+constexpr bool is_element_v = std::is_same_v<T, float> || std::is_same_v<T, half_t> || std::is_same_v<T, bfloat16_t>;
+
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+// Can every row be moved with 16-byte accesses?
+template <class T>
+bool rows_vectorizable(const Cache<T>& c) {
+  const auto e = static_cast<std::int64_t>(sizeof(T));
+  if ((c.head_dim * e) % 16 || (c.head_stride * e) % 16 || (c.token_stride * e) % 16) return false;
+  if (c.paged() && (c.pages.page_stride * e) % 16) return false;
+  for (int l = 0; l < c.layers; ++l)
+    if (!aligned16(c.k[l]) || !aligned16(c.v[l])) return false;
+  return true;
+}
+
+template <class T>
+kernels::RowMap row_map(const Cache<T>& c) {
+  kernels::RowMap r;
+  r.head_stride = c.head_stride;
+  r.token_stride = c.token_stride;
+  r.indptr = c.paged() ? c.pages.indptr : c.indptr;
+  if (c.paged()) {
+    r.page_indices = c.pages.indices;
+    r.page_size = c.pages.page_size;
+    r.page_stride = c.pages.page_stride;
+  }
+  return r;
+}
+
+template <class T>
+void fill_layer_pointers(const Cache<T>& c, const T** k, const T** v) {
+  for (int l = 0; l < c.layers; ++l) {
+    k[l] = c.k[l];
+    v[l] = c.v[l];
+  }
+}
+
+inline Status launched(const char* kernel) { return cuda_status(cudaGetLastError(), kernel); }
+
+// The shared memory one CTA may opt in to on the current device, or
+// kMaxSharedBytes (sm_90) when there is no device to ask (host-only checks).
+inline std::int64_t max_shared_bytes() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess && bytes > 0)
+    return bytes;
+  (void)cudaGetLastError();  // the failed query's error is not the caller's
+  return kMaxSharedBytes;
+}
+
+// opt.grids as kernel parameters (at most kMaxGridSpans, checked by
+// can_implement), each cut as span_tiling() cuts it.
+inline kernels::GridSpans grid_spans(const Options& opt) {
+  kernels::GridSpans g;
+  const bool whole = opt.transform == Transform::global;
+  std::int64_t longest = 1;
+  for (const GridSpan& s : opt.grids) longest = std::max({longest, s.rows, s.cols});
+  // A tile wider than every span cuts nothing: the same tiles, and an int.
+  const std::int64_t tile = whole ? 0 : std::min(std::max<std::int64_t>(opt.grid_tile, 1), longest);
+  g.count = static_cast<int>(std::min<std::size_t>(opt.grids.size(), kernels::kMaxGridSpans));
+  g.tile = static_cast<std::int32_t>(tile);
+  for (int i = 0; i < g.count; ++i) {
+    const GridSpan& s = opt.grids[static_cast<std::size_t>(i)];
+    g.first[i] = static_cast<std::int32_t>(s.first);
+    g.rows[i] = static_cast<std::int32_t>(s.rows);
+    g.cols[i] = static_cast<std::int32_t>(s.cols);
+    g.tile_start[i + 1] = static_cast<std::int32_t>(g.tile_start[i] + span_tiling(s.rows, s.cols, tile).count());
+  }
+  return g;
+}
+
+template <class T>
+struct RunContext {
+  RunContext(const Cache<T>& cache_, const Options& opt_, const Workspace& ws_)
+      : cache(cache_),
+        opt(opt_),
+        ws(ws_),
+        rows(row_map(cache_)),
+        seq{ws_.seq_len(), ws_.seq_offset(), ws_.seq_slots()},
+        grids(grid_spans(opt_)),
+        protect{opt_.sink, opt_.window, cache_.protect},
+        vector_ok(rows_vectorizable(cache_)),
+        status(ws_.status()),
+        smem_limit(max_shared_bytes()) {}
+
+  const Cache<T>& cache;
+  const Options& opt;
+  const Workspace& ws;
+  kernels::RowMap rows;
+  kernels::SeqTable seq;  // written by stage 0 (launch/sequence_table.cuh), read by every later one
+  kernels::GridSpans grids;
+  kernels::ProtectRule protect;
+  bool vector_ok;  // every row of the cache moves in 16-byte accesses
+  int* status;
+  std::int64_t smem_limit;  // max_shared_bytes(), asked once
+};
+
+}  // namespace flashcache::gpu::detail
