@@ -81,7 +81,7 @@ TEST(Compress, ErrorsNameTheProblem) {
     FAIL() << "expected flashcache::Error";
   } catch (const fc::Error& e) {
     EXPECT_EQ(e.code(), fc::Errc::invalid_budget);
-    EXPECT_NE(std::string(e.what()).find("keep budget 10 < 12 protected tokens"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("keep budget 10 < 12 always-kept tokens"), std::string::npos) << e.what();
   }
   EXPECT_THROW(
       fc::compress(fc::hnd(k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)),

@@ -116,7 +116,7 @@ TEST(Select, BudgetBelowProtectedSetIsAnError) {
   std::vector<std::int32_t> kept;
   const fc::Status st = fc::select_tokens(s, 11, opt, &kept);
   EXPECT_EQ(st.code(), fc::Errc::invalid_budget);
-  EXPECT_NE(st.message().find("keep budget 11 < 12 protected tokens"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("keep budget 11 < 12 always-kept tokens"), std::string::npos) << st.message();
   EXPECT_EQ(fc::select_tokens(s, 41, {}, &kept).code(), fc::Errc::invalid_budget);
   EXPECT_EQ(fc::select_tokens(s, -1, {}, &kept).code(), fc::Errc::invalid_budget);
 }

@@ -2,7 +2,7 @@
 // The one error model.
 //
 // Every check produces a Status: a code plus a message that names the problem
-// ("keep budget 12 < 20 protected tokens"). The no-throw core and the GPU API
+// ("keep budget 12 < 20 always-kept tokens"). The no-throw core and the GPU API
 // return the Status (an engine may run them with -fno-exceptions or inside a
 // CUDA graph capture); the CPU front door turns a failed one into a thrown
 // flashcache::Error, and exists only when exceptions are on (config.hpp).

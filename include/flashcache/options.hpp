@@ -83,8 +83,9 @@ struct Options {
   // Tokens per block for Transform::blocked; the last block may be shorter and
   // is transformed at its own length.
   std::int64_t block_size = 64;
-  // Always-kept tokens; they count toward the budget. Without the first tokens
-  // (the attention sink) the continuation's NLL rose by 30% on dev texts.
+  // Protected tokens; they count toward the budget. Without the first tokens
+  // (the attention sink) the continuation's NLL rose sharply on dev texts
+  // (bench/RESULTS.md).
   std::int64_t sink = 4;    // the first `sink` tokens
   std::int64_t window = 0;  // the last `window` tokens
   // A recent window that scales with the budget: after the always-kept tokens,
@@ -92,7 +93,7 @@ struct Options {
   // per head), newest first while the budget lasts. Half of the budget measured
   // best of {0, 1/8, 1/4, 1/2} on dev texts.
   double window_share = 0.5;
-  // Base + outliers: after the protected tokens and the window, up to
+  // Base + outliers: after the always-kept tokens and the window, up to
   // round(base_share * B) evenly spaced tokens, a regular sample of the smooth
   // base the outlier score discards; the rest to the highest scores.
   double base_share = 0.0;
@@ -115,7 +116,7 @@ struct Options {
   // takes a regular sub-grid inside each span. Positions are within the
   // sequence (each sequence of a batch), and must lie inside it.
   std::vector<GridSpan> grids;
-  // Rectangle and triangle were within 1% on dev images; rectangle was lower.
+  // Rectangle and triangle were close on dev images, rectangle the lower (bench/RESULTS.md).
   GridZone grid_zone = GridZone::rectangle;
   std::int64_t grid_tile = 8;
   // compress_model: how the total budget is split, and a floor on every

@@ -10,6 +10,10 @@
 
 namespace flashcache::rules {
 
+// The words, in names, messages and docs alike:
+//   protected    the caller's set: sink, window and mask (is_protected)
+//   always kept  protected, plus tokens whose score cannot be ranked (always_kept_score)
+
 // A token is always kept when its score is +inf (a NaN or infinity in its K
 // or V row) or NaN (finite values whose residual overflowed): such a score
 // cannot be ranked, so the token is never dropped. !(s <= max) is true for

@@ -227,7 +227,7 @@ inline Status select_tokens(ScoreView s, std::int64_t budget, const Options& opt
         masked += mask[t];
         nonfinite += is_forced_score(score[t]);
       }
-      return make_error(Errc::invalid_budget, "keep budget ", budget, " < ", forced, " protected tokens in head ", h,
+      return make_error(Errc::invalid_budget, "keep budget ", budget, " < ", forced, " always-kept tokens in head ", h,
                         " (sink ", std::min(opt.sink, n), ", window ", std::min(opt.window, n), ", mask ", masked,
                         ", non-finite ", nonfinite, "; overlaps counted once)");
     }

@@ -799,7 +799,7 @@ TEST_F(CliTest, BadInputIsOneLineExitTwoAndNoOutput) {
        [](CliTest&) {
          return std::vector<std::string>{"--keep", "3", "--sink", "5"};
        },
-       "protected tokens"},
+       "always-kept tokens"},
       {"ratio below protected",
        [](CliTest&) {
          return std::vector<std::string>{"--keep-ratio", "0.05", "--window", "10"};
