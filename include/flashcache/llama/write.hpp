@@ -1,0 +1,93 @@
+#pragma once
+// A llama.cpp sequence-state blob holding only some of a parsed blob's cells
+// (format.hpp), for llama_state_seq_set_data: the compaction's output.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "flashcache/error.hpp"
+#include "flashcache/llama/format.hpp"
+
+namespace flashcache {
+namespace llama {
+
+// Size of the blob write_seq_state() writes for `count` cells of s.
+inline std::size_t seq_state_size(const SeqState& s, std::uint32_t count) {
+  std::size_t n = 12 + 4 * static_cast<std::size_t>(s.n_stream);
+  if (count == 0 || s.layers.empty()) return n;
+  n += 12 * static_cast<std::size_t>(count) + 8;
+  for (const LayerState& l : s.layers) {
+    n += 12 + static_cast<std::size_t>(count * l.k_row_bytes);
+    n += 12 + static_cast<std::size_t>(count * l.v_row_bytes);  // type, row size (or element size, rows)
+  }
+  return n;
+}
+
+// Writes a blob holding only the cells cells[0..count) of the parsed `blob`
+// (blob indices, distinct, in the order they are to be restored), with their
+// positions, K and V bytes unchanged. set_data of it restores those cells.
+inline Status write_seq_state(const std::uint8_t* blob, const SeqState& s, const std::int32_t* cells,
+                              std::uint32_t count, std::vector<std::uint8_t>* out) {
+  if (count > s.cell_count)
+    return make_error(Errc::invalid_shape, "llama state: ", count, " cells asked of ", s.cell_count);
+  std::vector<std::uint8_t> seen(s.cell_count, 0);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    if (cells[i] < 0 || static_cast<std::uint32_t>(cells[i]) >= s.cell_count || seen[static_cast<std::size_t>(cells[i])])
+      return make_error(Errc::invalid_shape, "llama state: kept cell ", cells[i], " is out of range or repeated");
+    seen[static_cast<std::size_t>(cells[i])] = 1;
+  }
+  const bool any = count > 0 && !s.layers.empty();
+  out->resize(seq_state_size(s, any ? count : 0));
+  std::uint8_t* w = out->data();
+  auto put = [&w](const void* p, std::size_t n) {
+    std::memcpy(w, p, n);
+    w += n;
+  };
+  const std::uint32_t magic = kSeqStateMagic, none = 0, one = 1;
+  put(&magic, 4);
+  put(&s.seq_id, 4);
+  put(&s.n_stream, 4);
+  for (std::uint32_t st = 0; st < s.n_stream; ++st) {
+    if (st != s.stream || !any) {
+      put(&none, 4);
+      continue;
+    }
+    put(&count, 4);
+    for (std::uint32_t i = 0; i < count; ++i) {
+      put(&s.pos[static_cast<std::size_t>(cells[i])], 4);
+      put(&one, 4);
+      put(&s.seq_id, 4);
+    }
+    const std::uint32_t v_trans = s.v_trans ? 1 : 0, n_layer = static_cast<std::uint32_t>(s.layers.size());
+    put(&v_trans, 4);
+    put(&n_layer, 4);
+    for (const LayerState& l : s.layers) {
+      put(&l.k_type, 4);
+      put(&l.k_row_bytes, 8);
+      for (std::uint32_t i = 0; i < count; ++i)
+        put(blob + l.k_offset + static_cast<std::size_t>(cells[i]) * l.k_row_bytes, l.k_row_bytes);
+    }
+    for (const LayerState& l : s.layers) {
+      put(&l.v_type, 4);
+      if (!s.v_trans) {
+        put(&l.v_row_bytes, 8);
+        for (std::uint32_t i = 0; i < count; ++i)
+          put(blob + l.v_offset + static_cast<std::size_t>(cells[i]) * l.v_row_bytes, l.v_row_bytes);
+      } else {
+        const auto embd = static_cast<std::uint32_t>(l.v_embd);
+        put(&l.v_elem_bytes, 4);
+        put(&embd, 4);
+        const std::size_t row = static_cast<std::size_t>(s.cell_count) * l.v_elem_bytes;
+        for (std::uint32_t j = 0; j < embd; ++j)
+          for (std::uint32_t i = 0; i < count; ++i)
+            put(blob + l.v_offset + j * row + static_cast<std::size_t>(cells[i]) * l.v_elem_bytes, l.v_elem_bytes);
+      }
+    }
+  }
+  if (w != out->data() + out->size())
+    return make_error(Errc::invalid_shape, "llama state: wrote ", w - out->data(), " bytes, sized ", out->size());
+  return Status::success();
+}
+
+}  // namespace llama
+}  // namespace flashcache
