@@ -133,6 +133,29 @@ inline Status check_model_layers(std::size_t k, std::size_t v, std::size_t score
 }
 }  // namespace detail
 
+namespace detail {
+
+// The first step of both model paths: each layer's mask (masks: one per layer,
+// or none), its summary for the planner and R_l, and the non-finite count.
+template <class T>
+Status summarize_model(const std::vector<KVView<const T>>& k, const std::vector<LayerScores>& scores,
+                       const Options& opt, const std::vector<ProtectMask>& masks, std::vector<ProtectMask>* mask,
+                       std::vector<LayerSummary>* summary, CompressedModel<T>* model) {
+  mask->assign(k.size(), ProtectMask{});
+  summary->assign(k.size(), LayerSummary{});
+  model->energy_ratio.resize(k.size());
+  model->nonfinite = 0;
+  for (std::size_t l = 0; l < k.size(); ++l) {
+    FLASHCACHE_RETURN_IF_ERROR(at_layer(layer_mask(masks, l, k[l].tokens, &(*mask)[l]), 1, 0, static_cast<int>(l)));
+    (*summary)[l] = summarize(scores[l].view(), scores[l].energy.data(), opt, (*mask)[l]);
+    model->energy_ratio[l] = (*summary)[l].energy_ratio();
+    model->nonfinite += scores[l].nonfinite;
+  }
+  return Status::success();
+}
+
+}  // namespace detail
+
 // Plan, select and gather for a whole model whose layers are scored already,
 // by Scorer or by any policy that writes LayerScores (masks: one per layer, or
 // none). The owning no-throw form of compress_model's second half.
@@ -142,17 +165,9 @@ Status compress_scored_model(const std::vector<KVView<const T>>& k, const std::v
                              const std::vector<ProtectMask>& masks, CompressedModel<T>* model) {
   FLASHCACHE_RETURN_IF_ERROR(detail::check_model_layers(k.size(), v.size(), scores.size(), masks.size()));
   const int layers = static_cast<int>(k.size());
-  std::vector<ProtectMask> mask(k.size());
-  std::vector<LayerSummary> summary(k.size());
-  model->energy_ratio.resize(k.size());
-  model->nonfinite = 0;
-  for (std::size_t l = 0; l < k.size(); ++l) {
-    FLASHCACHE_RETURN_IF_ERROR(
-        detail::at_layer(detail::layer_mask(masks, l, k[l].tokens, &mask[l]), 1, 0, static_cast<int>(l)));
-    summary[l] = summarize(scores[l].view(), scores[l].energy.data(), opt, mask[l]);
-    model->energy_ratio[l] = summary[l].energy_ratio();
-    model->nonfinite += scores[l].nonfinite;
-  }
+  std::vector<ProtectMask> mask;
+  std::vector<LayerSummary> summary;
+  FLASHCACHE_RETURN_IF_ERROR(detail::summarize_model(k, scores, opt, masks, &mask, &summary, model));
   model->budgets.resize(k.size());
   BudgetPlanner planner;
   FLASHCACHE_RETURN_IF_ERROR(planner.plan(summary.data(), layers, budget, opt, model->budgets.data()));
@@ -207,26 +222,22 @@ Status compress_model_shared(const std::vector<KVView<const T>>& k, const std::v
   FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
   FLASHCACHE_RETURN_IF_ERROR(detail::check_model_layers(k.size(), v.size(), scores.size(), masks.size()));
   const int layers = static_cast<int>(k.size());
-  std::vector<ProtectMask> mask(k.size());
-  std::vector<LayerSummary> summary(k.size());
-  std::vector<ScoreView> views(k.size());
-  model->energy_ratio.resize(k.size());
-  model->budgets.resize(k.size());
-  model->layers.resize(k.size());
-  model->nonfinite = 0;
-  for (std::size_t l = 0; l < k.size(); ++l) {
-    const int at = static_cast<int>(l);
-    FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(detail::layer_mask(masks, l, k[l].tokens, &mask[l]), 1, 0, at));
+  for (std::size_t l = 0; l < k.size(); ++l)
     if (scores[l].heads != k[l].heads || scores[l].tokens != k[l].tokens)
       return detail::at_layer(make_error(Errc::invalid_shape, "scores are ", scores[l].heads, " heads x ",
                                          scores[l].tokens, " tokens but K is ", k[l].heads, " x ", k[l].tokens),
-                              1, 0, at);
+                              1, 0, static_cast<int>(l));
+  std::vector<ProtectMask> mask;
+  std::vector<LayerSummary> summary;
+  FLASHCACHE_RETURN_IF_ERROR(detail::summarize_model(k, scores, opt, masks, &mask, &summary, model));
+  // A layer's floor is its shared always-kept count: the union over its heads, in whole pages.
+  std::vector<ScoreView> views(k.size());
+  for (std::size_t l = 0; l < k.size(); ++l) {
     views[l] = scores[l].view();
-    summary[l] = summarize(views[l], scores[l].energy.data(), opt, mask[l]);
     summary[l].protected_count = shared_protected_count(&views[l], 1, opt, mask[l], shared.page);
-    model->energy_ratio[l] = summary[l].energy_ratio();
-    model->nonfinite += scores[l].nonfinite;
   }
+  model->budgets.resize(k.size());
+  model->layers.resize(k.size());
   SharedKeepWorkspace ws;
   std::vector<std::int32_t> set;
   if (shared.keep_set == KeepSet::per_layer) {
