@@ -1,15 +1,11 @@
 #pragma once
 // Small helpers shared by the quality evaluations (quality_eval, grid_eval):
 // comma lists, means and medians. The caches are read by cache_io.hpp, the
-// results files and their provenance written by results_io.hpp (included here
-// until grid_eval includes them itself).
+// results files and their provenance written by results_io.hpp.
 #include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include "cache_io.hpp"
-#include "results_io.hpp"
 
 namespace flashcache::quality {
 

@@ -167,7 +167,7 @@ json row_options(const Row& r, const fc::Options& o, const fp::PolicyOptions& po
   return j;
 }
 
-// The labels of --rows (all when empty), in all_rows() order.
+// The rows of --rows (all when empty), in all_rows() order.
 std::vector<Row> choose_rows(const std::string& rows_text) {
   std::vector<Row> rows;
   for (const Row& r : all_rows())
