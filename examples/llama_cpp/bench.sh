@@ -12,36 +12,21 @@ build=${1:-build-llama}
 shift || true
 cmake -S . -B "$build" -DFLASHCACHE_CUDA=OFF >/dev/null
 cmake --build "$build" -j2 --target flashcache_llama_bench >/dev/null
-# The prompt: the project's own prose (English text, code and tables), tokens repeated to length.
-prompt=$(mktemp)
-trap 'rm -f "$prompt" "$prompt.json"' EXIT
-cat README.md tools/extract/README.md include/flashcache/cuda/README.md > "$prompt"
-load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-start=$(date +%s)
-"$build"/examples/llama_cpp/flashcache_llama_bench --prompt-file "$prompt" "$@" > "$prompt.json"
-python3 - "$prompt.json" "$load_before" "$*" "$(( $(date +%s) - start ))" <<'PY'
-import datetime, json, os, platform, subprocess, sys
-doc = json.load(open(sys.argv[1]))
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-doc["machine"] = {"cpus": os.cpu_count(), "cpu": cpu, "system": platform.platform(),
-                  "loadavg_before": sys.argv[2], "loadavg_after": " ".join(open("/proc/loadavg").read().split()[:3])}
-doc["llama_build"] = ("pip install llama-cpp-python==0.3.36 (CMAKE_ARGS=-DLLAVA_BUILD=OFF): Release, GGML_NATIVE=ON "
-                      "(-march=native), CPU backend only, OpenMP; run with use_extra_bufts=false (no repacking/AMX: "
-                      "the AMX kernels GGML_NATIVE picks die with SIGILL in this VM); f16 K and V cache, "
-                      "flash attention auto (on for the CPU)")
-doc["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-doc["command"] = ("examples/llama_cpp/bench.sh " + sys.argv[3]).strip()
-doc["wall_s"] = int(sys.argv[4])
-doc["prompt_source"] = "README.md + tools/extract/README.md + include/flashcache/cuda/README.md, tokens repeated to length"
-doc["notes"] = ("n_kv_after is derived from llama.cpp's own log (LLAMA_KV_CACHE_DEBUG=1: the highest used cell + 1 at "
-                "the first decode step's slot search) padded to 256; cells_after are cells of the sequence after "
-                "compaction; keep_ratio 1 is the full cache; compress_ms covers get_data, parse, score, select, "
-                "write, seq_rm, set_data and verification")
-os.makedirs("bench/results", exist_ok=True)
-with open("bench/results/llama_cpp.json", "w") as f:
-    json.dump(doc, f, indent=1)
-    f.write("\n")
-print("wrote bench/results/llama_cpp.json")
+llama_build="pip install llama-cpp-python==0.3.36 (CMAKE_ARGS=-DLLAVA_BUILD=OFF): Release, GGML_NATIVE=ON"
+llama_build+=" (-march=native), CPU backend only, OpenMP; run with use_extra_bufts=false (no repacking/AMX: the AMX"
+llama_build+=" kernels GGML_NATIVE picks die with SIGILL in this VM); f16 K and V cache, flash attention auto (on"
+llama_build+=" for the CPU)"
+notes="n_kv_after is derived from llama.cpp's own log (LLAMA_KV_CACHE_DEBUG=1: the highest used cell + 1 at"
+notes+=" the first decode step's slot search) padded to 256; cells_after are cells of the sequence after"
+notes+=" compaction; keep_ratio 1 is the full cache; compress_ms covers get_data, parse, score, select,"
+notes+=" write, seq_rm, set_data and verification"
+bench/run_prose_bench.py --program "$build"/examples/llama_cpp/flashcache_llama_bench \
+  --out bench/results/llama_cpp.json --command "$(echo "examples/llama_cpp/bench.sh $*" | sed 's/ *$//')" \
+  --field "llama_build=$llama_build" --field "notes=$notes" \
+  -- "$@"
+python3 - <<'PY'
+import json
+doc = json.load(open("bench/results/llama_cpp.json"))
 for r in doc["runs"]:
     print("{prompt_tokens:5d} tokens, {threads} threads, keep {keep_ratio:4}: cells {cells_before}->{cells_after}, "
           "n_kv {n_kv_after}, prefill {prefill_ms:.0f} ms, compress {compress_ms:.0f} ms, "
