@@ -17,6 +17,10 @@
 #include <flashcache/policies/baselines.hpp>
 #include <flashcache/rules.hpp>
 #include <flashcache/score.hpp>
+#include <flashcache/score_blocked.hpp>
+#include <flashcache/score_global.hpp>
+#include <flashcache/score_grid.hpp>
+#include <flashcache/score_rows.hpp>
 #include <flashcache/select.hpp>
 #include <flashcache/types.hpp>
 #include <flashcache/version.hpp>

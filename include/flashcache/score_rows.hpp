@@ -1,0 +1,108 @@
+#pragma once
+// Score's parts (CPU; score.hpp's Scorer puts them together): the rows one
+// head's transforms read, and the per-token sums the residual classes
+// (score_global.hpp, score_blocked.hpp, score_grid.hpp) write.
+//
+// Non-finite values: a token whose K or V row holds a NaN or infinity reads,
+// for the transform, the nearest finite token before it (after it, for leading
+// ones), so that it cannot spread through the transform. With RoPE de-rotation
+// the transform reads one head's keys rotated back, as float rows.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "options.hpp"
+#include "types.hpp"
+#include "view.hpp"
+
+namespace flashcache {
+namespace detail {
+
+// Per-token sums of one head over its head dim, written by the residual
+// classes: the residual ||X[t] - Xb[t]||^2 and the total ||X[t]||^2, of K and V.
+template <class Real>
+struct TokenResiduals {
+  std::vector<Real> residual_k, residual_v;
+  std::vector<Real> total_k, total_v;
+};
+
+// (*source)[t]: the row the transform reads for token t of head h. A finite
+// token reads itself; a non-finite one the nearest finite token before it
+// (after it, when it leads), or -1 (zeros) when the head has none. Returns the
+// count of non-finite tokens. Grows *source only past its largest length.
+template <class T>
+std::int64_t map_nonfinite_rows(KVView<const T> k, KVView<const T> v, std::int64_t h,
+                                std::vector<std::int64_t>* source) {
+  const std::int64_t n = k.tokens, d = k.head_dim;
+  source->resize(static_cast<std::size_t>(n));
+  std::vector<std::int64_t>& src = *source;
+  std::int64_t bad = 0, last_good = -1;
+  for (std::int64_t t = 0; t < n; ++t) {
+    const T* kr = k.row(h, t);
+    const T* vr = v.row(h, t);
+    bool finite = true;
+    for (std::int64_t c = 0; c < d; ++c) {
+      const bool k_ok = std::isfinite(to_float(kr[c])), v_ok = std::isfinite(to_float(vr[c]));
+      finite &= k_ok & v_ok;  // no branch per element
+    }
+    if (finite) {
+      if (last_good < 0)  // leading non-finite tokens take the first finite one
+        for (std::int64_t u = 0; u < t; ++u) src[static_cast<std::size_t>(u)] = t;
+      last_good = t;
+    } else {
+      ++bad;
+    }
+    src[static_cast<std::size_t>(t)] = finite ? t : last_good;
+  }
+  return bad;
+}
+
+// Element c of row src (from map_nonfinite_rows) of head h, as Real; 0 for -1.
+template <class Real, class T>
+Real source_element(KVView<const T> x, std::int64_t h, std::int64_t src, std::int64_t c) {
+  return src < 0 ? Real(0) : static_cast<Real>(to_float(x(h, src, c)));
+}
+
+// One head of K rotated back to its pre-RoPE form, and V, as float rows
+// [tokens][head_dim]; inv_freq is scratch. Kept between heads and layers.
+struct DerotatedHead {
+  std::vector<float> k, v;
+  std::vector<double> inv_freq;
+};
+
+// Head h of K de-rotated and V copied into *out. Token t sits at position
+// first_position + t; pair (i, i + d/2) (half) or (2i, 2i + 1) (interleaved)
+// turned by -pos * theta^(-2i/d). A non-finite row stays non-finite;
+// map_nonfinite_rows() has already routed around it. head_dim must be even.
+template <class T>
+void derotate_head(KVView<const T> k, KVView<const T> v, std::int64_t h, const RopeOptions& rope,
+                   DerotatedHead* out) {
+  const std::int64_t n = k.tokens, d = k.head_dim, half = d / 2;
+  out->k.resize(static_cast<std::size_t>(n * d));
+  out->v.resize(static_cast<std::size_t>(n * d));
+  out->inv_freq.resize(static_cast<std::size_t>(half));
+  for (std::int64_t i = 0; i < half; ++i)
+    out->inv_freq[static_cast<std::size_t>(i)] =
+        std::pow(rope.theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+  for (std::int64_t t = 0; t < n; ++t) {
+    float* kr = out->k.data() + t * d;
+    float* vr = out->v.data() + t * d;
+    for (std::int64_t c = 0; c < d; ++c) {
+      kr[c] = to_float(k(h, t, c));
+      vr[c] = to_float(v(h, t, c));
+    }
+    const double pos = static_cast<double>(rope.first_position + t);
+    for (std::int64_t i = 0; i < half; ++i) {
+      const std::int64_t a = rope.layout == RopeLayout::half ? i : 2 * i;
+      const std::int64_t b = rope.layout == RopeLayout::half ? i + half : 2 * i + 1;
+      const double angle = pos * out->inv_freq[static_cast<std::size_t>(i)];
+      const double c = std::cos(angle), s = std::sin(angle);
+      const double x = kr[a], y = kr[b];
+      kr[a] = static_cast<float>(x * c + y * s);
+      kr[b] = static_cast<float>(y * c - x * s);
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace flashcache
