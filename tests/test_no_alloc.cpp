@@ -134,24 +134,39 @@ TEST(NoAlloc, WarmStagesAllocateNothing) {
   paper.window_share = 0.1;
   paper.base_share = 0.2;
   paper.normalize_terms = true;
-  // Image spans with edge tiles and the grid base sample, tiled and whole.
+  // Image spans with edge tiles and the grid base sample (the grid residual),
+  // tiled (blocked transform: 8 x 8 tiles) and whole (global).
   fc::Options images;
+  images.transform = fc::Transform::blocked;
   images.grids = {{1, 9, 10}, {100, 7, 9}};
   fc::Options images_global = images;
   images_global.transform = fc::Transform::global;
-  // The peak base over blocks (300 and 173 tokens end in shorter blocks), and the mixed base.
+  // The blocked residual with each base (300 and 173 tokens end in shorter
+  // blocks), and the global one's mixed base.
   fc::Options peak;
   peak.transform = fc::Transform::blocked;
+  fc::Options lowpass_blocked = peak;
+  lowpass_blocked.base = fc::Base::lowpass;
+  fc::Options mixed_blocked = peak;
+  mixed_blocked.base = fc::Base::mixed;
   fc::Options mixed_global;
   mixed_global.base = fc::Base::mixed;
+  // Keys de-rotated before the transform, global and blocked (with spans).
+  fc::Options rope;
+  rope.rope.derotate = true;
+  fc::Options rope_blocked = images;
+  rope_blocked.rope.derotate = true;
+  rope_blocked.rope.layout = fc::RopeLayout::interleaved;
   // The defaults (global, peak base); 300 and 173 tokens.
-  for (const fc::Options& opt : {paper, fc::Options{}, images, images_global, peak, mixed_global}) {
+  for (const fc::Options& opt : {paper, fc::Options{}, images, images_global, peak, lowpass_blocked, mixed_blocked,
+                                 mixed_global, rope, rope_blocked}) {
     Engine engine(first);
     ASSERT_TRUE(engine.run(first, opt));
     bool ok = false;
     const long during = heap_allocations([&] { ok = engine.run(second, opt); });
     ASSERT_TRUE(ok);
-    EXPECT_EQ(during, 0) << fc::to_string(opt.transform) << " " << fc::to_string(opt.base);
+    EXPECT_EQ(during, 0) << fc::to_string(opt.transform) << " " << fc::to_string(opt.base) << ", "
+                         << opt.grids.size() << " spans" << (opt.rope.derotate ? ", rope" : "");
   }
   const fc::Options opt = paper;
   // The counters work: the owning front door allocates, and so does Eigen for a
