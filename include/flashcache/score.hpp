@@ -21,11 +21,11 @@
 
 #include "grid.hpp"
 #include "options.hpp"
+#include "rules.hpp"
 #include "score_blocked.hpp"
 #include "score_global.hpp"
 #include "score_grid.hpp"
 #include "score_rows.hpp"
-#include "rules.hpp"
 #include "types.hpp"
 #include "view.hpp"
 

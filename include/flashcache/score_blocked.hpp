@@ -74,8 +74,7 @@ class BlockedResidual {
               chosen_coeff_.row(i) = coeff_.row(f);
               ++i;
             }
-          base_.topRows(len).noalias() =
-              chosen_basis_.topLeftCorner(m, len).transpose() * chosen_coeff_.topRows(m);
+          base_.topRows(len).noalias() = chosen_basis_.topLeftCorner(m, len).transpose() * chosen_coeff_.topRows(m);
         }
         for (std::int64_t t = 0; t < len; ++t)
           (*r)[static_cast<std::size_t>(b0 + t)] = (x->row(t) - base_.row(t)).squaredNorm();

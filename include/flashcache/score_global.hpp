@@ -127,8 +127,10 @@ class GlobalResidual {
       dct.inverse(sk, sv, xk_.data(), xv_.data());
       for (std::int64_t t = 0; t < n; ++t)
         for (int w = 0; w < W; ++w) {
-          rk[static_cast<std::size_t>(t)] += xk_[static_cast<std::size_t>(t * W + w)] * xk_[static_cast<std::size_t>(t * W + w)];
-          rv[static_cast<std::size_t>(t)] += xv_[static_cast<std::size_t>(t * W + w)] * xv_[static_cast<std::size_t>(t * W + w)];
+          rk[static_cast<std::size_t>(t)] +=
+              xk_[static_cast<std::size_t>(t * W + w)] * xk_[static_cast<std::size_t>(t * W + w)];
+          rv[static_cast<std::size_t>(t)] +=
+              xv_[static_cast<std::size_t>(t * W + w)] * xv_[static_cast<std::size_t>(t * W + w)];
         }
     }
   }

@@ -15,8 +15,8 @@
 
 #include "dct.hpp"
 #include "grid.hpp"
-#include "score_rows.hpp"
 #include "rules.hpp"
+#include "score_rows.hpp"
 #include "view.hpp"
 
 namespace flashcache {

@@ -75,8 +75,7 @@ struct DerotatedHead {
 // turned by -pos * theta^(-2i/d). A non-finite row stays non-finite;
 // map_nonfinite_rows() has already routed around it. head_dim must be even.
 template <class T>
-void derotate_head(KVView<const T> k, KVView<const T> v, std::int64_t h, const RopeOptions& rope,
-                   DerotatedHead* out) {
+void derotate_head(KVView<const T> k, KVView<const T> v, std::int64_t h, const RopeOptions& rope, DerotatedHead* out) {
   const std::int64_t n = k.tokens, d = k.head_dim, half = d / 2;
   out->k.resize(static_cast<std::size_t>(n * d));
   out->v.resize(static_cast<std::size_t>(n * d));
