@@ -137,10 +137,5 @@ def render(doc):
 
 
 if __name__ == "__main__":
-    import json
-    import os
-    import sys
-    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "results", "llama_cpp.json")
-    with open(path) as f:
-        print(render(json.load(f)))
+    from render_main import run
+    run(render, "llama_cpp.json")
