@@ -4,11 +4,8 @@
 // values). Eigen allocates with its own malloc, which operator new does not
 // see: with EIGEN_RUNTIME_NO_MALLOC it checks every heap allocation against a
 // switch, and its assertion here counts instead of aborting.
-// Our operator delete frees what our operator new took with malloc; GCC
-// cannot see that pairing through the replacement and would warn.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
+#include "counting_new.hpp"
+
 #include <atomic>
 namespace {
 std::atomic<long> eigen_heap_allocations{0};
@@ -26,17 +23,7 @@ std::atomic<long> eigen_heap_allocations{0};
 #include <new>
 #include <vector>
 
-namespace {
-std::atomic<long> allocations{0};
-}
-
-void* operator new(std::size_t size) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+using flashcache_test::allocations;
 
 namespace fc = flashcache;
 

@@ -2,9 +2,8 @@
 // or for every layer and head, against a brute-force reference written here
 // from the rules in the header (doubles, full sorts, no library helpers).
 // This executable counts operator new, for the no-allocation test.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
+#include "counting_new.hpp"
+
 #include <gtest/gtest.h>
 #include <flashcache/flashcache.hpp>
 
@@ -19,17 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace {
-std::atomic<long> allocations{0};
-}
-
-void* operator new(std::size_t size) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+using flashcache_test::allocations;
 
 namespace fc = flashcache;
 
