@@ -1,8 +1,8 @@
 #pragma once
 // Stage 1, score: per-token outlier score and per-head energies (CPU).
 //
-// For every KV head: Base = the chosen frequencies of K along tokens (the lowest
-// by default; Options::base, base.hpp), score[n] = MSE(K[n], Kb[n]) + MSE(V[n],
+// For every KV head: Base = the chosen frequencies of K along tokens (the
+// strongest by default, the lowest in the paper; Options::base, base.hpp), score[n] = MSE(K[n], Kb[n]) + MSE(V[n],
 // Vb[n]), and the energies E(K), E_high(K) = ||K - Kb||^2 (Parseval), likewise
 // for V, from which the layer's ratio R_l follows.
 //
