@@ -31,7 +31,7 @@ inline std::int64_t next_pow2(std::int64_t n) {
   return p;
 }
 
-// Radices for a Stockham plan, 4s first; an empty result means "needs Bluestein".
+// Radices for the Stockham stages, 4s first; an empty result means "needs Bluestein".
 inline std::vector<int> fft_radices(std::int64_t n, int max_prime) {
   std::vector<int> radices;
   while (n % 4 == 0) radices.push_back(4), n /= 4;
@@ -61,7 +61,7 @@ class PanelFft {
     if (n_ <= 1) return;
     radices_ = detail::fft_radices(n_, kMaxDirectPrime);
     if (!radices_.empty()) {
-      plan_stages(n_);
+      choose_stages(n_);
       work_re_.resize(static_cast<std::size_t>(n_ * W));
       work_im_.resize(static_cast<std::size_t>(n_ * W));
       return;
@@ -133,7 +133,7 @@ class PanelFft {
     for (std::int64_t i = 0; i < n * W; ++i) x[i] = -x[i];
   }
 
-  void plan_stages(std::int64_t n) {
+  void choose_stages(std::int64_t n) {
     std::int64_t span = 1, classes = n;
     for (int p : radices_) {
       const std::int64_t next = span * p;
@@ -314,7 +314,7 @@ class PanelFft {
   }
 
   std::int64_t n_;
-  std::int64_t m_ = 0;  // Bluestein length; 0 when the Stockham plan runs directly
+  std::int64_t m_ = 0;  // Bluestein length; 0 when the Stockham stages run directly
   std::vector<int> radices_;
   std::vector<Stage> stages_;
   std::vector<Real> tw_re_, tw_im_, root_re_, root_im_, work_re_, work_im_, scratch_re_, scratch_im_;

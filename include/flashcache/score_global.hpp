@@ -78,7 +78,7 @@ class GlobalResidual {
                double gamma, TokenResiduals<Real>* out) {
     constexpr int W = kLanes;
     const std::int64_t n = k.tokens, d = k.head_dim, m = lowpass_cutoff(n, gamma);
-    Dct<Real, W>& dct = plan(n);
+    Dct<Real, W>& dct = dct_of_length(n);
     for (Panel* p : {&xk_, &xv_}) p->resize(static_cast<std::size_t>(n * W));
     for (std::int64_t c0 = 0; c0 < d; c0 += W) {
       load_panel(k, v, h, source, c0, out);
@@ -94,7 +94,7 @@ class GlobalResidual {
     constexpr int W = kLanes;
     const std::int64_t n = k.tokens, d = k.head_dim, m = lowpass_cutoff(n, gamma);
     const std::int64_t panels = (d + W - 1) / W;
-    Dct<Real, W>& dct = plan(n);
+    Dct<Real, W>& dct = dct_of_length(n);
     for (Panel* p : {&xk_, &xv_}) p->resize(static_cast<std::size_t>(n * W));
     for (Panel* p : {&spectrum_k_, &spectrum_v_}) p->resize(static_cast<std::size_t>(panels * n * W));
     energy_k_.assign(static_cast<std::size_t>(n), Real(0));
@@ -135,9 +135,9 @@ class GlobalResidual {
     }
   }
 
-  Dct<Real, kLanes>& plan(std::int64_t n) {
-    auto it = plans_.find(n);
-    if (it == plans_.end()) it = plans_.emplace(n, std::make_unique<Dct<Real, kLanes>>(n)).first;
+  Dct<Real, kLanes>& dct_of_length(std::int64_t n) {
+    auto it = dcts_.find(n);
+    if (it == dcts_.end()) it = dcts_.emplace(n, std::make_unique<Dct<Real, kLanes>>(n)).first;
     return *it->second;
   }
 
@@ -148,7 +148,7 @@ class GlobalResidual {
   std::vector<Real> energy_k_, energy_v_;
   std::vector<std::uint8_t> chosen_k_, chosen_v_;
   std::vector<std::int32_t> order_;
-  std::map<std::int64_t, std::unique_ptr<Dct<Real, kLanes>>> plans_;
+  std::map<std::int64_t, std::unique_ptr<Dct<Real, kLanes>>> dcts_;
 };
 
 }  // namespace detail
