@@ -88,12 +88,13 @@ void BM_Copy(benchmark::State& state) {
 }
 
 // FlashCache on one layer: score, select and gather (allocation is per model).
-template <fc::Transform kTransform>
+template <fc::Transform kTransform, fc::Base kBase>
 void BM_FlashCache(benchmark::State& state) {
   const ModelShape& m = shape_of(state.range(0));
   const LayerData& l = layer(m.kv_heads, state.range(1), m.head_dim);
   fc::Options opt;
   opt.transform = kTransform;
+  opt.base = kBase;
   fc::Scorer<float> scorer;  // reused across layers in a real pipeline
   fc::LayerScores scores;
   std::int64_t budget = 0;
@@ -156,8 +157,12 @@ void QuadraticArgs(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_Copy)->Apply(CompressArgs);
-BENCHMARK(BM_FlashCache<fc::Transform::blocked>)->Name("BM_FlashCacheBlocked")->Apply(CompressArgs);
-BENCHMARK(BM_FlashCache<fc::Transform::global>)->Name("BM_FlashCacheGlobal")->Apply(CompressArgs);
+// The defaults (Options{}: global, peak base), the paper's base on the same transform, and the blocked low-pass path.
+BENCHMARK(BM_FlashCache<fc::Transform::global, fc::Base::peak>)->Name("BM_FlashCacheGlobal")->Apply(CompressArgs);
+BENCHMARK(BM_FlashCache<fc::Transform::global, fc::Base::lowpass>)
+    ->Name("BM_FlashCacheGlobalLowpass")
+    ->Apply(CompressArgs);
+BENCHMARK(BM_FlashCache<fc::Transform::blocked, fc::Base::lowpass>)->Name("BM_FlashCacheBlocked")->Apply(CompressArgs);
 BENCHMARK(BM_Baseline<fp::Policy::streaming>)->Name("BM_StreamingLLM")->Apply(CompressArgs);
 BENCHMARK(BM_Baseline<fp::Policy::knorm>)->Name("BM_KNorm")->Apply(CompressArgs);
 BENCHMARK(BM_Baseline<fp::Policy::snapkv>)->Name("BM_SnapKV")->Apply(CompressArgs);
@@ -166,11 +171,12 @@ BENCHMARK(BM_Baseline<fp::Policy::h2o>)->Name("BM_H2O")->Apply(QuadraticArgs);
 // ---- stage scaling --------------------------------------------------------------------------------------------
 
 // Scoring one head as tokens grow: global should follow N log N, blocked N.
-template <fc::Transform kTransform>
+template <fc::Transform kTransform, fc::Base kBase>
 void BM_ScoreScaling(benchmark::State& state) {
   const LayerData& l = layer(state.range(2), state.range(0), state.range(1));
   fc::Options opt;
   opt.transform = kTransform;
+  opt.base = kBase;
   fc::Scorer<float> scorer;
   fc::LayerScores scores;
   for (auto _ : state) {
@@ -186,8 +192,11 @@ void ScalingArgs(benchmark::internal::Benchmark* b) {
   for (std::int64_t d : {64, 256}) b->Args({8192, d, 1});
   for (std::int64_t h : {2, 8}) b->Args({8192, 128, h});
 }
-BENCHMARK(BM_ScoreScaling<fc::Transform::global>)->Name("BM_ScoreGlobal")->Apply(ScalingArgs);
-BENCHMARK(BM_ScoreScaling<fc::Transform::blocked>)->Name("BM_ScoreBlocked")->Apply(ScalingArgs);
+BENCHMARK(BM_ScoreScaling<fc::Transform::global, fc::Base::peak>)->Name("BM_ScoreGlobal")->Apply(ScalingArgs);
+BENCHMARK(BM_ScoreScaling<fc::Transform::global, fc::Base::lowpass>)
+    ->Name("BM_ScoreGlobalLowpass")
+    ->Apply(ScalingArgs);
+BENCHMARK(BM_ScoreScaling<fc::Transform::blocked, fc::Base::lowpass>)->Name("BM_ScoreBlocked")->Apply(ScalingArgs);
 
 void BM_Select(benchmark::State& state) {
   const std::int64_t n = state.range(0), heads = 4;
