@@ -102,6 +102,19 @@ struct SeqTable {
   const std::int32_t* slots = nullptr;   // [B+1] offsets of per-tile energy partials
 };
 
+// The cache as every per-layer pass reads it (the first fields of their
+// Params, in this order): each layer's K and V base, where rows live, the
+// sequence table. The host fills it once per call (RunContext).
+template <class T>
+struct LayerRows {
+  const T* k[kMaxLayers];
+  const T* v[kMaxLayers];
+  RowMap rows;
+  SeqTable seq;
+  int sequences = 0;
+  int head_dim = 0;
+};
+
 // ---- maths that must match the host ------------------------------------------
 // Float bits mapped to an unsigned key with the float order: larger float,
 // larger key. -0 folds onto +0 (they compare equal) and NaN sorts lowest.

@@ -72,13 +72,7 @@ struct BlockedSmem {
 };
 
 template <class T>
-struct BlockedParams {
-  const T* k[kMaxLayers];
-  const T* v[kMaxLayers];
-  RowMap rows;
-  SeqTable seq;
-  int sequences = 0;
-  int head_dim = 0;
+struct BlockedParams : LayerRows<T> {
   int block_size = 0;
   double gamma = 0.2;
   ProtectRule protect;

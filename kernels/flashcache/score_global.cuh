@@ -34,13 +34,7 @@ inline constexpr int kGlobalTile = 32;  // tokens per residual CTA and per energ
 // scans the flags of one (layer, sequence, head) in token order and replaces
 // them, in place, by the row the transform reads.
 template <class T>
-struct SubstituteParams {
-  const T* k[kMaxLayers];
-  const T* v[kMaxLayers];
-  RowMap rows;
-  SeqTable seq;
-  int sequences = 0;
-  int head_dim = 0;
+struct SubstituteParams : LayerRows<T> {
   bool vector_ok = false;  // rows allow 16-byte loads
   std::int64_t capacity = 0;
   std::int32_t* sub = nullptr;  // [L][H][capacity]: flags (1 finite), then the source token or -1 (zeros)

@@ -224,13 +224,7 @@ struct GridTileMath {
 };
 
 template <class T>
-struct GridParams {
-  const T* k[kMaxLayers];
-  const T* v[kMaxLayers];
-  RowMap rows;
-  SeqTable seq;
-  int sequences = 0;
-  int head_dim = 0;
+struct GridParams : LayerRows<T> {
   GridSpans grids;
   GridZone zone = GridZone::rectangle;
   double gamma = 0.2;

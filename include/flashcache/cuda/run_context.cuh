@@ -49,12 +49,19 @@ kernels::RowMap row_map(const Cache<T>& c) {
   return r;
 }
 
+// The first fields of every per-layer pass's Params (kernels::LayerRows).
 template <class T>
-void fill_layer_pointers(const Cache<T>& c, const T** k, const T** v) {
+kernels::LayerRows<T> layer_rows(const Cache<T>& c, const Workspace& ws) {
+  kernels::LayerRows<T> r{};
   for (int l = 0; l < c.layers; ++l) {
-    k[l] = c.k[l];
-    v[l] = c.v[l];
+    r.k[l] = c.k[l];
+    r.v[l] = c.v[l];
   }
+  r.rows = row_map(c);
+  r.seq = {ws.seq_len(), ws.seq_offset(), ws.seq_slots()};
+  r.sequences = c.sequences;
+  r.head_dim = static_cast<int>(c.head_dim);
+  return r;
 }
 
 inline Status launched(const char* kernel) { return cuda_status(cudaGetLastError(), kernel); }
@@ -93,12 +100,19 @@ inline kernels::GridSpans grid_spans(const Options& opt) {
 
 template <class T>
 struct RunContext {
+  // Sets the LayerRows prefix of a per-layer pass's Params.
+  template <class Params>
+  void set_layer_rows(Params* p) const {
+    static_cast<kernels::LayerRows<T>&>(*p) = layers;
+  }
+
   RunContext(const Cache<T>& cache_, const Options& opt_, const Workspace& ws_)
       : cache(cache_),
         opt(opt_),
         ws(ws_),
-        rows(row_map(cache_)),
-        seq{ws_.seq_len(), ws_.seq_offset(), ws_.seq_slots()},
+        layers(layer_rows(cache_, ws_)),
+        rows(layers.rows),
+        seq(layers.seq),
         grids(grid_spans(opt_)),
         protect{opt_.sink, opt_.window, cache_.protect},
         vector_ok(rows_vectorizable(cache_)),
@@ -108,6 +122,7 @@ struct RunContext {
   const Cache<T>& cache;
   const Options& opt;
   const Workspace& ws;
+  kernels::LayerRows<T> layers;  // K and V of each layer, rows, sequence table: Params' first fields
   kernels::RowMap rows;
   kernels::SeqTable seq;  // written by stage 0 (launch/sequence_table.cuh), read by every later one
   kernels::GridSpans grids;

@@ -39,11 +39,7 @@ Status score_blocked(const RunContext<T>& run, cudaStream_t stream) {
   const Options& opt = run.opt;
   const Workspace& ws = run.ws;
   kernels::BlockedParams<T> p{};
-  fill_layer_pointers(c, p.k, p.v);
-  p.rows = run.rows;
-  p.seq = run.seq;
-  p.sequences = c.sequences;
-  p.head_dim = static_cast<int>(c.head_dim);
+  run.set_layer_rows(&p);
   p.block_size = static_cast<int>(opt.block_size);
   p.gamma = opt.gamma;
   p.protect = run.protect;

@@ -73,11 +73,7 @@ template <class T>
 Status substitute_rows(const RunContext<T>& run, cudaStream_t stream) {
   const Cache<T>& c = run.cache;
   kernels::SubstituteParams<T> p{};
-  fill_layer_pointers(c, p.k, p.v);
-  p.rows = run.rows;
-  p.seq = run.seq;
-  p.sequences = c.sequences;
-  p.head_dim = static_cast<int>(c.head_dim);
+  run.set_layer_rows(&p);
   p.vector_ok = run.vector_ok;
   p.capacity = c.capacity;
   p.sub = run.ws.substitutes();

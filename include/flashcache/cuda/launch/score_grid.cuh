@@ -84,11 +84,7 @@ Status score_grids(const RunContext<T>& run, cudaStream_t stream) {
   GridLaunch g;
   FLASHCACHE_RETURN_IF_ERROR(size_grid_launch(c.head_dim, opt, run.smem_limit, &g));
   kernels::GridParams<T> p{};
-  fill_layer_pointers(c, p.k, p.v);
-  p.rows = run.rows;
-  p.seq = run.seq;
-  p.sequences = c.sequences;
-  p.head_dim = static_cast<int>(c.head_dim);
+  run.set_layer_rows(&p);
   p.grids = g.spans;
   p.zone = opt.grid_zone;
   p.gamma = opt.gamma;
