@@ -131,9 +131,6 @@ inline Status check_model_layers(std::size_t k, std::size_t v, std::size_t score
                       " masks");
   return Status::success();
 }
-}  // namespace detail
-
-namespace detail {
 
 // The first step of both model paths: each layer's mask (masks: one per layer,
 // or none), its summary for the planner and R_l, and the non-finite count.
