@@ -36,7 +36,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--program", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--command", required=True, help="the command line to record")
+    ap.add_argument("--command", required=True, help="the command line to record (trailing spaces dropped)")
     ap.add_argument("--field", action="append", default=[], metavar="KEY=TEXT", help="a text field to add")
     ap.add_argument("options", nargs=argparse.REMAINDER, help="options for the program, after --")
     args = ap.parse_args()
@@ -59,7 +59,7 @@ def main():
     doc["machine"] = {"cpus": os.cpu_count(), "cpu": cpu_model(), "system": platform.platform(),
                       "loadavg_before": before, "loadavg_after": loadavg()}
     doc["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    doc["command"] = args.command
+    doc["command"] = args.command.strip()
     doc["wall_s"] = wall
     doc["prompt_source"] = " + ".join(PROSE) + ", tokens repeated to length"
     for field in args.field:

@@ -10,4 +10,4 @@ shift || true
 cmake -S . -B "$build" -DFLASHCACHE_CUDA=OFF >/dev/null
 cmake --build "$build" -j2 --target flashcache_engine_bench >/dev/null
 bench/run_prose_bench.py --program "$build"/examples/engine/flashcache_engine_bench --out bench/results/engine.json \
-  --command "$(echo "examples/engine/bench.sh $*" | sed 's/ *$//')" -- "$@"
+  --command "examples/engine/bench.sh $*" -- "$@"

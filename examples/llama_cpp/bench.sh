@@ -21,7 +21,7 @@ notes+=" the first decode step's slot search) padded to 256; cells_after are cel
 notes+=" compaction; keep_ratio 1 is the full cache; compress_ms covers get_data, parse, score, select,"
 notes+=" write, seq_rm, set_data and verification"
 bench/run_prose_bench.py --program "$build"/examples/llama_cpp/flashcache_llama_bench \
-  --out bench/results/llama_cpp.json --command "$(echo "examples/llama_cpp/bench.sh $*" | sed 's/ *$//')" \
+  --out bench/results/llama_cpp.json --command "examples/llama_cpp/bench.sh $*" \
   --field "llama_build=$llama_build" --field "notes=$notes" \
   -- "$@"
 python3 - <<'PY'
