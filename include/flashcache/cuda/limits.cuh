@@ -6,10 +6,8 @@
 #include <utility>
 
 #include "flashcache/common.cuh"  // kernels/flashcache/: kMaxLayers, kMaxGridSpans
-#include "flashcache/cuda/workspace.cuh"
 #include "flashcache/error.hpp"
 #include "flashcache/rules.hpp"
-#include "flashcache/score_global.cuh"  // kernels::kGlobalTile
 
 namespace flashcache::gpu {
 
@@ -20,7 +18,6 @@ inline constexpr int kMaxGridSpans = kernels::kMaxGridSpans;
 // Shared memory a CTA may use after opting in, when no device can be asked:
 // sm_90's (H100/H200). With a device, can_implement() asks it.
 inline constexpr std::int64_t kMaxSharedBytes = 227 * 1024;
-static_assert(kGlobalSlotTokens == kernels::kGlobalTile, "the workspace's global slots are the residual pass's tiles");
 
 // Head dims with a kernel of their own; any other head dim takes the generic
 // one (head dim 0 in the kernels' template arguments). The one list.

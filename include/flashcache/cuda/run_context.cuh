@@ -1,7 +1,7 @@
 #pragma once
-// What every launch of one call reads, worked out once per call: the row map,
-// the sequence table, the image spans, the protected set, the vector-load
-// decision, the status word and the shared-memory limit. Each launch header
+// What every launch of one call reads, worked out once per call: the layers,
+// the row map, the sequence table, the image spans, the protected set, the
+// vector-load decision and the status word. Each launch header
 // (launch/) fills its kernel's Params from it.
 #include <cuda_runtime.h>
 
@@ -111,25 +111,22 @@ struct RunContext {
         opt(opt_),
         ws(ws_),
         layers(layer_rows(cache_, ws_)),
-        rows(layers.rows),
-        seq(layers.seq),
         grids(grid_spans(opt_)),
         protect{opt_.sink, opt_.window, cache_.protect},
         vector_ok(rows_vectorizable(cache_)),
-        status(ws_.status()),
-        smem_limit(max_shared_bytes()) {}
+        status(ws_.status()) {}
 
   const Cache<T>& cache;
   const Options& opt;
   const Workspace& ws;
-  kernels::LayerRows<T> layers;  // K and V of each layer, rows, sequence table: Params' first fields
-  kernels::RowMap rows;
-  kernels::SeqTable seq;  // written by stage 0 (launch/sequence_table.cuh), read by every later one
+  // K and V of each layer, the row map and the sequence table (written by
+  // stage 0, launch/sequence_table.cuh, read by every later one): the first
+  // fields of the per-layer passes' Params.
+  kernels::LayerRows<T> layers;
   kernels::GridSpans grids;
   kernels::ProtectRule protect;
   bool vector_ok;  // every row of the cache moves in 16-byte accesses
   int* status;
-  std::int64_t smem_limit;  // max_shared_bytes(), asked once
 };
 
 }  // namespace flashcache::gpu::detail

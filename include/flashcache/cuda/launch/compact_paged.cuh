@@ -27,7 +27,7 @@ Status compact_in_place(const RunContext<T>& run, const Outputs<T>& out, const s
     p.k[l] = c.k[l];
     p.v[l] = c.v[l];
   }
-  p.rows = run.rows;
+  p.rows = run.layers.rows;
   p.sequences = c.sequences;
   p.head_dim = static_cast<int>(c.head_dim);
   p.capacity = c.capacity;

@@ -15,7 +15,7 @@ Status sum_energy(const RunContext<T>& run, float* ratio_out, cudaStream_t strea
   p.sequences = run.cache.sequences;
   p.heads = static_cast<int>(run.cache.heads);
   p.slot_count = layout.slot_count;
-  p.slots = run.seq.slots;
+  p.slots = run.layers.seq.slots;
   p.energy_part = static_cast<const float4*>(ws.energy_part());
   p.protected_part = ws.protected_part();
   p.grid_tiles = static_cast<int>(layout.grid_tiles);

@@ -20,7 +20,7 @@ Status gather_kept(const RunContext<T>& run, const Outputs<T>& out, const std::i
     p.v_out[l] = out.v_out[l];
     vector_ok = vector_ok && aligned16(out.k_out[l]) && aligned16(out.v_out[l]);
   }
-  p.rows = run.rows;
+  p.rows = run.layers.rows;
   p.sequences = c.sequences;
   p.head_dim = static_cast<int>(c.head_dim);
   p.capacity = c.capacity;

@@ -73,7 +73,7 @@ Status score_blocked(const RunContext<T>& run, cudaStream_t stream) {
   e.sequences = c.sequences;
   e.block_size = static_cast<int>(opt.block_size);
   e.slot_count = ws.layout().slot_count;
-  e.slots = run.seq.slots;
+  e.slots = run.layers.seq.slots;
   e.first_good = ws.first_good();
   e.last_good = ws.last_good();
   e.source = ws.source();

@@ -10,6 +10,8 @@
 
 namespace flashcache::gpu::detail {
 
+static_assert(kGlobalSlotTokens == kernels::kGlobalTile, "the workspace's global slots are the residual pass's tiles");
+
 // A base chosen by energy (Options::base peak, mixed) for the spectra of one
 // (layer, sequence) of n > 1 tokens, after the forward FFT: energies, the
 // choice per (head, K | V), the base's coefficients kept in place.
@@ -56,7 +58,7 @@ Status check_lengths(const RunContext<T>& run, const GlobalTransform& global, cu
   const int sequences = run.cache.sequences;
   for (int first = 0; first < sequences; first += kernels::kLengthsPerCheck) {
     kernels::LengthCheckParams check{};
-    check.seq_len = run.seq.len;
+    check.seq_len = run.layers.seq.len;
     check.first = first;
     check.count = sequences - first < kernels::kLengthsPerCheck ? sequences - first : kernels::kLengthsPerCheck;
     for (int i = 0; i < check.count; ++i)
@@ -104,14 +106,14 @@ Status score_global_layer(const RunContext<T>& run, int b, int l, std::int64_t n
   kernels::PackParams<T> pack{};
   pack.k = c.k[l];
   pack.v = c.v[l];
-  pack.rows = run.rows;
+  pack.rows = run.layers.rows;
   pack.sequence = b;
   pack.heads = static_cast<int>(c.heads);
   pack.head_dim = static_cast<int>(c.head_dim);
   pack.n = n;
   pack.sub = sub;
   pack.capacity = c.capacity;
-  pack.seq = run.seq;
+  pack.seq = run.layers.seq;
   pack.z = z;
   pack.status = run.status;
   kernels::pack_kernel<T><<<dim3(static_cast<unsigned>(kernels::ceil_div(n, 32)),
@@ -139,8 +141,8 @@ Status score_global_layer(const RunContext<T>& run, int b, int l, std::int64_t n
   kernels::ResidualParams<T> rp{};
   rp.k = c.k[l];
   rp.v = c.v[l];
-  rp.rows = run.rows;
-  rp.seq = run.seq;
+  rp.rows = run.layers.rows;
+  rp.seq = run.layers.seq;
   rp.sequence = b;
   rp.layer = l;
   rp.heads = static_cast<int>(c.heads);

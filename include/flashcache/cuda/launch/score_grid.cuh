@@ -82,7 +82,7 @@ Status score_grids(const RunContext<T>& run, cudaStream_t stream) {
   const Options& opt = run.opt;
   const Workspace& ws = run.ws;
   GridLaunch g;
-  FLASHCACHE_RETURN_IF_ERROR(size_grid_launch(c.head_dim, opt, run.smem_limit, &g));
+  FLASHCACHE_RETURN_IF_ERROR(size_grid_launch(c.head_dim, opt, max_shared_bytes(), &g));
   kernels::GridParams<T> p{};
   run.set_layer_rows(&p);
   p.grids = g.spans;

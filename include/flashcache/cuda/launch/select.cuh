@@ -13,7 +13,7 @@ Status select_tokens(const RunContext<T>& run, std::int32_t* kept, std::int32_t*
   kernels::SelectParams p;
   p.sequences = run.cache.sequences;
   p.capacity = run.cache.capacity;
-  p.seq = run.seq;
+  p.seq = run.layers.seq;
   p.protect = run.protect;
   p.window_share = opt.window_share;
   p.base_share = opt.base_share;
