@@ -14,7 +14,10 @@
 //              "sink": 4, "window": 0, "window_share": 0.25, "base_share": 0,
 //              "normalize_terms": false, "rope_theta": 0, "rope_layout": "half",
 //              "allocation": "dynamic", "keep_set": "per_head", "combine": "mean_normalized",
-//              "page": 1}, "seed": 0}, ...]}
+//              "page": 1, "query": "none", "tail_weight": 0.5, "tail_stride": 1, "tail_last": 0},
+//              "seed": 0}, ...]}
+// query "tail" (Options::query) scores with each key's tail from q.npy, fed by every
+// tail_stride-th prompt query (only the last tail_last when above 0).
 // Every configuration keeps per_head * L tokens in all: per_head in every
 // layer, or that total re-split by the dynamic allocation.
 // keep_set (shared_keep.hpp): per_head (the default) keeps a set per (layer,
@@ -70,7 +73,17 @@ fc::Options options_from(const Json& j) {
       j.value("rope_layout", std::string("half")) == "interleaved" ? fc::RopeLayout::interleaved : fc::RopeLayout::half;
   o.allocation =
       j.value("allocation", std::string("dynamic")) == "uniform" ? fc::Allocation::uniform : fc::Allocation::dynamic;
+  const std::string query = j.value("query", std::string("none"));
+  if (query != "none" && query != "tail") throw std::runtime_error("options.query " + query + " is not none or tail");
+  o.query = query == "tail" ? fc::QueryInput::tail : fc::QueryInput::none;
+  o.tail_weight = j.value("tail_weight", o.tail_weight);
   return o;
+}
+
+// Which prompt queries feed the tails (Options::query = tail).
+void tail_options_from(const Json& j, fp::PolicyOptions* po) {
+  po->tail.stride = j.value("tail_stride", po->tail.stride);
+  po->tail_last = j.value("tail_last", po->tail_last);
 }
 
 fc::SharedKeepOptions shared_from(const Json& j) {
@@ -88,7 +101,8 @@ std::string score_key(const std::string& policy, const Json& options, std::uint6
   if (policy == "random") return policy + "/" + std::to_string(seed);
   if (policy != "flashcache") return policy;
   Json key;
-  for (const char* field : {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout"})
+  for (const char* field : {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout",
+                            "query", "tail_weight", "tail_stride", "tail_last"})
     if (options.contains(field)) key[field] = options[field];
   return policy + "/" + key.dump();
 }
@@ -111,7 +125,7 @@ int main(int argc, char** argv) {
     for (const Json& cfg : doc.at("configs")) {
       fp::Policy p = fp::Policy::flashcache;  // set by parse_policy (GCC 12 cannot see it)
       fc::throw_if_error(fp::parse_policy(cfg.at("policy").get<std::string>(), &p));
-      want_q |= fp::needs_queries(p);
+      want_q |= fp::needs_queries(p, options_from(cfg.value("options", Json::object())));
     }
     // float32, no meta.json; q.npy only when a policy needs queries.
     const fq::Cache c = fq::read_cache(cache_dir, {/*meta=*/false, /*queries=*/want_q, /*float32_only=*/true});
@@ -128,6 +142,7 @@ int main(int argc, char** argv) {
       fc::throw_if_error(fp::parse_policy(policy_name, &policy));
       fp::PolicyOptions po;
       po.seed = cfg.value("seed", std::uint64_t{0});
+      tail_options_from(options, &po);
       const fc::Options opt = options_from(options);
       fc::throw_if_error(fc::check_options(opt));
       const fc::SharedKeepOptions shared = shared_from(options);
@@ -137,7 +152,8 @@ int main(int argc, char** argv) {
       if (it == scored.end()) {
         std::vector<fc::LayerScores> scores(static_cast<std::size_t>(c.layers));
         for (std::int64_t l = 0; l < c.layers; ++l) {
-          const auto ql = fp::needs_queries(policy) ? q[static_cast<std::size_t>(l)] : fc::KVView<const float>{};
+          const auto ql =
+              fp::needs_queries(policy, opt) ? q[static_cast<std::size_t>(l)] : fc::KVView<const float>{};
           fc::throw_if_error(fp::score_with_policy<float>(policy, ql, k[static_cast<std::size_t>(l)],
                                                           v[static_cast<std::size_t>(l)], opt, po,
                                                           &scores[static_cast<std::size_t>(l)]));

@@ -42,6 +42,15 @@ enum class Allocation {
 
 inline const char* to_string(Allocation a) { return a == Allocation::dynamic ? "dynamic" : "uniform"; }
 
+// What the score reads of the prompt's queries (query_tail.hpp).
+enum class QueryInput {
+  none,  // nothing: the score is the residual alone (works without queries)
+  tail,  // each key's tail, the largest attention probability a prompt query gave it,
+         // mixed with the residual by Options::tail_weight
+};
+
+inline const char* to_string(QueryInput q) { return q == QueryInput::none ? "none" : "tail"; }
+
 // Which dimensions a rotary position embedding pairs up.
 enum class RopeLayout {
   half,        // dimension i with i + d/2 (Hugging Face "rotate_half"; vLLM, transformers)
@@ -108,6 +117,13 @@ struct Options {
   bool normalize_terms = false;
   // Score keys in their pre-RoPE form (see RopeOptions).
   RopeOptions rope;
+  // What the score reads of the prompt's queries. With QueryInput::tail the
+  // caller passes each key's tail (query_tail.hpp) and a token scores
+  //   (1 - tail_weight) * residual / mean residual + tail_weight * tail / mean tail,
+  // means over the head's finite tokens; none scores the residual alone, as
+  // the paper does, and needs no queries.
+  QueryInput query = QueryInput::none;
+  double tail_weight = 0.5;
   // Image spans (grid.hpp): their tokens are scored by a 2D DCT over the patch
   // grid, with a low-pass zone of about gamma of the 2D coefficients; the
   // other tokens keep the 1D scores they have without spans. With
@@ -138,6 +154,7 @@ struct Options {
     o.grid_base_share = 0.0;
     o.normalize_terms = false;
     o.rope = RopeOptions{};
+    o.query = QueryInput::none;
     o.allocation = Allocation::dynamic;
     return o;
   }
@@ -171,6 +188,8 @@ inline Status check_options(const Options& o) {
     return make_error(Errc::invalid_option, "base_share ", o.base_share, " is outside [0, 1]");
   if (!(o.grid_base_share >= 0.0 && o.grid_base_share <= 1.0))
     return make_error(Errc::invalid_option, "grid_base_share ", o.grid_base_share, " is outside [0, 1]");
+  if (!(o.tail_weight >= 0.0 && o.tail_weight <= 1.0))
+    return make_error(Errc::invalid_option, "tail_weight ", o.tail_weight, " is outside [0, 1]");
   if (o.grid_tile < 1) return make_error(Errc::invalid_option, "grid_tile ", o.grid_tile, " must be at least 1");
   FLASHCACHE_RETURN_IF_ERROR(check_grid_spans(o.grids));
   if (o.rope.derotate && !(o.rope.theta > 1.0 && std::isfinite(o.rope.theta)))

@@ -6,6 +6,9 @@
 // Vb[n]), and the energies E(K), E_high(K) = ||K - Kb||^2 (Parseval), likewise
 // for V, from which the layer's ratio R_l follows.
 //
+// With Options::query = QueryInput::tail the caller passes each key's tail
+// (query_tail.hpp), and the score mixes the residual with it (Options::tail_weight).
+//
 // Tokens of an image span (Options::grids) are scored the same way over their
 // 2D patch grid instead: Base = the 2D low-pass of the grid (or of each tile).
 //
@@ -15,12 +18,14 @@
 // by the nearest finite token before it (after it, for leading ones), and it
 // adds nothing to the energies.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
 #include "grid.hpp"
 #include "options.hpp"
+#include "query_tail.hpp"
 #include "rules.hpp"
 #include "score_blocked.hpp"
 #include "score_global.hpp"
@@ -98,8 +103,17 @@ class Scorer {
   template <class T>
   Status score(KVView<const T> k, KVView<const T> v, const Options& opt, float* score, HeadEnergy* energy,
                std::int64_t* nonfinite = nullptr) {
+    return score(k, v, TailView<const float>{}, opt, score, energy, nonfinite);
+  }
+
+  // The same with the keys' tails [heads][tokens] (query_tail.hpp), which
+  // Options::query = QueryInput::tail needs and QueryInput::none refuses.
+  template <class T>
+  Status score(KVView<const T> k, KVView<const T> v, TailView<const float> tails, const Options& opt, float* score,
+               HeadEnergy* energy, std::int64_t* nonfinite = nullptr) {
     FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
     FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
+    FLASHCACHE_RETURN_IF_ERROR(check_query_input(opt, tails, k.heads, k.tokens));
     const std::int64_t heads = k.heads, n = k.tokens;
     if (nonfinite != nullptr) *nonfinite = 0;
     if (heads * n > 0 && score == nullptr) return make_error(Errc::invalid_shape, "score: null score buffer");
@@ -129,6 +143,7 @@ class Scorer {
         residuals(k, v, h, opt, &e);
       }
       write_scores(opt.normalize_terms, k.head_dim, score + h * n);
+      if (opt.query == QueryInput::tail) mix_tail(opt.tail_weight, tails.data + h * tails.tokens, score + h * n, n);
     }
     if (nonfinite != nullptr) *nonfinite = bad;
     return Status::success();
@@ -137,12 +152,17 @@ class Scorer {
   // Scores one layer into an owning LayerScores (resized to the layer).
   template <class T>
   Status score(KVView<const T> k, KVView<const T> v, const Options& opt, LayerScores* out) {
+    return score(k, v, TailView<const float>{}, opt, out);
+  }
+  template <class T>
+  Status score(KVView<const T> k, KVView<const T> v, TailView<const float> tails, const Options& opt,
+               LayerScores* out) {
     FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
     out->heads = k.heads;
     out->tokens = k.tokens;
     out->score.resize(static_cast<std::size_t>(k.heads * k.tokens));
     out->energy.resize(static_cast<std::size_t>(k.heads));
-    return score(k, v, opt, out->score.data(), out->energy.data(), &out->nonfinite);
+    return score(k, v, tails, opt, out->score.data(), out->energy.data(), &out->nonfinite);
   }
 
  private:
@@ -193,6 +213,43 @@ class Scorer {
                      ? std::numeric_limits<float>::infinity()
                      : static_cast<float>(rk[static_cast<std::size_t>(t)] * scale_k +
                                           rv[static_cast<std::size_t>(t)] * scale_v);
+  }
+
+  // Tails go with QueryInput::tail and nothing else, one per key and head.
+  static Status check_query_input(const Options& opt, TailView<const float> tails, std::int64_t heads,
+                                  std::int64_t tokens) {
+    if (opt.query == QueryInput::none) {
+      if (tails.data != nullptr)
+        return make_error(Errc::invalid_option, "score: tails were given but Options::query is none (set it to tail)");
+      return Status::success();
+    }
+    if (tails.data == nullptr && heads * tokens > 0)
+      return make_error(Errc::invalid_option, "score: Options::query is tail but no tails were given (query_tail.hpp)");
+    FLASHCACHE_RETURN_IF_ERROR(check_tails(tails, heads, tokens, "score"));
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t t = 0; t < tokens; ++t)
+        if (!(tails(h, t) >= 0.0f && tails(h, t) <= 1.0f))
+          return make_error(Errc::invalid_option, "score: tail of head ", h, ", token ", t, " is ", tails(h, t),
+                            " (a probability in [0, 1])");
+    return Status::success();
+  }
+
+  // score[t] = (1 - w) score[t] / mean + w tail[t] / mean over the finite tokens
+  // (the +inf of a non-finite token stays); a term whose mean is 0 adds 0.
+  static void mix_tail(double weight, const float* tail, float* score, std::int64_t n) {
+    double sum_r = 0, sum_t = 0;
+    std::int64_t finite = 0;
+    for (std::int64_t t = 0; t < n; ++t)
+      if (std::isfinite(score[t])) {
+        sum_r += static_cast<double>(score[t]);
+        sum_t += static_cast<double>(tail[t]);
+        ++finite;
+      }
+    const double f = static_cast<double>(finite);
+    const double wr = sum_r > 0 ? (1.0 - weight) * f / sum_r : 0.0, wt = sum_t > 0 ? weight * f / sum_t : 0.0;
+    for (std::int64_t t = 0; t < n; ++t)
+      if (std::isfinite(score[t]))
+        score[t] = static_cast<float>(wr * static_cast<double>(score[t]) + wt * static_cast<double>(tail[t]));
   }
 
   static void add_energy(HeadEnergy* e, Real k_total, Real k_high, Real v_total, Real v_high) {

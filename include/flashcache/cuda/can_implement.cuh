@@ -27,6 +27,9 @@ inline Status options(const Options& opt) {
     return make_error(Errc::unsupported, "normalize_terms: the GPU scores K and V unweighted only (CPU only)");
   if (opt.rope.derotate)
     return make_error(Errc::unsupported, "rope.derotate: the GPU scores keys as cached only (CPU only)");
+  if (opt.query != QueryInput::none)
+    return make_error(Errc::unsupported, "query ", to_string(opt.query),
+                      ": the GPU scores do not read query tails yet (CPU only, query_tail.hpp)");
   // A base chosen by energy needs a block's whole spectrum; the blocked kernel
   // keeps only the m low rows of its DCT basis in shared memory.
   if (opt.base != Base::lowpass && opt.transform == Transform::blocked)

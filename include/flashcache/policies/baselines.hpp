@@ -13,6 +13,8 @@
 //              summed, max-pooled over `pool_kernel` tokens; the window is kept
 //   h2o        H2O: attention accumulated over all queries (heavy hitters);
 //              its recent half is Options::window
+// FlashCache itself reads the queries when Options::query says so: each key's
+// tail (query_tail.hpp) from the prompt's queries, mixed with the residual.
 #include <cstdint>
 #include <random>
 #include <string>
@@ -57,12 +59,34 @@ inline Status parse_policy(const std::string& name, Policy* out) {
 }
 
 inline bool needs_queries(Policy p) { return p == Policy::snapkv || p == Policy::h2o; }
+// FlashCache reads queries when its options say so (Options::query).
+inline bool needs_queries(Policy p, const Options& opt) {
+  return needs_queries(p) || (p == Policy::flashcache && opt.query != QueryInput::none);
+}
 
 struct PolicyOptions {
   std::uint64_t seed = 0;                // random
   std::int64_t observation_window = 32;  // snapkv: queries that vote
   std::int64_t pool_kernel = 7;          // snapkv: max-pool width (odd)
+  // flashcache with QueryInput::tail: which prompt queries feed the tails
+  // (query_tail.hpp): every `tail.stride`-th, and only the last `tail_last`
+  // when it is above 0 (0: all of them).
+  QueryTailOptions tail;
+  std::int64_t tail_last = 0;
 };
+
+// Each key's tail from the prompt's queries q (the whole prompt, one chunk),
+// the cheaper forms of PolicyOptions applied; tails [k.heads][k.tokens].
+template <class T>
+Status prompt_tails(KVView<const T> q, KVView<const T> k, const PolicyOptions& po, TailAccumulator* acc,
+                    std::vector<float>* tails) {
+  FLASHCACHE_RETURN_IF_ERROR(check_queries(q, k));
+  if (po.tail_last < 0) return make_error(Errc::invalid_option, "tail_last ", po.tail_last, " is negative");
+  tails->assign(static_cast<std::size_t>(k.heads * k.tokens), 0.0f);
+  const std::int64_t first = po.tail_last > 0 ? std::max<std::int64_t>(0, k.tokens - po.tail_last) : 0;
+  return acc->add(token_range(q, first, q.tokens - first), first, k, nullptr,
+                  TailView<float>{tails->data(), k.heads, k.tokens}, po.tail);
+}
 
 namespace detail {
 inline void reset(LayerScores* out, std::int64_t heads, std::int64_t tokens) {
@@ -189,12 +213,17 @@ template <class Real = float, class T>
 Status score_with_policy(Policy p, KVView<const T> q, KVView<const T> k, KVView<const T> v, const Options& opt,
                          const PolicyOptions& po, LayerScores* out) {
   FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
-  if (needs_queries(p) && q.empty() && !k.empty())
-    return make_error(Errc::invalid_option, "policy ", to_string(p), " needs queries (Q)");
+  if (needs_queries(p, opt) && q.empty() && !k.empty())
+    return make_error(Errc::invalid_option, "policy ", to_string(p),
+                      p == Policy::flashcache ? " with query tail" : "", " needs queries (Q)");
   switch (p) {
     case Policy::flashcache: {
       Scorer<Real> scorer;
-      return scorer.score(k, v, opt, out);
+      if (opt.query == QueryInput::none || k.empty()) return scorer.score(k, v, opt, out);
+      TailAccumulator acc;
+      std::vector<float> tails;
+      FLASHCACHE_RETURN_IF_ERROR(prompt_tails(q, k, po, &acc, &tails));
+      return scorer.score(k, v, TailView<const float>{tails.data(), k.heads, k.tokens}, opt, out);
     }
     case Policy::streaming:
       streaming_scores(k.heads, k.tokens, out);
@@ -228,14 +257,14 @@ CompressedModel<std::remove_const_t<T>> compress_model(Policy p, const std::vect
                                                        const std::vector<ProtectMask>& masks = {}) {
   using E = std::remove_const_t<T>;
   throw_if_error(flashcache::detail::check_model_inputs(k, v.size(), opt));
-  if (needs_queries(p) && q.size() != k.size())
+  if (needs_queries(p, opt) && q.size() != k.size())
     throw Error(make_error(Errc::invalid_shape, "policy ", to_string(p), " needs Q for every layer: ", q.size(),
                            " Q layers, ", k.size(), " K layers"));
   const auto qc = flashcache::detail::const_views(q), kc = flashcache::detail::const_views(k),
              vc = flashcache::detail::const_views(v);
   std::vector<LayerScores> scores(k.size());
   for (std::size_t l = 0; l < k.size(); ++l) {
-    const KVView<const E> ql = needs_queries(p) ? qc[l] : KVView<const E>{};
+    const KVView<const E> ql = needs_queries(p, opt) ? qc[l] : KVView<const E>{};
     throw_if_error(flashcache::detail::at_layer(score_with_policy<Real, E>(p, ql, kc[l], vc[l], opt, po, &scores[l]), 1,
                                                 0, static_cast<int>(l)));
   }
