@@ -281,7 +281,8 @@ def run_unit(args: Tuple) -> List[Dict]:
 
     configs, meta = configs_for(rows, ratios, p)
     with tempfile.TemporaryDirectory(prefix="long_eval_") as work:
-        needs_q = any(policy in ("snapkv", "h2o") for _, policy, _ in rows)
+        needs_q = any(policy in ("snapkv", "h2o") or options.get("query", "none") != "none"
+                      for _, policy, options in rows)
         save_cache(work, prompt_cache, fwd.q[:, :, :p] if needs_q else None)
         t1 = time.time()
         kept = select(select_bin, work, configs)
@@ -393,7 +394,8 @@ def passkey_units(tok, filler: Dict, budget: int) -> List[str]:
                   for i in range(1_000_000))
     elif kind == "text":
         text = read_text(filler)
-        source = iter([p + "\n\n" for p in text.split("\n\n") if p.strip()])
+        unit = filler.get("unit", "{text}\n\n")  # a turn of a conversation wraps each paragraph
+        source = iter([unit.replace("{text}", p) for p in text.split("\n\n") if p.strip()])
     else:
         raise SystemExit(f"long_eval: unknown filler type {kind!r} in {PASSKEY_SPLIT_FILE}")
     units, used = [], 0
