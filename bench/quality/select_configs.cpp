@@ -96,15 +96,23 @@ fc::SharedKeepOptions shared_from(const Json& j) {
 }
 
 // What the scores depend on: the policy, its seed and, for FlashCache, the
-// transform settings; sink, window and shares only change the selection.
-std::string score_key(const std::string& policy, const Json& options, std::uint64_t seed) {
+// transform settings (and the tails' feed and weight); sink, window and shares
+// only change the selection.
+std::string score_key(const std::string& policy, const Json& options, std::uint64_t seed, bool with_tail) {
   if (policy == "random") return policy + "/" + std::to_string(seed);
   if (policy != "flashcache") return policy;
   Json key;
-  for (const char* field : {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout",
-                            "query", "tail_weight", "tail_stride", "tail_last"})
+  for (const char* field : {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout"})
     if (options.contains(field)) key[field] = options[field];
+  if (with_tail)
+    for (const char* field : {"query", "tail_weight", "tail_stride", "tail_last"})
+      if (options.contains(field)) key[field] = options[field];
   return policy + "/" + key.dump();
+}
+
+// What the tails depend on: which queries feed them.
+std::string tail_key(const fp::PolicyOptions& po) {
+  return std::to_string(po.tail.stride) + "/" + std::to_string(po.tail_last);
 }
 
 }  // namespace
@@ -133,6 +141,7 @@ int main(int argc, char** argv) {
     const auto q = want_q ? c.q_views() : std::vector<fc::KVView<const float>>{};
 
     std::map<std::string, std::vector<fc::LayerScores>> scored;
+    std::map<std::string, std::vector<std::vector<float>>> tails;  // per feed: [layer][head * P + token]
     Json results = Json::array();
     for (const Json& cfg : doc.at("configs")) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -147,18 +156,45 @@ int main(int argc, char** argv) {
       fc::throw_if_error(fc::check_options(opt));
       const fc::SharedKeepOptions shared = shared_from(options);
 
-      const std::string key = score_key(policy_name, options, po.seed);
-      auto it = scored.find(key);
-      if (it == scored.end()) {
+      // Query tails: the residual scores (without tails) and the tails of this feed, each
+      // computed once, mixed as the Scorer mixes them (mix_query_tail).
+      const bool with_tail = policy == fp::Policy::flashcache && opt.query == fc::QueryInput::tail;
+      fc::Options residual_opt = opt;
+      residual_opt.query = fc::QueryInput::none;
+      const std::string residual_key = score_key(policy_name, options, po.seed, false);
+      auto base_it = scored.find(residual_key);
+      if (base_it == scored.end()) {
         std::vector<fc::LayerScores> scores(static_cast<std::size_t>(c.layers));
         for (std::int64_t l = 0; l < c.layers; ++l) {
           const auto ql =
-              fp::needs_queries(policy, opt) ? q[static_cast<std::size_t>(l)] : fc::KVView<const float>{};
+              fp::needs_queries(policy) ? q[static_cast<std::size_t>(l)] : fc::KVView<const float>{};
           fc::throw_if_error(fp::score_with_policy<float>(policy, ql, k[static_cast<std::size_t>(l)],
-                                                          v[static_cast<std::size_t>(l)], opt, po,
+                                                          v[static_cast<std::size_t>(l)], residual_opt, po,
                                                           &scores[static_cast<std::size_t>(l)]));
         }
-        it = scored.emplace(key, std::move(scores)).first;
+        base_it = scored.emplace(residual_key, std::move(scores)).first;
+      }
+      auto it = base_it;
+      if (with_tail) {
+        const std::string key = score_key(policy_name, options, po.seed, true);
+        it = scored.find(key);
+        if (it == scored.end()) {
+          auto tail_it = tails.find(tail_key(po));
+          if (tail_it == tails.end()) {
+            std::vector<std::vector<float>> layers(static_cast<std::size_t>(c.layers));
+            fc::TailAccumulator acc;
+            for (std::int64_t l = 0; l < c.layers; ++l)
+              fc::throw_if_error(fp::prompt_tails(q[static_cast<std::size_t>(l)], k[static_cast<std::size_t>(l)], po,
+                                                  &acc, &layers[static_cast<std::size_t>(l)]));
+            tail_it = tails.emplace(tail_key(po), std::move(layers)).first;
+          }
+          std::vector<fc::LayerScores> scores = base_it->second;
+          for (std::size_t l = 0; l < scores.size(); ++l)
+            for (std::int64_t h = 0; h < scores[l].heads; ++h)
+              fc::mix_query_tail(opt.tail_weight, tail_it->second[l].data() + h * scores[l].tokens,
+                                 scores[l].score.data() + h * scores[l].tokens, scores[l].tokens);
+          it = scored.emplace(key, std::move(scores)).first;
+        }
       }
       const std::int64_t per_head = cfg.at("per_head");
       // ratio per_head / P: per layer round(ratio * P) = per_head, in all per_head * L.

@@ -140,6 +140,16 @@ struct Options {
   Allocation allocation = Allocation::dynamic;
   double min_layer_ratio = 0.0;
 
+  // The query-informed preset: the defaults with each key's tail in the score
+  // (QueryInput::tail), for callers that have the prompt's queries. Chosen on
+  // dev data by bench/quality/study/QUERY_RULE.md (bench/RESULTS.md).
+  static Options with_query_tail() {
+    Options o;
+    o.query = QueryInput::tail;
+    o.tail_weight = 0.5;
+    return o;
+  }
+
   // The paper's algorithm exactly: no sink, no window, no base sample, K and V
   // terms unweighted, keys as cached, global DCT, gamma 0.2, dynamic allocation.
   static Options paper() {

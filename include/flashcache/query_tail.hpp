@@ -188,13 +188,15 @@ class TailAccumulator {
       if (lse != nullptr) {
         log_sum = lse[r];
       } else {
-        double top = -INFINITY, sum = 0;
-        for (std::int64_t j = 0; j < seen; ++j) top = std::max(top, static_cast<double>(s[j]));
-        for (std::int64_t j = 0; j < seen; ++j) sum += std::exp(static_cast<double>(s[j]) - top);
-        log_sum = top + std::log(sum);
+        float top = -INFINITY;
+        for (std::int64_t j = 0; j < seen; ++j) top = std::max(top, s[j]);
+        double sum = 0;  // float terms, a double sum
+        for (std::int64_t j = 0; j < seen; ++j) sum += static_cast<double>(std::exp(s[j] - top));
+        log_sum = static_cast<double>(top) + std::log(sum);
       }
+      const float shift = static_cast<float>(log_sum);
       for (std::int64_t j = 0; j < seen; ++j) {
-        const float p = static_cast<float>(std::exp(static_cast<double>(s[j]) - log_sum));
+        const float p = std::min(std::exp(s[j] - shift), 1.0f);  // a given lse may round below the max logit
         if (p > tail[j]) tail[j] = p;
       }
     }

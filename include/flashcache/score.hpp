@@ -83,6 +83,27 @@ struct LayerScores {
   }
 };
 
+// One head's residual scores mixed with its keys' tails (QueryInput::tail):
+// score[t] = (1 - w) score[t] / mean + w tail[t] / mean, means over the finite
+// tokens; a non-finite token's +inf stays, and a term whose mean is 0 adds 0.
+// The Scorer calls it; a caller that keeps the residual scores can mix them
+// with several weights without scoring again.
+inline void mix_query_tail(double weight, const float* tail, float* score, std::int64_t n) {
+  double sum_r = 0, sum_t = 0;
+  std::int64_t finite = 0;
+  for (std::int64_t t = 0; t < n; ++t)
+    if (std::isfinite(score[t])) {
+      sum_r += static_cast<double>(score[t]);
+      sum_t += static_cast<double>(tail[t]);
+      ++finite;
+    }
+  const double f = static_cast<double>(finite);
+  const double wr = sum_r > 0 ? (1.0 - weight) * f / sum_r : 0.0, wt = sum_t > 0 ? weight * f / sum_t : 0.0;
+  for (std::int64_t t = 0; t < n; ++t)
+    if (std::isfinite(score[t]))
+      score[t] = static_cast<float>(wr * static_cast<double>(score[t]) + wt * static_cast<double>(tail[t]));
+}
+
 // Scores layers one after another and keeps its transforms, bases and
 // buffers between calls, so scoring a whole model allocates once per shape.
 // Real is the arithmetic type (float in production, double for references).
@@ -143,7 +164,7 @@ class Scorer {
         residuals(k, v, h, opt, &e);
       }
       write_scores(opt.normalize_terms, k.head_dim, score + h * n);
-      if (opt.query == QueryInput::tail) mix_tail(opt.tail_weight, tails.data + h * tails.tokens, score + h * n, n);
+      if (opt.query == QueryInput::tail) mix_query_tail(opt.tail_weight, tails.data + h * tails.tokens, score + h * n, n);
     }
     if (nonfinite != nullptr) *nonfinite = bad;
     return Status::success();
@@ -232,24 +253,6 @@ class Scorer {
           return make_error(Errc::invalid_option, "score: tail of head ", h, ", token ", t, " is ", tails(h, t),
                             " (a probability in [0, 1])");
     return Status::success();
-  }
-
-  // score[t] = (1 - w) score[t] / mean + w tail[t] / mean over the finite tokens
-  // (the +inf of a non-finite token stays); a term whose mean is 0 adds 0.
-  static void mix_tail(double weight, const float* tail, float* score, std::int64_t n) {
-    double sum_r = 0, sum_t = 0;
-    std::int64_t finite = 0;
-    for (std::int64_t t = 0; t < n; ++t)
-      if (std::isfinite(score[t])) {
-        sum_r += static_cast<double>(score[t]);
-        sum_t += static_cast<double>(tail[t]);
-        ++finite;
-      }
-    const double f = static_cast<double>(finite);
-    const double wr = sum_r > 0 ? (1.0 - weight) * f / sum_r : 0.0, wt = sum_t > 0 ? weight * f / sum_t : 0.0;
-    for (std::int64_t t = 0; t < n; ++t)
-      if (std::isfinite(score[t]))
-        score[t] = static_cast<float>(wr * static_cast<double>(score[t]) + wt * static_cast<double>(tail[t]));
   }
 
   static void add_energy(HeadEnergy* e, Real k_total, Real k_high, Real v_total, Real v_high) {

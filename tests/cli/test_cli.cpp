@@ -232,7 +232,7 @@ TEST_F(CliTest, Help) {
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("--keep-ratio"), std::string::npos);
   EXPECT_NE(r.out.find("--no-allocate"), std::string::npos);
-  for (const char* opt : {"--policy", "--q", "--seed", "--observation-window"})
+  for (const char* opt : {"--policy", "--q", "--tail-weight", "--tail-stride", "--seed", "--observation-window"})
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
 }
 
@@ -613,6 +613,53 @@ TEST_F(CliTest, PolicyH2oScoresComeFromTheQueries) {
     }
 }
 
+// flashcache with --q: the query-informed score. With --tail-weight 1 the scores are the
+// tails, each key's largest causal attention probability from a query of its KV head's
+// group, over the head's mean: computed here from the files, directly. summary.json says
+// which score ran.
+TEST_F(CliTest, FlashcacheWithQueriesScoresByTheTail) {
+  const std::string q = dir / "q.npy";
+  write_cache<float>(q, dir / "unused.npy", {2, 4, 37, 8}, 7);
+  const Result r = run_cli(compress({"--q", q, "--tail-weight", "1", "--keep-ratio", "0.2"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Outputs o = check_outputs(out, k, v);
+  EXPECT_EQ(o.summary["options"]["policy"], "flashcache");
+  EXPECT_EQ(o.summary["options"]["query"], "tail");
+  EXPECT_EQ(o.summary["options"]["tail_weight"], 1.0);
+  EXPECT_EQ(o.summary["options"]["tail_stride"], 1);
+  const npy::Array qa = npy::read(q), ka = npy::read(k), scores = npy::read(out + "/scores.npy");
+  const float* Q = qa.data<float>();
+  const float* K = ka.data<float>();
+  for (std::int64_t l = 0; l < 2; ++l)
+    for (std::int64_t h = 0; h < 2; ++h) {
+      std::vector<double> tail(37, 0.0);
+      for (std::int64_t g = 0; g < 2; ++g)
+        for (std::int64_t i = 0; i < 37; ++i) {
+          std::vector<double> p(static_cast<std::size_t>(i + 1));
+          double sum = 0;
+          for (std::int64_t j = 0; j <= i; ++j) {
+            double dot = 0;
+            for (std::int64_t c = 0; c < 8; ++c)
+              dot += double(Q[((l * 4 + 2 * h + g) * 37 + i) * 8 + c]) * K[((l * 2 + h) * 37 + j) * 8 + c];
+            sum += (p[static_cast<std::size_t>(j)] = std::exp(dot / std::sqrt(8.0)));
+          }
+          for (std::int64_t j = 0; j <= i; ++j)
+            tail[static_cast<std::size_t>(j)] = std::max(tail[static_cast<std::size_t>(j)], p[static_cast<std::size_t>(j)] / sum);
+        }
+      double mean = 0;
+      for (double t : tail) mean += t / 37;
+      for (std::int64_t t = 0; t < 37; ++t)
+        EXPECT_NEAR(scores.data<float>()[(l * 2 + h) * 37 + t], tail[static_cast<std::size_t>(t)] / mean, 1e-4)
+            << l << " " << h << " " << t;
+    }
+  // Without --q the same call scores without queries, and says so.
+  const Result plain = run_cli(compress({"--keep-ratio", "0.2", "--force"}));
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  const Outputs p = check_outputs(out, k, v);
+  EXPECT_EQ(p.summary["options"]["query"], "none");
+  EXPECT_TRUE(p.summary["options"]["tail_weight"].is_null());
+}
+
 TEST_F(CliTest, PolicySnapkvKeepsItsObservationWindow) {
   const std::string q = dir / "q.npy";
   write_cache<float>(q, dir / "unused.npy", {2, 2, 37, 8}, 7);
@@ -844,9 +891,32 @@ TEST_F(CliTest, BadInputIsOneLineExitTwoAndNoOutput) {
       {"Q for a policy without queries",
        [](CliTest& t) {
          write_cache<float>(t.dir / "q.npy", t.dir / "q2.npy", {2, 2, 37, 8});
-         return std::vector<std::string>{"--q", t.dir / "q.npy"};
+         return std::vector<std::string>{"--policy", "knorm", "--q", t.dir / "q.npy"};
        },
-       "--q is used only by --policy snapkv and h2o, not flashcache"},
+       "--q is used only by --policy flashcache (query tails), snapkv and h2o, not knorm"},
+      {"Q with the paper's algorithm",
+       [](CliTest& t) {
+         write_cache<float>(t.dir / "q.npy", t.dir / "q2.npy", {2, 2, 37, 8});
+         return std::vector<std::string>{"--paper", "--q", t.dir / "q.npy"};
+       },
+       "--paper is the paper's algorithm, which reads no queries"},
+      {"tail weight without Q",
+       [](CliTest&) {
+         return std::vector<std::string>{"--tail-weight", "0.3"};
+       },
+       "--tail-weight and --tail-stride are used only by --policy flashcache with --q"},
+      {"tail stride 0",
+       [](CliTest& t) {
+         write_cache<float>(t.dir / "q.npy", t.dir / "q2.npy", {2, 2, 37, 8});
+         return std::vector<std::string>{"--q", t.dir / "q.npy", "--tail-stride", "0"};
+       },
+       "--tail-stride 0 must be at least 1"},
+      {"tail weight above 1",
+       [](CliTest& t) {
+         write_cache<float>(t.dir / "q.npy", t.dir / "q2.npy", {2, 2, 37, 8});
+         return std::vector<std::string>{"--q", t.dir / "q.npy", "--tail-weight", "1.5"};
+       },
+       "--tail-weight 1.5 is outside [0, 1]"},
       {"Q with other tokens",
        [](CliTest& t) {
          write_cache<float>(t.dir / "q.npy", t.dir / "q2.npy", {2, 2, 36, 8});

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "flashcache/options.hpp"
+#include "flashcache/query_tail.hpp"
 
 namespace flashcache::cli {
 
@@ -20,7 +21,9 @@ struct TransformArgs {
 struct CompressArgs {
   std::string k, v, out, protect;        // protect: empty for none
   std::string policy = "flashcache";     // flashcache, streaming, knorm, keydiff, random, snapkv, h2o
-  std::string q;                         // queries for snapkv / h2o; empty for none
+  std::string q;                         // queries for snapkv / h2o, and flashcache's query tails; empty for none
+  double tail_weight = Options::with_query_tail().tail_weight;  // flashcache with --q
+  std::int64_t tail_stride = QueryTailOptions{}.stride;         // flashcache with --q
   std::uint64_t seed = 0;                // random
   std::int64_t observation_window = 32;  // snapkv
   bool has_keep_ratio = false, has_keep = false;
@@ -43,6 +46,7 @@ struct CompressArgs {
   // Which of the policy-specific options were given on the command line, so
   // that one meant for another policy is refused rather than ignored.
   bool has_seed = false, has_observation_window = false, has_transform_option = false, has_rope_option = false;
+  bool has_tail_option = false;  // --tail-weight or --tail-stride (flashcache with --q)
   bool has_grid_option = false;  // --grid-zone or --grid-tile (scoring options of flashcache)
 };
 

@@ -32,8 +32,15 @@ void check_args(const CompressArgs& a) {
   if (!policies::parse_policy(a.policy, &p).ok()) usage_error("--policy " + a.policy + " is not a policy");
   if (policies::needs_queries(p) && a.q.empty())
     usage_error("--policy " + a.policy + " needs --q (the queries, [L, Hq, N, d])");
-  if (!policies::needs_queries(p) && !a.q.empty())
-    usage_error("--q is used only by --policy snapkv and h2o, not " + a.policy);
+  if (!policies::needs_queries(p) && p != policies::Policy::flashcache && !a.q.empty())
+    usage_error("--q is used only by --policy flashcache (query tails), snapkv and h2o, not " + a.policy);
+  if (a.paper && !a.q.empty())
+    usage_error("--paper is the paper's algorithm, which reads no queries: drop --q, or drop --paper for query tails");
+  if (a.has_tail_option && (p != policies::Policy::flashcache || a.q.empty()))
+    usage_error("--tail-weight and --tail-stride are used only by --policy flashcache with --q");
+  if (!(a.tail_weight >= 0.0 && a.tail_weight <= 1.0))
+    usage_error("--tail-weight " + num(a.tail_weight) + " is outside [0, 1]");
+  if (a.tail_stride < 1) usage_error("--tail-stride " + std::to_string(a.tail_stride) + " must be at least 1");
   if (a.has_seed && p != policies::Policy::random) usage_error("--seed is used only by --policy random");
   if (a.has_observation_window && p != policies::Policy::snapkv)
     usage_error("--observation-window is used only by --policy snapkv");
@@ -120,6 +127,11 @@ Plan make_plan(const CompressArgs& a, const KVCache& cache) {
     p.options.rope.layout = a.rope_layout == "interleaved" ? RopeLayout::interleaved : RopeLayout::half;
     p.options.rope.first_position = a.rope_first_position;
   }
+  if (p.policy == policies::Policy::flashcache && !a.q.empty()) {  // --q: the query-informed score
+    p.options.query = QueryInput::tail;
+    p.options.tail_weight = a.tail_weight;
+    p.policy_options.tail.stride = a.tail_stride;
+  }
   for (const std::string& g : a.grids) p.options.grids.push_back(parse_grid(g, cache.tokens, p.options.grids));
   p.options.grid_zone = a.grid_zone == "triangle" ? GridZone::triangle : GridZone::rectangle;
   p.options.grid_tile = a.grid_tile;
@@ -175,6 +187,9 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
                   {"window_share", o.window_share},
                   {"base_share", o.base_share},
                   {"normalize_terms", fc ? nlohmann::ordered_json(o.normalize_terms) : null},
+                  {"query", fc ? nlohmann::ordered_json(to_string(o.query)) : null},
+                  {"tail_weight", fc && o.query == QueryInput::tail ? nlohmann::ordered_json(o.tail_weight) : null},
+                  {"tail_stride", fc && o.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail.stride) : null},
                   {"rope_theta", fc && o.rope.derotate ? nlohmann::ordered_json(o.rope.theta) : null},
                   {"rope_layout", fc && o.rope.derotate ? nlohmann::ordered_json(to_string(o.rope.layout)) : null},
                   {"rope_first_position", fc && o.rope.derotate ? nlohmann::ordered_json(o.rope.first_position) : null},

@@ -133,8 +133,14 @@ int flashcache::cli::run_cli(int argc, char** argv) {
       ->check(CLI::IsMember({"flashcache", "streaming", "knorm", "keydiff", "random", "snapkv", "h2o"}))
       ->capture_default_str();
   compress->add_option("--q", c.q,
-                       "Queries for snapkv and h2o: [L, Hq, N, d] or [Hq, N, d], same dtype, layers, tokens and "
-                       "head dim as K; Hq a multiple of K's heads (query head j uses KV head j / (Hq / H))");
+                       "The prompt's queries, [L, Hq, N, d] or [Hq, N, d], same dtype, layers, tokens and head dim "
+                       "as K; Hq a multiple of K's heads (query head j uses KV head j / (Hq / H)). Needed by snapkv "
+                       "and h2o; with flashcache they switch on the query-informed score (Options::query = tail: each "
+                       "key's largest attention probability from a prompt query, mixed with the residual)");
+  compress->add_option("--tail-weight", c.tail_weight, "With flashcache and --q: the tail's share of the score")
+      ->capture_default_str();
+  compress->add_option("--tail-stride", c.tail_stride, "With flashcache and --q: feed every S-th prompt query only")
+      ->capture_default_str();
   compress->add_option("--seed", c.seed, "Seed of --policy random")->capture_default_str();
   compress->add_option("--observation-window", c.observation_window, "Queries that vote in --policy snapkv")
       ->capture_default_str();
@@ -161,6 +167,7 @@ int flashcache::cli::run_cli(int argc, char** argv) {
                            compress->count("--base") +
                                compress->count("--normalize-terms") + compress->count("--no-normalize-terms") >
                            0;
+  c.has_tail_option = compress->count("--tail-weight") + compress->count("--tail-stride") > 0;
   c.has_grid_option = compress->count("--grid-zone") + compress->count("--grid-tile") > 0;
   c.has_rope_option =
       compress->count("--rope-theta") + compress->count("--rope-layout") + compress->count("--rope-first-position") > 0;
