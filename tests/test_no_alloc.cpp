@@ -152,8 +152,8 @@ TEST(NoAlloc, WarmStagesAllocateNothing) {
     bool ok = false;
     const long during = heap_allocations([&] { ok = engine.run(second, opt); });
     ASSERT_TRUE(ok);
-    EXPECT_EQ(during, 0) << fc::to_string(opt.transform) << " " << fc::to_string(opt.base) << ", "
-                         << opt.grids.size() << " spans" << (opt.rope.derotate ? ", rope" : "");
+    EXPECT_EQ(during, 0) << fc::to_string(opt.transform) << " " << fc::to_string(opt.base) << ", " << opt.grids.size()
+                         << " spans" << (opt.rope.derotate ? ", rope" : "");
   }
   const fc::Options opt = paper;
   // The counters work: the owning front door allocates, and so does Eigen for a
@@ -171,6 +171,41 @@ TEST(NoAlloc, WarmStagesAllocateNothing) {
   const long front_before = allocations.load();
   (void)fc::compress_model(second.kv, second.vv, fc::Budget::ratio(0.2), opt);
   EXPECT_GT(allocations.load() - front_before, 0);
+}
+
+// The query tails warm: a prefill fed in chunks (tiles of queries and keys,
+// every length of the tail buffers), then the score that mixes them, on a layer
+// the accumulator and scorer have seen.
+TEST(NoAlloc, WarmQueryTailsAllocateNothing) {
+  const Layers first(0.0), second(1.0);
+  const std::int64_t n = first.tokens[0], heads = first.heads, d = first.d, q_heads = 2 * heads;
+  std::vector<float> q(static_cast<std::size_t>(q_heads * n * d));
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+  const auto qv = fc::hnd<const float>(q.data(), fc::Heads(q_heads), fc::Tokens(n), fc::HeadDim(d));
+  fc::TailAccumulator acc;
+  fc::Scorer<float> scorer;
+  fc::Options opt = fc::Options::with_query_tail();
+  std::vector<float> tails(static_cast<std::size_t>(heads * n)), scores(tails.size());
+  std::vector<fc::HeadEnergy> energy(static_cast<std::size_t>(heads));
+  const auto run = [&](const Layers& m) {
+    std::fill(tails.begin(), tails.end(), 0.0f);
+    bool ok = true;
+    for (std::int64_t first_row = 0; first_row < n; first_row += 70) {
+      const std::int64_t chunk = std::min<std::int64_t>(70, n - first_row);
+      ok &= acc.add(fc::token_range(qv, first_row, chunk), first_row, fc::token_range(m.kv[0], 0, first_row + chunk),
+                    nullptr, fc::TailView<float>{tails.data(), heads, n})
+                .ok();
+    }
+    ok &= scorer
+              .score(m.kv[0], m.vv[0], fc::TailView<const float>{tails.data(), heads, n}, opt, scores.data(),
+                     energy.data())
+              .ok();
+    return ok;
+  };
+  ASSERT_TRUE(run(first));
+  bool ok = false;
+  EXPECT_EQ(heap_allocations([&] { ok = run(second); }), 0);
+  EXPECT_TRUE(ok);
 }
 
 TEST(NoAlloc, WarmBatchAllocatesNothing) {

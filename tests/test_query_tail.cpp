@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace fc = flashcache;
@@ -24,11 +25,11 @@ std::vector<float> random_rows(std::int64_t heads, std::int64_t tokens, std::int
   return x;
 }
 
-// tail[h][j] = max over g in h's group and fed i >= j of exp(q_gi . k_hj s - lse_gi), in double,
-// from the definition: no tiles, no shared code with the library.
+// tail[h][j] = max over g in h's group and fed i >= j + min_distance of exp(q_gi . k_hj s - lse_gi),
+// in double, from the definition: no tiles, no shared code with the library.
 std::vector<double> naive_tails(const std::vector<float>& q, std::int64_t hq, const std::vector<float>& k,
                                 std::int64_t hk, std::int64_t n, std::int64_t d, std::int64_t stride,
-                                std::int64_t first_query) {
+                                std::int64_t first_query, std::int64_t min_distance = 0) {
   std::vector<double> tail(static_cast<std::size_t>(hk * n), 0.0);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const std::int64_t group = hq / hk;
@@ -46,7 +47,7 @@ std::vector<double> naive_tails(const std::vector<float>& q, std::int64_t hq, co
         logit[static_cast<std::size_t>(j)] = dot * scale;
         sum += std::exp(dot * scale);
       }
-      for (std::int64_t j = 0; j <= i; ++j) {
+      for (std::int64_t j = 0; j + min_distance <= i; ++j) {
         double& t = tail[static_cast<std::size_t>(h * n + j)];
         t = std::max(t, std::exp(logit[static_cast<std::size_t>(j)]) / sum);
       }
@@ -66,19 +67,20 @@ struct Prompt {
 
 void expect_near_tails(const std::vector<float>& got, const std::vector<double>& want) {
   ASSERT_EQ(got.size(), want.size());
-  for (std::size_t i = 0; i < got.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], 2e-6 + 2e-5 * want[i]) << "tail " << i;
+  for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-6 + 2e-5 * want[i]) << "tail " << i;
 }
 
 // Odd sizes, GQA 6 over 2, fed in uneven chunks (as a prefill does): the same as one pass
-// and as the naive reference, with and without a sample stride.
+// and as the naive reference, with and without a sample stride and a minimum distance
+// (200: longer than the prompt, no query counts).
 TEST(QueryTail, ChunksMatchNaiveReference) {
-  for (std::int64_t stride : {1, 3}) {
-    const Prompt p(6, 2, 157, 7, 11u + static_cast<std::uint32_t>(stride));
-    const std::vector<double> want = naive_tails(p.q, p.hq, p.k, p.hk, p.n, p.d, stride, 0);
+  for (const auto& [stride, distance] : {std::pair<std::int64_t, std::int64_t>{1, 0}, {3, 0}, {1, 9}, {2, 200}}) {
+    const Prompt p(6, 2, 157, 7, 11u + static_cast<std::uint32_t>(stride + distance));
+    const std::vector<double> want = naive_tails(p.q, p.hq, p.k, p.hk, p.n, p.d, stride, 0, distance);
     fc::TailAccumulator acc;
     fc::QueryTailOptions opt;
     opt.stride = stride;
+    opt.min_distance = distance;
     std::vector<float> one(static_cast<std::size_t>(p.hk * p.n), 0.0f), chunked = one;
     ASSERT_TRUE(acc.add(p.qv(), 0, p.kv(), nullptr, fc::TailView<float>{one.data(), p.hk, p.n}, opt).ok());
     expect_near_tails(one, want);
@@ -104,8 +106,7 @@ TEST(QueryTail, LastQueriesAcrossTilesMatchNaiveReference) {
   ASSERT_TRUE(
       acc.add(fc::token_range(p.qv(), first, p.n - first), first, p.kv(), nullptr, {got.data(), p.hk, p.n}).ok());
   expect_near_tails(got, want);
-  for (std::int64_t j = 0; j < p.hk * p.n; ++j)
-    EXPECT_LE(got[static_cast<std::size_t>(j)], 1.0f);
+  for (std::int64_t j = 0; j < p.hk * p.n; ++j) EXPECT_LE(got[static_cast<std::size_t>(j)], 1.0f);
 }
 
 // A given lse (what FlashAttention returns) gives the tails computed without it; a wrong
@@ -120,7 +121,8 @@ TEST(QueryTail, GivenLseIsUsed) {
       for (std::int64_t j = 0; j <= i; ++j) {
         double dot = 0;
         for (std::int64_t c = 0; c < p.d; ++c)
-          dot += static_cast<double>(p.q[static_cast<std::size_t>((g * p.n + i) * p.d + c)]) * p.k[static_cast<std::size_t>(j * p.d + c)];
+          dot += static_cast<double>(p.q[static_cast<std::size_t>((g * p.n + i) * p.d + c)]) *
+                 p.k[static_cast<std::size_t>(j * p.d + c)];
         sum += std::exp(dot * scale);
       }
       lse[static_cast<std::size_t>(g * p.n + i)] = static_cast<float>(std::log(sum));
@@ -129,7 +131,8 @@ TEST(QueryTail, GivenLseIsUsed) {
   std::vector<float> own(static_cast<std::size_t>(p.n), 0.0f), given = own, shifted = own;
   ASSERT_TRUE(acc.add(p.qv(), 0, p.kv(), nullptr, {own.data(), 1, p.n}).ok());
   ASSERT_TRUE(acc.add(p.qv(), 0, p.kv(), lse.data(), {given.data(), 1, p.n}).ok());
-  for (std::int64_t j = 0; j < p.n; ++j) EXPECT_NEAR(given[static_cast<std::size_t>(j)], own[static_cast<std::size_t>(j)], 1e-5);
+  for (std::int64_t j = 0; j < p.n; ++j)
+    EXPECT_NEAR(given[static_cast<std::size_t>(j)], own[static_cast<std::size_t>(j)], 1e-5);
   for (float& x : lse) x += 1.0f;  // every probability / e
   ASSERT_TRUE(acc.add(p.qv(), 0, p.kv(), lse.data(), {shifted.data(), 1, p.n}).ok());
   for (std::int64_t j = 0; j < p.n; ++j)
@@ -204,31 +207,34 @@ struct Layer {
   fc::TailView<const float> tv() const { return {tails.data(), h, n}; }
 };
 
-// The mix is (1 - w) r / mean r + w t / mean t per head, over the residual the scorer gives
-// without tails; w = 0 keeps the residual's order, w = 1 the tails' order.
+// The mix is (1 - w) r / mean r + w t / mean t per head (or the larger term), over the
+// residual the scorer gives without tails; w = 0 keeps the residual's order, w = 1 the tails'.
 TEST(QueryTailScore, MixesResidualAndTail) {
   const Layer L;
   fc::Scorer<double> scorer;
   fc::LayerScores plain, mixed;
   ASSERT_TRUE(scorer.score(L.kv(), L.vv(), fc::Options{}, &plain).ok());
-  for (double w : {0.0, 0.3, 1.0}) {
-    fc::Options opt;
-    opt.query = fc::QueryInput::tail;
-    opt.tail_weight = w;
-    ASSERT_TRUE(scorer.score(L.kv(), L.vv(), L.tv(), opt, &mixed).ok());
-    for (std::int64_t h = 0; h < L.h; ++h) {
-      double mr = 0, mt = 0;
-      for (std::int64_t t = 0; t < L.n; ++t) {
-        mr += plain(h, t) / static_cast<double>(L.n);
-        mt += L.tails[static_cast<std::size_t>(h * L.n + t)] / static_cast<double>(L.n);
+  for (const fc::TailMix mix : {fc::TailMix::sum, fc::TailMix::max})
+    for (double w : {0.0, 0.3, 1.0}) {
+      fc::Options opt;
+      opt.query = fc::QueryInput::tail;
+      opt.tail_weight = w;
+      opt.tail_mix = mix;
+      ASSERT_TRUE(scorer.score(L.kv(), L.vv(), L.tv(), opt, &mixed).ok());
+      for (std::int64_t h = 0; h < L.h; ++h) {
+        double mr = 0, mt = 0;
+        for (std::int64_t t = 0; t < L.n; ++t) {
+          mr += plain(h, t) / static_cast<double>(L.n);
+          mt += L.tails[static_cast<std::size_t>(h * L.n + t)] / static_cast<double>(L.n);
+        }
+        for (std::int64_t t = 0; t < L.n; ++t) {
+          const double r = (1 - w) * plain(h, t) / mr, q = w * L.tails[static_cast<std::size_t>(h * L.n + t)] / mt;
+          const double want = mix == fc::TailMix::sum ? r + q : std::max(r, q);
+          EXPECT_NEAR(mixed(h, t), want, 1e-5 * want + 1e-7) << "w " << w << " head " << h << " token " << t;
+        }
       }
-      for (std::int64_t t = 0; t < L.n; ++t) {
-        const double want = (1 - w) * plain(h, t) / mr + w * L.tails[static_cast<std::size_t>(h * L.n + t)] / mt;
-        EXPECT_NEAR(mixed(h, t), want, 1e-5 * want + 1e-7) << "w " << w << " head " << h << " token " << t;
-      }
+      for (std::int64_t h = 0; h < L.h; ++h) EXPECT_EQ(mixed.energy[h].k_high, plain.energy[h].k_high);
     }
-    for (std::int64_t h = 0; h < L.h; ++h) EXPECT_EQ(mixed.energy[h].k_high, plain.energy[h].k_high);
-  }
 }
 
 // A non-finite token keeps +inf whatever its tail; the others are mixed over the finite ones.
@@ -274,7 +280,8 @@ TEST(QueryTailScore, PolicyKeepsTheKeyOneQueryNeeds) {
   const std::vector<float> k = random_rows(1, n, d, 1.0, 51u), v = random_rows(1, n, d, 1.0, 52u);
   std::vector<float> q(k.size(), 0.0f);
   // Query 190 points at key 70, a key like any other: a large dot product with it alone.
-  for (std::int64_t c = 0; c < d; ++c) q[static_cast<std::size_t>(190 * d + c)] = 12.0f * k[static_cast<std::size_t>(70 * d + c)];
+  for (std::int64_t c = 0; c < d; ++c)
+    q[static_cast<std::size_t>(190 * d + c)] = 12.0f * k[static_cast<std::size_t>(70 * d + c)];
   const auto kv = fc::hnd<const float>(k.data(), fc::Heads(1), fc::Tokens(n), fc::HeadDim(d));
   const auto vv = fc::hnd<const float>(v.data(), fc::Heads(1), fc::Tokens(n), fc::HeadDim(d));
   const auto qv = fc::hnd<const float>(q.data(), fc::Heads(1), fc::Tokens(n), fc::HeadDim(d));
@@ -282,8 +289,11 @@ TEST(QueryTailScore, PolicyKeepsTheKeyOneQueryNeeds) {
   opt.query = fc::QueryInput::tail;
   opt.tail_weight = 1.0;
   fc::LayerScores tail_scores, plain;
-  ASSERT_TRUE(fc::policies::score_with_policy<float>(fc::policies::Policy::flashcache, qv, kv, vv, opt, {}, &tail_scores).ok());
-  ASSERT_TRUE(fc::policies::score_with_policy<float>(fc::policies::Policy::flashcache, {}, kv, vv, fc::Options{}, {}, &plain).ok());
+  ASSERT_TRUE(
+      fc::policies::score_with_policy<float>(fc::policies::Policy::flashcache, qv, kv, vv, opt, {}, &tail_scores).ok());
+  ASSERT_TRUE(
+      fc::policies::score_with_policy<float>(fc::policies::Policy::flashcache, {}, kv, vv, fc::Options{}, {}, &plain)
+          .ok());
   std::int64_t above_tail = 0, above_plain = 0;  // tokens outranking key 70
   for (std::int64_t t = 0; t < n; ++t) {
     above_tail += tail_scores(0, t) > tail_scores(0, 70);
@@ -291,7 +301,8 @@ TEST(QueryTailScore, PolicyKeepsTheKeyOneQueryNeeds) {
   }
   EXPECT_LT(above_tail, 5);
   EXPECT_GT(above_plain, 20);
-  EXPECT_FALSE(fc::policies::score_with_policy<float>(fc::policies::Policy::flashcache, {}, kv, vv, opt, {}, &plain).ok());
+  EXPECT_FALSE(
+      fc::policies::score_with_policy<float>(fc::policies::Policy::flashcache, {}, kv, vv, opt, {}, &plain).ok());
 }
 
 }  // namespace

@@ -14,7 +14,8 @@
 //              "sink": 4, "window": 0, "window_share": 0.25, "base_share": 0,
 //              "normalize_terms": false, "rope_theta": 0, "rope_layout": "half",
 //              "allocation": "dynamic", "keep_set": "per_head", "combine": "mean_normalized",
-//              "page": 1, "query": "none", "tail_weight": 0.5, "tail_stride": 1, "tail_last": 0},
+//              "page": 1, "query": "none", "tail_weight": 0.5, "tail_mix": "sum", "tail_stride": 1,
+//              "tail_min_distance": 0, "tail_last": 0},
 //              "seed": 0}, ...]}
 // query "tail" (Options::query) scores with each key's tail from q.npy, fed by every
 // tail_stride-th prompt query (only the last tail_last when above 0).
@@ -77,12 +78,16 @@ fc::Options options_from(const Json& j) {
   if (query != "none" && query != "tail") throw std::runtime_error("options.query " + query + " is not none or tail");
   o.query = query == "tail" ? fc::QueryInput::tail : fc::QueryInput::none;
   o.tail_weight = j.value("tail_weight", o.tail_weight);
+  const std::string mix = j.value("tail_mix", std::string("sum"));
+  if (mix != "sum" && mix != "max") throw std::runtime_error("options.tail_mix " + mix + " is not sum or max");
+  o.tail_mix = mix == "max" ? fc::TailMix::max : fc::TailMix::sum;
   return o;
 }
 
 // Which prompt queries feed the tails (Options::query = tail).
 void tail_options_from(const Json& j, fp::PolicyOptions* po) {
   po->tail.stride = j.value("tail_stride", po->tail.stride);
+  po->tail.min_distance = j.value("tail_min_distance", po->tail.min_distance);
   po->tail_last = j.value("tail_last", po->tail_last);
 }
 
@@ -105,14 +110,15 @@ std::string score_key(const std::string& policy, const Json& options, std::uint6
   for (const char* field : {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout"})
     if (options.contains(field)) key[field] = options[field];
   if (with_tail)
-    for (const char* field : {"query", "tail_weight", "tail_stride", "tail_last"})
+    for (const char* field : {"query", "tail_weight", "tail_mix", "tail_stride", "tail_min_distance", "tail_last"})
       if (options.contains(field)) key[field] = options[field];
   return policy + "/" + key.dump();
 }
 
 // What the tails depend on: which queries feed them.
 std::string tail_key(const fp::PolicyOptions& po) {
-  return std::to_string(po.tail.stride) + "/" + std::to_string(po.tail_last);
+  return std::to_string(po.tail.stride) + "/" + std::to_string(po.tail.min_distance) + "/" +
+         std::to_string(po.tail_last);
 }
 
 }  // namespace
@@ -166,8 +172,7 @@ int main(int argc, char** argv) {
       if (base_it == scored.end()) {
         std::vector<fc::LayerScores> scores(static_cast<std::size_t>(c.layers));
         for (std::int64_t l = 0; l < c.layers; ++l) {
-          const auto ql =
-              fp::needs_queries(policy) ? q[static_cast<std::size_t>(l)] : fc::KVView<const float>{};
+          const auto ql = fp::needs_queries(policy) ? q[static_cast<std::size_t>(l)] : fc::KVView<const float>{};
           fc::throw_if_error(fp::score_with_policy<float>(policy, ql, k[static_cast<std::size_t>(l)],
                                                           v[static_cast<std::size_t>(l)], residual_opt, po,
                                                           &scores[static_cast<std::size_t>(l)]));
@@ -191,7 +196,7 @@ int main(int argc, char** argv) {
           std::vector<fc::LayerScores> scores = base_it->second;
           for (std::size_t l = 0; l < scores.size(); ++l)
             for (std::int64_t h = 0; h < scores[l].heads; ++h)
-              fc::mix_query_tail(opt.tail_weight, tail_it->second[l].data() + h * scores[l].tokens,
+              fc::mix_query_tail(opt.tail_weight, opt.tail_mix, tail_it->second[l].data() + h * scores[l].tokens,
                                  scores[l].score.data() + h * scores[l].tokens, scores[l].tokens);
           it = scored.emplace(key, std::move(scores)).first;
         }

@@ -51,6 +51,15 @@ enum class QueryInput {
 
 inline const char* to_string(QueryInput q) { return q == QueryInput::none ? "none" : "tail"; }
 
+// How QueryInput::tail puts the two terms together, each over its head mean:
+// r = (1 - tail_weight) residual / mean, t = tail_weight tail / mean.
+enum class TailMix {
+  sum,  // r + t: a token needs both to rank high
+  max,  // max(r, t): either flags it (an outlier, or a key one query needs)
+};
+
+inline const char* to_string(TailMix m) { return m == TailMix::sum ? "sum" : "max"; }
+
 // Which dimensions a rotary position embedding pairs up.
 enum class RopeLayout {
   half,        // dimension i with i + d/2 (Hugging Face "rotate_half"; vLLM, transformers)
@@ -119,11 +128,12 @@ struct Options {
   RopeOptions rope;
   // What the score reads of the prompt's queries. With QueryInput::tail the
   // caller passes each key's tail (query_tail.hpp) and a token scores
-  //   (1 - tail_weight) * residual / mean residual + tail_weight * tail / mean tail,
-  // means over the head's finite tokens; none scores the residual alone, as
-  // the paper does, and needs no queries.
+  //   (1 - tail_weight) * residual / mean residual + tail_weight * tail / mean tail
+  // (or the larger of the two terms: tail_mix), means over the head's finite
+  // tokens; none scores the residual alone, as the paper does, and needs no queries.
   QueryInput query = QueryInput::none;
   double tail_weight = 0.5;
+  TailMix tail_mix = TailMix::sum;
   // Image spans (grid.hpp): their tokens are scored by a 2D DCT over the patch
   // grid, with a low-pass zone of about gamma of the 2D coefficients; the
   // other tokens keep the 1D scores they have without spans. With

@@ -5,8 +5,8 @@
 // badly is what must keep it: an average over thousands of queries dilutes that one
 // (docs/ALGORITHM.md, "The tail"). The tail of key j in KV head h is
 //
-//   tail[h][j] = max over the query heads g that read h and the fed query positions i >= j
-//                of exp(q_gi . k_hj * scale - lse_gi),
+//   tail[h][j] = max over the query heads g that read h and the fed query positions
+//                i >= j + min_distance of exp(q_gi . k_hj * scale - lse_gi),
 //   lse_gi     = log sum over j' <= i of exp(q_gi . k_hj' * scale),
 //
 // the largest causal attention probability any fed query gives the key (scale is
@@ -61,12 +61,19 @@ struct TailView {
 struct QueryTailOptions {
   // Feed only query positions i with i % stride == 0 (1: every query, the exact tail).
   std::int64_t stride = 1;
+  // Count only queries at least this far after the key (i - j >= min_distance).
+  // Many heads give the previous few tokens most of their attention, so every
+  // key's nearest queries raise its tail; the queries that will read a kept key
+  // after compression are far from it.
+  std::int64_t min_distance = 0;
   // Logit scale; 0 means 1/sqrt(head_dim).
   double scale = 0.0;
 };
 
 inline Status check_tail_options(const QueryTailOptions& o) {
   if (o.stride < 1) return make_error(Errc::invalid_option, "tail stride ", o.stride, " must be at least 1");
+  if (o.min_distance < 0)
+    return make_error(Errc::invalid_option, "tail min_distance ", o.min_distance, " is negative");
   if (!(o.scale >= 0.0 && std::isfinite(o.scale)))
     return make_error(Errc::invalid_option, "tail scale ", o.scale, " must be finite and >= 0 (0: 1/sqrt(d))");
   return Status::success();
@@ -115,8 +122,7 @@ class TailAccumulator {
     if (k.heads == 0 || q.heads % k.heads != 0)
       return make_error(Errc::invalid_shape, "tail: ", q.heads, " query heads are not a multiple of ", k.heads,
                         " KV heads");
-    if (k.head_dim != d)
-      return make_error(Errc::invalid_shape, "tail: Q head_dim ", d, " but K head_dim ", k.head_dim);
+    if (k.head_dim != d) return make_error(Errc::invalid_shape, "tail: Q head_dim ", d, " but K head_dim ", k.head_dim);
     if (k.tokens < end)
       return make_error(Errc::invalid_shape, "tail: queries reach position ", end - 1, " but K holds ", k.tokens,
                         " tokens (a query sees the keys up to its own position)");
@@ -148,7 +154,9 @@ class TailAccumulator {
               load_row(q.row(g, r), d, queries_.data() + count * d);
               ++count;
             }
-          if (count > 0) add_tile(count, first, d, scale, lse ? lse + g * q.tokens : nullptr, tails.data + h * tails.tokens);
+          if (count > 0)
+            add_tile(count, first, d, scale, opt.min_distance, lse ? lse + g * q.tokens : nullptr,
+                     tails.data + h * tails.tokens);
         }
       }
     }
@@ -171,7 +179,8 @@ class TailAccumulator {
 
   // `count` fed rows (rows_, their queries in queries_) of one query head: their
   // scaled logits against the keys they see, their lse, then the tails.
-  void add_tile(std::int64_t count, std::int64_t first, std::int64_t d, float scale, const float* lse, float* tail) {
+  void add_tile(std::int64_t count, std::int64_t first, std::int64_t d, float scale, std::int64_t min_distance,
+                const float* lse, float* tail) {
     const std::int64_t visible = first + rows_[static_cast<std::size_t>(count - 1)] + 1;  // the last row sees most
     const ConstMap queries(queries_.data(), count, d);
     Map logits(logits_.data(), count, visible);
@@ -195,7 +204,7 @@ class TailAccumulator {
         log_sum = static_cast<double>(top) + std::log(sum);
       }
       const float shift = static_cast<float>(log_sum);
-      for (std::int64_t j = 0; j < seen; ++j) {
+      for (std::int64_t j = 0; j < seen - min_distance; ++j) {  // keys at least min_distance back
         const float p = std::min(std::exp(s[j] - shift), 1.0f);  // a given lse may round below the max logit
         if (p > tail[j]) tail[j] = p;
       }

@@ -84,11 +84,12 @@ struct LayerScores {
 };
 
 // One head's residual scores mixed with its keys' tails (QueryInput::tail):
-// score[t] = (1 - w) score[t] / mean + w tail[t] / mean, means over the finite
-// tokens; a non-finite token's +inf stays, and a term whose mean is 0 adds 0.
-// The Scorer calls it; a caller that keeps the residual scores can mix them
-// with several weights without scoring again.
-inline void mix_query_tail(double weight, const float* tail, float* score, std::int64_t n) {
+// r = (1 - w) score[t] / mean, t = w tail[t] / mean, means over the finite
+// tokens, and score[t] = r + t (TailMix::sum) or max(r, t) (TailMix::max); a
+// non-finite token's +inf stays, and a term whose mean is 0 is 0. The Scorer
+// calls it; a caller that keeps the residual scores can mix them with several
+// weights without scoring again.
+inline void mix_query_tail(double weight, TailMix mix, const float* tail, float* score, std::int64_t n) {
   double sum_r = 0, sum_t = 0;
   std::int64_t finite = 0;
   for (std::int64_t t = 0; t < n; ++t)
@@ -100,8 +101,10 @@ inline void mix_query_tail(double weight, const float* tail, float* score, std::
   const double f = static_cast<double>(finite);
   const double wr = sum_r > 0 ? (1.0 - weight) * f / sum_r : 0.0, wt = sum_t > 0 ? weight * f / sum_t : 0.0;
   for (std::int64_t t = 0; t < n; ++t)
-    if (std::isfinite(score[t]))
-      score[t] = static_cast<float>(wr * static_cast<double>(score[t]) + wt * static_cast<double>(tail[t]));
+    if (std::isfinite(score[t])) {
+      const double r = wr * static_cast<double>(score[t]), q = wt * static_cast<double>(tail[t]);
+      score[t] = static_cast<float>(mix == TailMix::sum ? r + q : std::max(r, q));
+    }
 }
 
 // Scores layers one after another and keeps its transforms, bases and
@@ -124,7 +127,7 @@ class Scorer {
   template <class T>
   Status score(KVView<const T> k, KVView<const T> v, const Options& opt, float* score, HeadEnergy* energy,
                std::int64_t* nonfinite = nullptr) {
-    return score(k, v, TailView<const float>{}, opt, score, energy, nonfinite);
+    return this->score(k, v, TailView<const float>{}, opt, score, energy, nonfinite);  // the member, not the buffer
   }
 
   // The same with the keys' tails [heads][tokens] (query_tail.hpp), which
@@ -164,7 +167,8 @@ class Scorer {
         residuals(k, v, h, opt, &e);
       }
       write_scores(opt.normalize_terms, k.head_dim, score + h * n);
-      if (opt.query == QueryInput::tail) mix_query_tail(opt.tail_weight, tails.data + h * tails.tokens, score + h * n, n);
+      if (opt.query == QueryInput::tail)
+        mix_query_tail(opt.tail_weight, opt.tail_mix, tails.data + h * tails.tokens, score + h * n, n);
     }
     if (nonfinite != nullptr) *nonfinite = bad;
     return Status::success();

@@ -60,7 +60,8 @@ void check_args(const CompressArgs& a) {
                 num(a.rope_theta));
   if (a.rope_first_position < 0)
     usage_error("--rope-first-position " + std::to_string(a.rope_first_position) + " is negative");
-  if (a.paper && a.has_transform_option) usage_error("--paper fixes --gamma, --transform and --block (and --base); give none of them");
+  if (a.paper && a.has_transform_option)
+    usage_error("--paper fixes --gamma, --transform and --block (and --base); give none of them");
   if (a.has_grid_option && a.grids.empty()) usage_error("--grid-zone and --grid-tile need --grid");
   if (a.has_grid_option && p != policies::Policy::flashcache)
     usage_error("--grid-zone and --grid-tile are used only by --policy flashcache, not " + a.policy);
@@ -189,7 +190,8 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
                   {"normalize_terms", fc ? nlohmann::ordered_json(o.normalize_terms) : null},
                   {"query", fc ? nlohmann::ordered_json(to_string(o.query)) : null},
                   {"tail_weight", fc && o.query == QueryInput::tail ? nlohmann::ordered_json(o.tail_weight) : null},
-                  {"tail_stride", fc && o.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail.stride) : null},
+                  {"tail_stride",
+                   fc && o.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail.stride) : null},
                   {"rope_theta", fc && o.rope.derotate ? nlohmann::ordered_json(o.rope.theta) : null},
                   {"rope_layout", fc && o.rope.derotate ? nlohmann::ordered_json(to_string(o.rope.layout)) : null},
                   {"rope_first_position", fc && o.rope.derotate ? nlohmann::ordered_json(o.rope.first_position) : null},
