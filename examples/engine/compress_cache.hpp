@@ -22,6 +22,44 @@ struct CompressSettings {
   bool uniform = false;                 // same budget in every layer instead of flashcache's dynamic split
 };
 
+// The prompt's query tails (flashcache/query_tail.hpp), gathered while the
+// prompt is prefilled: pass it to Model::forward as its observer, then to
+// CacheCompressor::compress, which then scores with Options::with_query_tail().
+// Each layer's tails follow its cache slots; reset() before the next prompt.
+class PromptTails : public QueryObserver {
+ public:
+  explicit PromptTails(flashcache::QueryTailOptions opt = {}) : opt_(opt) {}
+
+  void reset() {
+    for (auto& t : tails_) std::fill(t.begin(), t.end(), 0.0f);
+  }
+  void layer_queries(int l, const float* q, std::int64_t n, const KVCache& cache) override {
+    namespace fc = flashcache;
+    const ModelConfig& c = cache.config();
+    if (tails_.size() != static_cast<std::size_t>(cache.layers()))
+      tails_.resize(static_cast<std::size_t>(cache.layers()));
+    auto& tails = tails_[static_cast<std::size_t>(l)];
+    tails.resize(static_cast<std::size_t>(c.kv_heads * cache.capacity(l)), 0.0f);
+    const std::int64_t first = cache.length(l) - n, d = c.head_dim;
+    const fc::KVView<const float> qv(q, c.heads, n, d, d, c.heads * d);  // [n][heads][d]
+    const fc::KVView<const float> kv(cache.k(l, 0, 0), c.kv_heads, cache.length(l), d, cache.capacity(l) * d, d);
+    status_ = acc_.add(qv, first, kv, nullptr, fc::TailView<float>{tails.data(), c.kv_heads, cache.capacity(l)}, opt_);
+    if (!status_.ok()) throw flashcache::Error(status_);  // a forward pass has no Status to return
+  }
+  // Layer l's tails, one row of capacity(l) per KV head.
+  flashcache::TailView<const float> layer(int l, std::int64_t kv_heads) const {
+    const auto& t = tails_[static_cast<std::size_t>(l)];
+    return {t.data(), kv_heads, static_cast<std::int64_t>(t.size()) / kv_heads};
+  }
+  int layers() const { return static_cast<int>(tails_.size()); }
+
+ private:
+  flashcache::QueryTailOptions opt_;
+  flashcache::TailAccumulator acc_;
+  std::vector<std::vector<float>> tails_;
+  flashcache::Status status_;
+};
+
 // Compresses engine caches with flashcache's no-throw core: score every layer
 // into scores the compressor keeps, plan the budgets, then select and gather
 // each layer's kept rows straight into the new cache. One compressor serves
@@ -31,7 +69,10 @@ class CacheCompressor {
  public:
   // Replaces `cache` by a compact one holding budgets[l] tokens per head in
   // layer l (plus `room` for new tokens). On failure the cache is unchanged.
-  flashcache::Status compress(KVCache& cache, const CompressSettings& s, std::vector<std::int64_t>* budgets) {
+  // With `tails` (gathered during this prompt's prefill) flashcache scores with
+  // the query-informed preset, Options::with_query_tail().
+  flashcache::Status compress(KVCache& cache, const CompressSettings& s, std::vector<std::int64_t>* budgets,
+                              const PromptTails* tails = nullptr) {
     namespace fc = flashcache;
     namespace fp = flashcache::policies;
     fp::Policy policy = fp::Policy::flashcache;
@@ -39,7 +80,13 @@ class CacheCompressor {
     if (fp::needs_queries(policy))
       return fc::make_error(fc::Errc::unsupported, "policy ", s.policy,
                             " needs the prompt's queries, which this engine does not keep");
-    fc::Options opt;  // the library's defaults, but for what the caller set
+    if (tails != nullptr && policy != fp::Policy::flashcache)
+      return fc::make_error(fc::Errc::invalid_option, "query tails are read by policy flashcache only, not ", s.policy);
+    if (tails != nullptr && tails->layers() != cache.layers())
+      return fc::make_error(fc::Errc::invalid_shape, "query tails of ", tails->layers(), " layers for a cache of ",
+                            cache.layers(), " (gather them during this prompt's prefill)");
+    // The library's defaults (with query tails when gathered), but for what the caller set.
+    fc::Options opt = tails != nullptr ? fc::Options::with_query_tail() : fc::Options{};
     if (s.sink >= 0) opt.sink = s.sink;
     if (s.window >= 0) opt.window = s.window;
     opt.allocation = s.uniform ? fc::Allocation::uniform : fc::Allocation::dynamic;
@@ -56,8 +103,9 @@ class CacheCompressor {
     for (int l = 0; l < layers; ++l) {
       const auto k = view(cache.k(l, 0, 0), l), v = view(cache.v(l, 0, 0), l);
       fc::LayerScores& scores = scores_[static_cast<std::size_t>(l)];
+      const fc::TailView<const float> t = tails != nullptr ? tails->layer(l, heads) : fc::TailView<const float>{};
       FLASHCACHE_RETURN_IF_ERROR(policy == fp::Policy::flashcache
-                                     ? scorer_.score(k, v, opt, &scores)
+                                     ? scorer_.score(k, v, t, opt, &scores)
                                      : fp::score_with_policy(policy, {}, k, v, opt, fp::PolicyOptions{}, &scores));
       summary_[static_cast<std::size_t>(l)] = fc::summarize(scores.view(), scores.energy.data(), opt, {});
     }
@@ -98,10 +146,11 @@ class CacheCompressor {
 
 // One-shot form: per-layer budgets (tokens kept per KV head). Throws
 // flashcache::Error on bad settings.
-inline std::vector<std::int64_t> compress_cache(KVCache& cache, const CompressSettings& s) {
+inline std::vector<std::int64_t> compress_cache(KVCache& cache, const CompressSettings& s,
+                                                const PromptTails* tails = nullptr) {
   CacheCompressor compressor;
   std::vector<std::int64_t> budgets;
-  flashcache::throw_if_error(compressor.compress(cache, s, &budgets));
+  flashcache::throw_if_error(compressor.compress(cache, s, &budgets, tails));
   return budgets;
 }
 

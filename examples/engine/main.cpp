@@ -35,7 +35,7 @@ std::string read_text(const std::string& path) {
 int main(int argc, char** argv) {
   CLI::App app{"flashcache_engine: prefill, compress the KV cache with flashcache, decode (CPU)"};
   std::string model_path, prompt, prompt_file, nll_file, policy = "flashcache";
-  bool chat = false, json = false, quiet = false, ignore_eos = false, uniform = false;
+  bool chat = false, json = false, quiet = false, ignore_eos = false, uniform = false, query_tail = false;
   int max_new = 64, threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double keep_ratio = -1;
   std::int64_t sink = -1, window = -1, chunk = 512;  // -1: flashcache's defaults
@@ -51,6 +51,8 @@ int main(int argc, char** argv) {
   app.add_option("--window", window, "last prompt tokens always kept (default: the library's)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--uniform", uniform, "the same budget in every layer (default: flashcache's dynamic split)");
+  app.add_flag("--query-tail", query_tail,
+               "gather each key's query tail during prefill and score with Options::with_query_tail() (flashcache)");
   app.add_option("--threads", threads, "threads (default: all cores)")->check(CLI::Range(1, 1024));
   app.add_option("--prefill-chunk", chunk, "prompt tokens per prefill pass")->check(CLI::Range(1, 1 << 20));
   app.add_option("--nll-file", nll_file, "teacher-forced NLL of this file's text as a continuation of the prompt");
@@ -88,13 +90,17 @@ int main(int argc, char** argv) {
     engine::KVCache cache(model.config(), static_cast<std::int64_t>(ids.size()) + room);
     engine::Workspace ws;
     const bool show = !quiet && static_cast<std::int64_t>(ids.size()) > chunk;
+    if (query_tail && policy != "flashcache") throw std::invalid_argument("--query-tail is for --policy flashcache");
+    engine::PromptTails tails;  // gathered during prefill when --query-tail
     const auto t_prefill = Clock::now();
-    std::vector<float> logits =
-        engine::prefill(model, ids, cache, ws, threads, chunk, [&](std::int64_t done, std::int64_t total) {
+    std::vector<float> logits = engine::prefill(
+        model, ids, cache, ws, threads, chunk,
+        [&](std::int64_t done, std::int64_t total) {
           if (show)
             std::fprintf(stderr, "\rprefill %lld/%lld tokens, %.1f s", static_cast<long long>(done),
                          static_cast<long long>(total), ms_since(t_prefill) / 1000.0);
-        });
+        },
+        query_tail && keep_ratio >= 0 ? &tails : nullptr);
     const double prefill_ms = ms_since(t_prefill);
     if (show) std::fprintf(stderr, "\n");
 
@@ -105,7 +111,7 @@ int main(int argc, char** argv) {
     if (keep_ratio >= 0) {
       const engine::CompressSettings s{keep_ratio, policy, sink, window, room, uniform};
       const auto t_compress = Clock::now();
-      budgets = engine::compress_cache(cache, s);
+      budgets = engine::compress_cache(cache, s, query_tail ? &tails : nullptr);
       compress_ms = ms_since(t_compress);
     }
     const std::int64_t kv_after = cache.bytes_in_use();
@@ -134,6 +140,7 @@ int main(int argc, char** argv) {
       j["compress_ms"] = compress_ms;
       j["keep_ratio"] = keep_ratio >= 0 ? nlohmann::json(keep_ratio) : nlohmann::json(nullptr);
       j["policy"] = keep_ratio >= 0 ? nlohmann::json(policy) : nlohmann::json(nullptr);
+      j["query"] = keep_ratio >= 0 && query_tail ? "tail" : "none";
       j["decode_steps"] = steps;
       j["decode_ms"] = decode_ms;
       j["decode_tokens_per_s"] = tokens_per_s;

@@ -12,14 +12,16 @@ namespace engine {
 
 // Runs the prompt in chunks of `chunk` tokens (each a GEMM pass over the cache so
 // far), calling progress(done, total) after each; returns the last token's logits.
+// An observer sees every chunk's queries (Model::forward).
 inline std::vector<float> prefill(const Model& m, const std::vector<int>& ids, KVCache& cache, Workspace& ws,
                                   int threads, std::int64_t chunk = 512,
-                                  const std::function<void(std::int64_t, std::int64_t)>& progress = {}) {
+                                  const std::function<void(std::int64_t, std::int64_t)>& progress = {},
+                                  QueryObserver* observer = nullptr) {
   std::vector<float> logits(static_cast<std::size_t>(m.config().vocab));
   const auto n = static_cast<std::int64_t>(ids.size());
   for (std::int64_t at = 0; at < n; at += chunk) {
     const std::int64_t len = std::min(chunk, n - at);
-    m.forward(ids.data() + at, len, cache, ws, threads, logits.data());
+    m.forward(ids.data() + at, len, cache, ws, threads, logits.data(), false, observer);
     if (progress) progress(at + len, n);
   }
   return logits;

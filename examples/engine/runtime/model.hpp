@@ -92,6 +92,14 @@ class KVCache {
 
 // Scratch buffers of the forward pass, grown on demand and then reused, so that
 // decode steps allocate nothing.
+// Sees the queries of each layer during a forward pass: q [n][heads][head_dim]
+// after RoPE, the new tokens' K and V already appended to layer l of the cache
+// (slots length(l) - n .. length(l) - 1).
+struct QueryObserver {
+  virtual ~QueryObserver() = default;
+  virtual void layer_queries(int l, const float* q, std::int64_t n, const KVCache& cache) = 0;
+};
+
 struct Workspace {
   std::vector<float> x, h, q, k, v, attn, gate, up, cos, sin, scores;
   std::int64_t score_stride = 0;
@@ -155,9 +163,10 @@ class Model {
 
   // Runs `n` new tokens on top of `cache` and appends their K/V (each layer needs
   // room for n more). Writes the logits of every new token ([n][vocab]) when
-  // all_logits, else of the last one only ([vocab]).
+  // all_logits, else of the last one only ([vocab]). An observer sees each
+  // layer's queries as they are computed (for the query tails of a prefill).
   void forward(const int* ids, std::int64_t n, KVCache& cache, Workspace& ws, int threads, float* logits,
-               bool all_logits = false) const {
+               bool all_logits = false, QueryObserver* observer = nullptr) const {
     if (n <= 0) return;
     if (cache.layers() != c_.layers) throw std::invalid_argument("KV cache has the wrong number of layers");
     for (std::int64_t i = 0; i < n; ++i)
@@ -193,6 +202,7 @@ class Model {
       rope(ws.q.data(), n, c_.heads, ws);
       rope(ws.k.data(), n, c_.kv_heads, ws);
       append(l, n, cache, ws);
+      if (observer != nullptr) observer->layer_queries(l, ws.q.data(), n, cache);
       attention(l, n, cache, ws, threads);
       matmul(ws.attn.data(), n, qd, w.wo.data(), D, ws.h.data(), threads);
       add(ws.x.data(), ws.h.data(), N * static_cast<std::size_t>(D));

@@ -45,8 +45,8 @@ const Loaded* loaded() {
   return cached.get();
 }
 
-#define REQUIRE_MODEL()                                                                         \
-  const Loaded* L = loaded();                                                                   \
+#define REQUIRE_MODEL()       \
+  const Loaded* L = loaded(); \
   if (L == nullptr) GTEST_SKIP() << "the SmolLM2 model is not installed; " << engine::model_install_hint()
 
 // |engine - numpy| <= 1e-3 relative (to max(1, |numpy|)) on the reference's top-20 logits.
@@ -65,7 +65,7 @@ std::vector<int> prompt_ids(const Loaded& L) { return L.ref["prompt_ids"].get<st
 // The reference prompt prefilled once for all tests, in pieces that end at each
 // reference position, so that each piece's last logits can be checked.
 struct Prefilled {
-  engine::KVCache cache;  // room for kRoom more tokens
+  engine::KVCache cache;                      // room for kRoom more tokens
   std::vector<std::vector<float>> logits_at;  // at the reference positions; the last is the prompt's last token
 };
 constexpr int kRoom = 32;
@@ -168,8 +168,8 @@ TEST(EngineModel, CompressedDecodeMatchesNumpyGather) {
   EXPECT_EQ(cache.next_position, static_cast<std::int64_t>(ids.size()));
 
   std::vector<std::vector<float>> chosen_by;
-  const auto tokens = engine::greedy(*L->model, logits, static_cast<int>(want_tokens.size()), cache, ws, kThreads, {},
-                                     &chosen_by);
+  const auto tokens =
+      engine::greedy(*L->model, logits, static_cast<int>(want_tokens.size()), cache, ws, kThreads, {}, &chosen_by);
   EXPECT_EQ(tokens, want_tokens);
   for (std::size_t step = 0; step < chosen_by.size(); ++step)
     EXPECT_LE(worst_relative_error(chosen_by[step], c["logits"][step]), 1e-3) << "step " << step;
@@ -228,6 +228,56 @@ TEST(EngineModel, FlashcacheDecodeEqualsAHandGatheredCache) {
     for (std::size_t j = 0; j < a[i].size(); ++j)
       ASSERT_NEAR(a[i][j], b[i][j], 1e-4f * (1.0f + std::fabs(a[i][j]))) << "step " << i << " logit " << j;
   }
+}
+
+// Query tails gathered during a chunked prefill (PromptTails as the forward pass's observer)
+// are the tails of the whole prompt's queries at once, recomputed here from a second forward
+// pass that keeps every layer's queries; compressing with them changes what is kept.
+TEST(EngineModel, PrefillQueryTailsMatchTheWholePromptAndChangeTheKeepSet) {
+  REQUIRE_MODEL();
+  const auto ids = prompt_ids(*L);
+  const auto n = static_cast<std::int64_t>(ids.size());
+  const engine::ModelConfig& c = L->model->config();
+  struct Keep : engine::QueryObserver {  // every layer's queries of one whole-prompt pass
+    std::vector<std::vector<float>> q;
+    void layer_queries(int l, const float* qp, std::int64_t rows, const engine::KVCache& cache) override {
+      if (q.size() <= static_cast<std::size_t>(l)) q.resize(static_cast<std::size_t>(l) + 1);
+      q[static_cast<std::size_t>(l)].assign(qp, qp + rows * cache.config().heads * cache.config().head_dim);
+    }
+  } keep;
+  engine::Workspace ws;
+  engine::KVCache whole(c, n + kRoom), chunked(c, n + kRoom);
+  std::vector<float> logits(static_cast<std::size_t>(c.vocab));
+  L->model->forward(ids.data(), n, whole, ws, kThreads, logits.data(), false, &keep);
+  engine::PromptTails tails;
+  (void)engine::prefill(*L->model, ids, chunked, ws, kThreads, 37, {}, &tails);
+  ASSERT_EQ(tails.layers(), c.layers);
+  flashcache::TailAccumulator acc;
+  for (int l = 0; l < c.layers; ++l) {
+    std::vector<float> want(static_cast<std::size_t>(c.kv_heads * (n + kRoom)), 0.0f);
+    const flashcache::KVView<const float> qv(keep.q[static_cast<std::size_t>(l)].data(), c.heads, n, c.head_dim,
+                                             c.head_dim, c.heads * c.head_dim);
+    const flashcache::KVView<const float> kv(whole.k(l, 0, 0), c.kv_heads, n, c.head_dim,
+                                             whole.capacity(l) * c.head_dim, c.head_dim);
+    ASSERT_TRUE(acc.add(qv, 0, kv, nullptr, {want.data(), c.kv_heads, n + kRoom}).ok());
+    const auto got = tails.layer(l, c.kv_heads);
+    for (int h = 0; h < c.kv_heads; ++h)
+      for (std::int64_t j = 0; j < n; ++j)
+        ASSERT_NEAR(got(h, j), want[static_cast<std::size_t>(h * (n + kRoom) + j)], 1e-4) << l << " " << h << " " << j;
+  }
+  engine::CompressSettings s;
+  s.keep_ratio = 0.2;
+  engine::KVCache with_tails = chunked, without = chunked;
+  (void)engine::compress_cache(with_tails, s, &tails);
+  (void)engine::compress_cache(without, s);
+  bool differ = false;
+  for (int l = 0; l < c.layers && !differ; ++l)
+    for (std::int64_t j = 0; j < std::min(with_tails.length(l), without.length(l)) && !differ; ++j)
+      differ = with_tails.position(l, 0, j) != without.position(l, 0, j);
+  EXPECT_TRUE(differ) << "the query tails changed no kept token";
+  s.policy = "knorm";
+  engine::KVCache other = chunked;
+  EXPECT_THROW(engine::compress_cache(other, s, &tails), flashcache::Error);
 }
 
 TEST(EngineModel, TeacherForcedNllEqualsStepwiseDecoding) {
