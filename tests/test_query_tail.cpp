@@ -65,6 +65,13 @@ struct Prompt {
   fc::KVView<const float> kv() const { return fc::hnd(k.data(), fc::Heads(hk), fc::Tokens(n), fc::HeadDim(d)); }
 };
 
+// The definition's exact tail: every query, no minimum distance.
+fc::QueryTailOptions exact() {
+  fc::QueryTailOptions o;
+  o.min_distance = 0;
+  return o;
+}
+
 void expect_near_tails(const std::vector<float>& got, const std::vector<double>& want) {
   ASSERT_EQ(got.size(), want.size());
   for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-6 + 2e-5 * want[i]) << "tail " << i;
@@ -104,7 +111,17 @@ TEST(QueryTail, LastQueriesAcrossTilesMatchNaiveReference) {
   std::vector<float> got(static_cast<std::size_t>(p.hk * p.n), 0.0f);
   fc::TailAccumulator acc;
   ASSERT_TRUE(
-      acc.add(fc::token_range(p.qv(), first, p.n - first), first, p.kv(), nullptr, {got.data(), p.hk, p.n}).ok());
+      acc.add(fc::token_range(p.qv(), first, p.n - first), first, p.kv(), nullptr, {got.data(), p.hk, p.n}, exact())
+          .ok());
+  // The same queries fed from position `first` on (QueryTailOptions::from_position), and the
+  // chosen form: the last 256 queries of the prompt, each for keys 32 tokens before it or more.
+  std::vector<float> from(got.size(), 0.0f), chosen(got.size(), 0.0f);
+  fc::QueryTailOptions later = exact();
+  later.from_position = first;
+  ASSERT_TRUE(acc.add(p.qv(), 0, p.kv(), nullptr, {from.data(), p.hk, p.n}, later).ok());
+  expect_near_tails(from, want);
+  ASSERT_TRUE(acc.add(p.qv(), 0, p.kv(), nullptr, {chosen.data(), p.hk, p.n}, fc::last_queries(p.n)).ok());
+  expect_near_tails(chosen, naive_tails(p.q, p.hq, p.k, p.hk, p.n, p.d, 1, p.n - 256, 32));
   expect_near_tails(got, want);
   for (std::int64_t j = 0; j < p.hk * p.n; ++j) EXPECT_LE(got[static_cast<std::size_t>(j)], 1.0f);
 }
@@ -169,7 +186,7 @@ TEST(QueryTail, HalfInputs) {
   fc::TailAccumulator acc;
   ASSERT_TRUE(acc.add(fc::hnd<const fc::half_t>(qh.data(), fc::Heads(2), fc::Tokens(33), fc::HeadDim(6)), 0,
                       fc::hnd<const fc::half_t>(kh.data(), fc::Heads(1), fc::Tokens(33), fc::HeadDim(6)), nullptr,
-                      {got.data(), 1, 33})
+                      {got.data(), 1, 33}, exact())
                   .ok());
   expect_near_tails(got, want);
 }

@@ -568,6 +568,8 @@ def check_defaults(cli: str) -> None:
         if got[field] != want:
             raise SystemExit(f"long_eval: DEFAULT[{field!r}] = {want!r} but the library's default is "
                              f"{got[field]!r}")
+    if got.get("query") != "none":  # DEFAULT reads no queries; so must Options{}
+        raise SystemExit(f"long_eval: the library's default query input is {got.get('query')!r}, not 'none'")
 
 
 def git_revision() -> Optional[str]:
@@ -603,7 +605,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "full cache finds 4 of 5 is used per template)")
     ap.add_argument("--ratios", default=",".join(map(str, KEEP_RATIOS)))
     ap.add_argument("--rows", default=None, metavar="FILE.json",
-                    help="study, passkey: the rows instead of the built-in ones, a JSON list of [label, policy, "
+                    help="the rows instead of the built-in ones, a JSON list of [label, policy, "
                          "options] (options as select_configs reads them, passed through untouched)")
     ap.add_argument("--templates", default="", help="passkey: comma-separated template names (default: the split's)")
     ap.add_argument("--continuation", type=int, default=256)
@@ -635,9 +637,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_defaults(args.cli)
         rows = table_rows()
         out = args.out or os.path.join(REPO, "bench", "results", "quality_long_passkey.json")
-    if args.rows:
-        if args.part == "table":
-            raise SystemExit("long_eval: --rows is for the study and passkey parts (the table has its rows)")
+    if args.rows:  # the table too: a held-out run of a study's rows
         rows = load_rows(args.rows)
     templates = [t for t in load_passkey_split()["templates"] if split == "all" or t["split"] == split]
     if args.templates:

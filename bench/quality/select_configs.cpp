@@ -14,11 +14,12 @@
 //              "sink": 4, "window": 0, "window_share": 0.25, "base_share": 0,
 //              "normalize_terms": false, "rope_theta": 0, "rope_layout": "half",
 //              "allocation": "dynamic", "keep_set": "per_head", "combine": "mean_normalized",
-//              "page": 1, "query": "none", "tail_weight": 0.5, "tail_mix": "sum", "tail_stride": 1,
-//              "tail_min_distance": 0, "tail_last": 0},
+//              "page": 1, "query": "none", "tail_weight": 0.5, "tail_mix": "max", "tail_stride": 1,
+//              "tail_min_distance": 32, "tail_last": 256},
 //              "seed": 0}, ...]}
 // query "tail" (Options::query) scores with each key's tail from q.npy, fed by every
-// tail_stride-th prompt query (only the last tail_last when above 0).
+// tail_stride-th prompt query (only the last tail_last when above 0); the tail
+// fields left out take Options::with_query_tail()'s and PolicyOptions{}'s values.
 // Every configuration keeps per_head * L tokens in all: per_head in every
 // layer, or that total re-split by the dynamic allocation.
 // keep_set (shared_keep.hpp): per_head (the default) keeps a set per (layer,
@@ -76,9 +77,14 @@ fc::Options options_from(const Json& j) {
       j.value("allocation", std::string("dynamic")) == "uniform" ? fc::Allocation::uniform : fc::Allocation::dynamic;
   const std::string query = j.value("query", std::string("none"));
   if (query != "none" && query != "tail") throw std::runtime_error("options.query " + query + " is not none or tail");
-  o.query = query == "tail" ? fc::QueryInput::tail : fc::QueryInput::none;
+  if (query == "tail") {  // the query-informed preset, but for what the row sets
+    const fc::Options preset = fc::Options::with_query_tail();
+    o.query = preset.query;
+    o.tail_weight = preset.tail_weight;
+    o.tail_mix = preset.tail_mix;
+  }
   o.tail_weight = j.value("tail_weight", o.tail_weight);
-  const std::string mix = j.value("tail_mix", std::string("sum"));
+  const std::string mix = j.value("tail_mix", std::string(fc::to_string(o.tail_mix)));
   if (mix != "sum" && mix != "max") throw std::runtime_error("options.tail_mix " + mix + " is not sum or max");
   o.tail_mix = mix == "max" ? fc::TailMix::max : fc::TailMix::sum;
   return o;

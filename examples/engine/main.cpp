@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
     engine::Workspace ws;
     const bool show = !quiet && static_cast<std::int64_t>(ids.size()) > chunk;
     if (query_tail && policy != "flashcache") throw std::invalid_argument("--query-tail is for --policy flashcache");
-    engine::PromptTails tails;  // gathered during prefill when --query-tail
+    // Gathered during prefill when --query-tail: the chosen feed, the prompt's last queries.
+    engine::PromptTails tails(flashcache::last_queries(static_cast<std::int64_t>(ids.size())));
     const auto t_prefill = Clock::now();
     std::vector<float> logits = engine::prefill(
         model, ids, cache, ws, threads, chunk,

@@ -153,10 +153,12 @@ struct Options {
   // The query-informed preset: the defaults with each key's tail in the score
   // (QueryInput::tail), for callers that have the prompt's queries. Chosen on
   // dev data by bench/quality/study/QUERY_RULE.md (bench/RESULTS.md).
+  // Its feed: QueryTailOptions{} and last_queries() (query_tail.hpp).
   static Options with_query_tail() {
     Options o;
     o.query = QueryInput::tail;
     o.tail_weight = 0.5;
+    o.tail_mix = TailMix::max;
     return o;
   }
 

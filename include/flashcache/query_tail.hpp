@@ -21,8 +21,9 @@
 // one-pass tails agree to float rounding (the products are tiled differently);
 // the same chunks give the same bits.
 //
-// Cheaper forms: QueryTailOptions::stride feeds every stride-th query position only;
-// an engine that feeds only its last W queries passes only those (first = N - W).
+// Cheaper forms: QueryTailOptions::stride feeds every stride-th query position only,
+// from_position only the later ones (last_queries(N): the prompt's last 256, the
+// chosen form); an engine may also pass only the queries it wants fed.
 //
 // The tails live in caller memory (TailView); the accumulator keeps its buffers
 // between calls and allocates nothing once it has seen the layer's shape.
@@ -58,22 +59,39 @@ struct TailView {
   }
 };
 
+// The query study's choice on dev data (bench/quality/study/QUERY_RULE.md,
+// bench/RESULTS.md): the prompt's last 256 queries, each counting for keys at
+// least 32 tokens before it.
+inline constexpr std::int64_t kTailLastQueries = 256;
+inline constexpr std::int64_t kTailMinDistance = 32;
+
 struct QueryTailOptions {
-  // Feed only query positions i with i % stride == 0 (1: every query, the exact tail).
+  // Feed only query positions i with i % stride == 0 (1: every query).
   std::int64_t stride = 1;
+  // Feed only query positions i >= from_position (0: all; last_queries() below
+  // sets it for the chosen form, the prompt's last kTailLastQueries).
+  std::int64_t from_position = 0;
   // Count only queries at least this far after the key (i - j >= min_distance).
   // Many heads give the previous few tokens most of their attention, so every
   // key's nearest queries raise its tail; the queries that will read a kept key
-  // after compression are far from it.
-  std::int64_t min_distance = 0;
+  // after compression are far from it. 0 gives the exact tail of the definition.
+  std::int64_t min_distance = kTailMinDistance;
   // Logit scale; 0 means 1/sqrt(head_dim).
   double scale = 0.0;
 };
 
+// The chosen feed for a prompt of `prompt_tokens`: its last `count` queries.
+inline QueryTailOptions last_queries(std::int64_t prompt_tokens, std::int64_t count = kTailLastQueries) {
+  QueryTailOptions o;
+  o.from_position = prompt_tokens > count ? prompt_tokens - count : 0;
+  return o;
+}
+
 inline Status check_tail_options(const QueryTailOptions& o) {
   if (o.stride < 1) return make_error(Errc::invalid_option, "tail stride ", o.stride, " must be at least 1");
-  if (o.min_distance < 0)
-    return make_error(Errc::invalid_option, "tail min_distance ", o.min_distance, " is negative");
+  if (o.from_position < 0)
+    return make_error(Errc::invalid_option, "tail from_position ", o.from_position, " is negative");
+  if (o.min_distance < 0) return make_error(Errc::invalid_option, "tail min_distance ", o.min_distance, " is negative");
   if (!(o.scale >= 0.0 && std::isfinite(o.scale)))
     return make_error(Errc::invalid_option, "tail scale ", o.scale, " must be finite and >= 0 (0: 1/sqrt(d))");
   return Status::success();
@@ -135,7 +153,7 @@ class TailAccumulator {
     const float scale = static_cast<float>(opt.scale > 0 ? opt.scale : 1.0 / std::sqrt(static_cast<double>(d)));
     const std::int64_t group = q.heads / k.heads;
     std::int64_t sampled = 0;  // fed rows of the chunk
-    for (std::int64_t r = 0; r < q.tokens; ++r) sampled += (first + r) % opt.stride == 0;
+    for (std::int64_t r = 0; r < q.tokens; ++r) sampled += fed(first + r, opt);
     if (sampled == 0) return Status::success();
 
     grow(&keys_, end * d);
@@ -149,7 +167,7 @@ class TailAccumulator {
         while (r < q.tokens) {
           std::int64_t count = 0;  // the next tile of fed rows
           for (; r < q.tokens && count < kQueryTile; ++r)
-            if ((first + r) % opt.stride == 0) {
+            if (fed(first + r, opt)) {
               rows_[static_cast<std::size_t>(count)] = r;
               load_row(q.row(g, r), d, queries_.data() + count * d);
               ++count;
@@ -168,6 +186,9 @@ class TailAccumulator {
   using Map = Eigen::Map<Matrix>;
   using ConstMap = Eigen::Map<const Matrix>;
 
+  static bool fed(std::int64_t position, const QueryTailOptions& opt) {
+    return position >= opt.from_position && position % opt.stride == 0;
+  }
   template <class V>
   static void grow(std::vector<V>* buf, std::int64_t n) {
     if (static_cast<std::int64_t>(buf->size()) < n) buf->resize(static_cast<std::size_t>(n));
@@ -204,7 +225,7 @@ class TailAccumulator {
         log_sum = static_cast<double>(top) + std::log(sum);
       }
       const float shift = static_cast<float>(log_sum);
-      for (std::int64_t j = 0; j < seen - min_distance; ++j) {  // keys at least min_distance back
+      for (std::int64_t j = 0; j < seen - min_distance; ++j) {   // keys at least min_distance back
         const float p = std::min(std::exp(s[j] - shift), 1.0f);  // a given lse may round below the max logit
         if (p > tail[j]) tail[j] = p;
       }

@@ -615,18 +615,22 @@ TEST_F(CliTest, PolicyH2oScoresComeFromTheQueries) {
 
 // flashcache with --q: the query-informed score. With --tail-weight 1 the scores are the
 // tails, each key's largest causal attention probability from a query of its KV head's
-// group, over the head's mean: computed here from the files, directly. summary.json says
-// which score ran.
+// group at least --tail-min-distance tokens after it, over the head's mean: computed here
+// from the files, directly. summary.json says which score ran, with the preset's fields.
 TEST_F(CliTest, FlashcacheWithQueriesScoresByTheTail) {
   const std::string q = dir / "q.npy";
   write_cache<float>(q, dir / "unused.npy", {2, 4, 37, 8}, 7);
-  const Result r = run_cli(compress({"--q", q, "--tail-weight", "1", "--keep-ratio", "0.2"}));
+  const Result r =
+      run_cli(compress({"--q", q, "--tail-weight", "1", "--tail-min-distance", "3", "--keep-ratio", "0.2"}));
   ASSERT_EQ(r.code, 0) << r.err;
   const Outputs o = check_outputs(out, k, v);
   EXPECT_EQ(o.summary["options"]["policy"], "flashcache");
   EXPECT_EQ(o.summary["options"]["query"], "tail");
   EXPECT_EQ(o.summary["options"]["tail_weight"], 1.0);
+  EXPECT_EQ(o.summary["options"]["tail_mix"], "max");
   EXPECT_EQ(o.summary["options"]["tail_stride"], 1);
+  EXPECT_EQ(o.summary["options"]["tail_min_distance"], 3);
+  EXPECT_EQ(o.summary["options"]["tail_last"], 256);
   const npy::Array qa = npy::read(q), ka = npy::read(k), scores = npy::read(out + "/scores.npy");
   const float* Q = qa.data<float>();
   const float* K = ka.data<float>();
@@ -643,8 +647,9 @@ TEST_F(CliTest, FlashcacheWithQueriesScoresByTheTail) {
               dot += double(Q[((l * 4 + 2 * h + g) * 37 + i) * 8 + c]) * K[((l * 2 + h) * 37 + j) * 8 + c];
             sum += (p[static_cast<std::size_t>(j)] = std::exp(dot / std::sqrt(8.0)));
           }
-          for (std::int64_t j = 0; j <= i; ++j)
-            tail[static_cast<std::size_t>(j)] = std::max(tail[static_cast<std::size_t>(j)], p[static_cast<std::size_t>(j)] / sum);
+          for (std::int64_t j = 0; j + 3 <= i; ++j)
+            tail[static_cast<std::size_t>(j)] =
+                std::max(tail[static_cast<std::size_t>(j)], p[static_cast<std::size_t>(j)] / sum);
         }
       double mean = 0;
       for (double t : tail) mean += t / 37;
@@ -904,7 +909,8 @@ TEST_F(CliTest, BadInputIsOneLineExitTwoAndNoOutput) {
        [](CliTest&) {
          return std::vector<std::string>{"--tail-weight", "0.3"};
        },
-       "--tail-weight and --tail-stride are used only by --policy flashcache with --q"},
+       "--tail-weight, --tail-mix, --tail-stride, --tail-min-distance and --tail-last are used only by --policy "
+       "flashcache with --q"},
       {"tail stride 0",
        [](CliTest& t) {
          write_cache<float>(t.dir / "q.npy", t.dir / "q2.npy", {2, 2, 37, 8});

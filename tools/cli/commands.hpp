@@ -19,11 +19,15 @@ struct TransformArgs {
 };
 
 struct CompressArgs {
-  std::string k, v, out, protect;        // protect: empty for none
-  std::string policy = "flashcache";     // flashcache, streaming, knorm, keydiff, random, snapkv, h2o
-  std::string q;                         // queries for snapkv / h2o, and flashcache's query tails; empty for none
-  double tail_weight = Options::with_query_tail().tail_weight;  // flashcache with --q
-  std::int64_t tail_stride = QueryTailOptions{}.stride;         // flashcache with --q
+  std::string k, v, out, protect;     // protect: empty for none
+  std::string policy = "flashcache";  // flashcache, streaming, knorm, keydiff, random, snapkv, h2o
+  std::string q;                      // queries for snapkv / h2o, and flashcache's query tails; empty for none
+  // flashcache with --q: Options::with_query_tail() and its feed, but for what is given.
+  double tail_weight = Options::with_query_tail().tail_weight;
+  std::string tail_mix = to_string(Options::with_query_tail().tail_mix);
+  std::int64_t tail_stride = QueryTailOptions{}.stride;
+  std::int64_t tail_min_distance = QueryTailOptions{}.min_distance;
+  std::int64_t tail_last = kTailLastQueries;
   std::uint64_t seed = 0;                // random
   std::int64_t observation_window = 32;  // snapkv
   bool has_keep_ratio = false, has_keep = false;
@@ -35,7 +39,7 @@ struct CompressArgs {
   double rope_theta = 0;  // > 0: score keys de-rotated with this RoPE base
   std::string rope_layout = "half";
   std::int64_t rope_first_position = 0;
-  bool paper = false;  // Options::paper(): the paper's algorithm exactly
+  bool paper = false;              // Options::paper(): the paper's algorithm exactly
   std::vector<std::string> grids;  // --grid FIRST:ROWS:COLS, one per image
   std::string grid_zone = to_string(Options{}.grid_zone);
   std::int64_t grid_tile = Options{}.grid_tile;
@@ -46,7 +50,7 @@ struct CompressArgs {
   // Which of the policy-specific options were given on the command line, so
   // that one meant for another policy is refused rather than ignored.
   bool has_seed = false, has_observation_window = false, has_transform_option = false, has_rope_option = false;
-  bool has_tail_option = false;  // --tail-weight or --tail-stride (flashcache with --q)
+  bool has_tail_option = false;  // --tail-* (flashcache with --q)
   bool has_grid_option = false;  // --grid-zone or --grid-tile (scoring options of flashcache)
 };
 

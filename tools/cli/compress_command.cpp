@@ -37,7 +37,12 @@ void check_args(const CompressArgs& a) {
   if (a.paper && !a.q.empty())
     usage_error("--paper is the paper's algorithm, which reads no queries: drop --q, or drop --paper for query tails");
   if (a.has_tail_option && (p != policies::Policy::flashcache || a.q.empty()))
-    usage_error("--tail-weight and --tail-stride are used only by --policy flashcache with --q");
+    usage_error(
+        "--tail-weight, --tail-mix, --tail-stride, --tail-min-distance and --tail-last are used only by "
+        "--policy flashcache with --q");
+  if (a.tail_min_distance < 0)
+    usage_error("--tail-min-distance " + std::to_string(a.tail_min_distance) + " is negative");
+  if (a.tail_last < 0) usage_error("--tail-last " + std::to_string(a.tail_last) + " is negative");
   if (!(a.tail_weight >= 0.0 && a.tail_weight <= 1.0))
     usage_error("--tail-weight " + num(a.tail_weight) + " is outside [0, 1]");
   if (a.tail_stride < 1) usage_error("--tail-stride " + std::to_string(a.tail_stride) + " must be at least 1");
@@ -129,9 +134,16 @@ Plan make_plan(const CompressArgs& a, const KVCache& cache) {
     p.options.rope.first_position = a.rope_first_position;
   }
   if (p.policy == policies::Policy::flashcache && !a.q.empty()) {  // --q: the query-informed score
-    p.options.query = QueryInput::tail;
-    p.options.tail_weight = a.tail_weight;
+    p.options = [&] {  // the preset's query fields over the options set above
+      Options o = p.options;
+      o.query = QueryInput::tail;
+      o.tail_weight = a.tail_weight;
+      o.tail_mix = a.tail_mix == "sum" ? TailMix::sum : TailMix::max;
+      return o;
+    }();
     p.policy_options.tail.stride = a.tail_stride;
+    p.policy_options.tail.min_distance = a.tail_min_distance;
+    p.policy_options.tail_last = a.tail_last;
   }
   for (const std::string& g : a.grids) p.options.grids.push_back(parse_grid(g, cache.tokens, p.options.grids));
   p.options.grid_zone = a.grid_zone == "triangle" ? GridZone::triangle : GridZone::rectangle;
@@ -175,34 +187,39 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
       {"layers", cache.layers}, {"heads", cache.heads}, {"tokens", cache.tokens}, {"head_dim", cache.head_dim}};
   const bool fc = plan.policy == policies::Policy::flashcache;  // gamma, transform, block: FlashCache's only
   const bool random = plan.policy == policies::Policy::random, snapkv = plan.policy == policies::Policy::snapkv;
-  j["options"] = {{"policy", policies::to_string(plan.policy)},
-                  {"seed", random ? nlohmann::ordered_json(a.seed) : null},
-                  {"observation_window", snapkv ? nlohmann::ordered_json(a.observation_window) : null},
-                  {"keep_ratio", a.has_keep ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(a.keep_ratio)},
-                  {"keep", a.has_keep ? nlohmann::ordered_json(a.keep) : nlohmann::ordered_json(nullptr)},
-                  {"allocation", to_string(o.allocation)},
-                  {"gamma", fc ? nlohmann::ordered_json(o.gamma) : null},
-                  {"base", fc ? nlohmann::ordered_json(to_string(o.base)) : null},
-                  {"sink", o.sink},
-                  {"window", o.window},
-                  {"window_share", o.window_share},
-                  {"base_share", o.base_share},
-                  {"normalize_terms", fc ? nlohmann::ordered_json(o.normalize_terms) : null},
-                  {"query", fc ? nlohmann::ordered_json(to_string(o.query)) : null},
-                  {"tail_weight", fc && o.query == QueryInput::tail ? nlohmann::ordered_json(o.tail_weight) : null},
-                  {"tail_stride",
-                   fc && o.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail.stride) : null},
-                  {"rope_theta", fc && o.rope.derotate ? nlohmann::ordered_json(o.rope.theta) : null},
-                  {"rope_layout", fc && o.rope.derotate ? nlohmann::ordered_json(to_string(o.rope.layout)) : null},
-                  {"rope_first_position", fc && o.rope.derotate ? nlohmann::ordered_json(o.rope.first_position) : null},
-                  {"paper", a.paper},
-                  {"transform", fc ? nlohmann::ordered_json(to_string(o.transform)) : null},
-                  {"block", fc ? nlohmann::ordered_json(o.block_size) : null},
-                  {"grids", grids},
-                  {"grid_zone", fc && !o.grids.empty() ? nlohmann::ordered_json(to_string(o.grid_zone)) : null},
-                  {"grid_tile", fc && !o.grids.empty() ? nlohmann::ordered_json(o.grid_tile) : null},
-                  {"grid_base_share", o.grid_base_share},
-                  {"protected_by_mask", masked}};
+  j["options"] = {
+      {"policy", policies::to_string(plan.policy)},
+      {"seed", random ? nlohmann::ordered_json(a.seed) : null},
+      {"observation_window", snapkv ? nlohmann::ordered_json(a.observation_window) : null},
+      {"keep_ratio", a.has_keep ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(a.keep_ratio)},
+      {"keep", a.has_keep ? nlohmann::ordered_json(a.keep) : nlohmann::ordered_json(nullptr)},
+      {"allocation", to_string(o.allocation)},
+      {"gamma", fc ? nlohmann::ordered_json(o.gamma) : null},
+      {"base", fc ? nlohmann::ordered_json(to_string(o.base)) : null},
+      {"sink", o.sink},
+      {"window", o.window},
+      {"window_share", o.window_share},
+      {"base_share", o.base_share},
+      {"normalize_terms", fc ? nlohmann::ordered_json(o.normalize_terms) : null},
+      {"query", fc ? nlohmann::ordered_json(to_string(o.query)) : null},
+      {"tail_weight", fc && o.query == QueryInput::tail ? nlohmann::ordered_json(o.tail_weight) : null},
+      {"tail_mix", fc && o.query == QueryInput::tail ? nlohmann::ordered_json(to_string(o.tail_mix)) : null},
+      {"tail_stride",
+       fc && o.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail.stride) : null},
+      {"tail_min_distance",
+       fc && o.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail.min_distance) : null},
+      {"tail_last", fc && o.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail_last) : null},
+      {"rope_theta", fc && o.rope.derotate ? nlohmann::ordered_json(o.rope.theta) : null},
+      {"rope_layout", fc && o.rope.derotate ? nlohmann::ordered_json(to_string(o.rope.layout)) : null},
+      {"rope_first_position", fc && o.rope.derotate ? nlohmann::ordered_json(o.rope.first_position) : null},
+      {"paper", a.paper},
+      {"transform", fc ? nlohmann::ordered_json(to_string(o.transform)) : null},
+      {"block", fc ? nlohmann::ordered_json(o.block_size) : null},
+      {"grids", grids},
+      {"grid_zone", fc && !o.grids.empty() ? nlohmann::ordered_json(to_string(o.grid_zone)) : null},
+      {"grid_tile", fc && !o.grids.empty() ? nlohmann::ordered_json(o.grid_tile) : null},
+      {"grid_base_share", o.grid_base_share},
+      {"protected_by_mask", masked}};
   j["budgets"] = budgets;
   j["energy_ratio"] = energy_ratio;
   j["tokens_before"] = cache.layers * cache.tokens;

@@ -19,7 +19,8 @@ using flashcache::Transform;
 namespace cli = flashcache::cli;
 
 void add_transform_options(CLI::App* cmd, cli::TransformArgs* t) {
-  cmd->add_option("--gamma", t->gamma, "Base ratio in (0, 1]: ceil(gamma * N) frequencies form the base (which ones: --base)")
+  cmd->add_option("--gamma", t->gamma,
+                  "Base ratio in (0, 1]: ceil(gamma * N) frequencies form the base (which ones: --base)")
       ->capture_default_str();
   cmd->add_option("--transform", "DCT over the whole sequence (global) or over blocks of --block tokens (blocked)")
       ->check(CLI::IsMember({"global", "blocked"}))
@@ -31,7 +32,9 @@ void add_transform_options(CLI::App* cmd, cli::TransformArgs* t) {
                   "energy (peak), or half of each (mixed)")
       ->check(CLI::IsMember({"lowpass", "peak", "mixed"}))
       ->each([t](const std::string& s) {
-        t->base = s == "peak" ? flashcache::Base::peak : s == "mixed" ? flashcache::Base::mixed : flashcache::Base::lowpass;
+        t->base = s == "peak"    ? flashcache::Base::peak
+                  : s == "mixed" ? flashcache::Base::mixed
+                                 : flashcache::Base::lowpass;
       })
       ->default_str(to_string(t->base));  // the library default
 }
@@ -139,7 +142,16 @@ int flashcache::cli::run_cli(int argc, char** argv) {
                        "key's largest attention probability from a prompt query, mixed with the residual)");
   compress->add_option("--tail-weight", c.tail_weight, "With flashcache and --q: the tail's share of the score")
       ->capture_default_str();
+  compress->add_option("--tail-mix", c.tail_mix, "With flashcache and --q: sum or max of the two score terms")
+      ->check(CLI::IsMember({"sum", "max"}))
+      ->capture_default_str();
   compress->add_option("--tail-stride", c.tail_stride, "With flashcache and --q: feed every S-th prompt query only")
+      ->capture_default_str();
+  compress
+      ->add_option("--tail-min-distance", c.tail_min_distance,
+                   "With flashcache and --q: a query counts for keys at least this many tokens before it")
+      ->capture_default_str();
+  compress->add_option("--tail-last", c.tail_last, "With flashcache and --q: feed the last N prompt queries (0: all)")
       ->capture_default_str();
   compress->add_option("--seed", c.seed, "Seed of --policy random")->capture_default_str();
   compress->add_option("--observation-window", c.observation_window, "Queries that vote in --policy snapkv")
@@ -164,10 +176,13 @@ int flashcache::cli::run_cli(int argc, char** argv) {
   c.has_seed = compress->count("--seed") > 0;
   c.has_observation_window = compress->count("--observation-window") > 0;
   c.has_transform_option = compress->count("--gamma") + compress->count("--transform") + compress->count("--block") +
-                           compress->count("--base") +
-                               compress->count("--normalize-terms") + compress->count("--no-normalize-terms") >
+                               compress->count("--base") + compress->count("--normalize-terms") +
+                               compress->count("--no-normalize-terms") >
                            0;
-  c.has_tail_option = compress->count("--tail-weight") + compress->count("--tail-stride") > 0;
+  c.has_tail_option = compress->count("--tail-weight") + compress->count("--tail-mix") +
+                          compress->count("--tail-stride") + compress->count("--tail-min-distance") +
+                          compress->count("--tail-last") >
+                      0;
   c.has_grid_option = compress->count("--grid-zone") + compress->count("--grid-tile") > 0;
   c.has_rope_option =
       compress->count("--rope-theta") + compress->count("--rope-layout") + compress->count("--rope-first-position") > 0;

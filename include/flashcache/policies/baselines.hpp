@@ -70,9 +70,9 @@ struct PolicyOptions {
   std::int64_t pool_kernel = 7;          // snapkv: max-pool width (odd)
   // flashcache with QueryInput::tail: which prompt queries feed the tails
   // (query_tail.hpp): every `tail.stride`-th, and only the last `tail_last`
-  // when it is above 0 (0: all of them).
+  // when it is above 0 (0: all of them); the defaults are the chosen feed.
   QueryTailOptions tail;
-  std::int64_t tail_last = 0;
+  std::int64_t tail_last = kTailLastQueries;
 };
 
 // Each key's tail from the prompt's queries q (the whole prompt, one chunk),
@@ -83,9 +83,9 @@ Status prompt_tails(KVView<const T> q, KVView<const T> k, const PolicyOptions& p
   FLASHCACHE_RETURN_IF_ERROR(check_queries(q, k));
   if (po.tail_last < 0) return make_error(Errc::invalid_option, "tail_last ", po.tail_last, " is negative");
   tails->assign(static_cast<std::size_t>(k.heads * k.tokens), 0.0f);
-  const std::int64_t first = po.tail_last > 0 ? std::max<std::int64_t>(0, k.tokens - po.tail_last) : 0;
-  return acc->add(token_range(q, first, q.tokens - first), first, k, nullptr,
-                  TailView<float>{tails->data(), k.heads, k.tokens}, po.tail);
+  QueryTailOptions feed = po.tail;
+  if (po.tail_last > 0) feed.from_position = std::max(feed.from_position, k.tokens - po.tail_last);
+  return acc->add(q, 0, k, nullptr, TailView<float>{tails->data(), k.heads, k.tokens}, feed);
 }
 
 namespace detail {
@@ -214,8 +214,8 @@ Status score_with_policy(Policy p, KVView<const T> q, KVView<const T> k, KVView<
                          const PolicyOptions& po, LayerScores* out) {
   FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
   if (needs_queries(p, opt) && q.empty() && !k.empty())
-    return make_error(Errc::invalid_option, "policy ", to_string(p),
-                      p == Policy::flashcache ? " with query tail" : "", " needs queries (Q)");
+    return make_error(Errc::invalid_option, "policy ", to_string(p), p == Policy::flashcache ? " with query tail" : "",
+                      " needs queries (Q)");
   switch (p) {
     case Policy::flashcache: {
       Scorer<Real> scorer;
