@@ -52,16 +52,15 @@ namespace flashcache {
 namespace llama {
 
 struct Stats {
-  std::int64_t cells_before = 0, cells_after = 0;         // cells of the sequence
-  std::uint64_t kv_bytes_before = 0, kv_bytes_after = 0;  // K and V of those cells, all layers
+  std::int64_t cells_before = 0, cells_after = 0;          // cells of the sequence
+  std::uint64_t kv_bytes_before = 0, kv_bytes_after = 0;   // K and V of those cells, all layers
   std::size_t state_bytes_before = 0, state_bytes_after = 0;
   llama_pos pos_min_before = -1, pos_min_after = -1, pos_max = -1;
   std::int64_t layers = 0, kv_heads = 0, head_dim = 0;
   bool v_trans = false;
   std::string k_type, v_type;
-  double read_ms = 0, score_ms = 0, select_ms = 0,
-         write_ms = 0;     // get_data + parse, score, select, rm + set_data + verify
-  double compress_ms = 0;  // all of it
+  double read_ms = 0, score_ms = 0, select_ms = 0, write_ms = 0;  // get_data + parse, score, select, rm + set_data + verify
+  double compress_ms = 0;                                          // all of it
 };
 
 // Whether llama.cpp's version is the one whose state format llama_state.hpp reads.
@@ -118,8 +117,8 @@ class SequenceCompressor {
   // current state as llama_state_seq_get_data wrote it (it is also what a
   // failure restores). A blob the parser or the model refuses leaves the
   // sequence untouched.
-  Status compress_state(llama_context* ctx, llama_seq_id seq, const std::uint8_t* data, std::size_t size, Budget budget,
-                        const Options& opt, const SharedKeepOptions& shared, Stats* stats) {
+  Status compress_state(llama_context* ctx, llama_seq_id seq, const std::uint8_t* data, std::size_t size,
+                        Budget budget, const Options& opt, const SharedKeepOptions& shared, Stats* stats) {
     const auto t0 = std::chrono::steady_clock::now();
     FLASHCACHE_RETURN_IF_ERROR(check_supported(ctx, seq));
     if (data == nullptr || size == 0) return make_error(Errc::invalid_shape, "llama: empty state");
@@ -215,22 +214,23 @@ class SequenceCompressor {
     Status failed = Status::success();
     const std::size_t set = llama_state_seq_set_data(ctx, out_.data(), out_.size(), seq);
     if (set != out_.size()) {
-      failed =
-          make_error(Errc::unsupported, "llama: llama_state_seq_set_data read ", set, " of ", out_.size(), " bytes");
+      failed = make_error(Errc::unsupported, "llama: llama_state_seq_set_data read ", set, " of ", out_.size(),
+                          " bytes");
     } else if (llama_memory_seq_pos_max(mem, seq) != st.pos_max || llama_memory_seq_pos_min(mem, seq) != want_min) {
-      failed =
-          make_error(Errc::unsupported, "llama: after compaction positions are [", llama_memory_seq_pos_min(mem, seq),
-                     ", ", llama_memory_seq_pos_max(mem, seq), "], expected [", want_min, ", ", st.pos_max, "]");
+      failed = make_error(Errc::unsupported, "llama: after compaction positions are [",
+                          llama_memory_seq_pos_min(mem, seq), ", ", llama_memory_seq_pos_max(mem, seq),
+                          "], expected [", want_min, ", ", st.pos_max, "]");
     } else if (llama_state_seq_get_size(ctx, seq) != out_.size()) {
       failed = make_error(Errc::unsupported, "llama: after compaction the sequence's state is ",
-                          llama_state_seq_get_size(ctx, seq), " bytes, expected ", out_.size(), " (", keep, " cells)");
+                          llama_state_seq_get_size(ctx, seq), " bytes, expected ", out_.size(), " (", keep,
+                          " cells)");
     }
     if (!failed.ok()) {
       llama_memory_seq_rm(mem, seq, -1, -1);
       const std::size_t back = llama_state_seq_set_data(ctx, blob_.data(), blob_.size(), seq);
       if (back != blob_.size() || llama_memory_seq_pos_max(mem, seq) != st.pos_max)
-        return make_error(Errc::unsupported, failed.message(), "; restoring the original state failed too (", back,
-                          " of ", blob_.size(), " bytes): sequence ", seq, " is lost");
+        return make_error(Errc::unsupported, failed.message(), "; restoring the original state failed too (",
+                          back, " of ", blob_.size(), " bytes): sequence ", seq, " is lost");
       return make_error(failed.code(), failed.message(), "; the original state is restored");
     }
     st.cells_after = keep;
@@ -248,8 +248,8 @@ class SequenceCompressor {
 
   // The parsed state must be the model's: its layers, its KV heads, the
   // sequence's positions, and no other sequence that may share its cells.
-  static Status check_against_model(llama_context* ctx, const llama_model* model, llama_seq_id seq, const SeqState& s,
-                                    llama_pos pos_min, llama_pos pos_max) {
+  static Status check_against_model(llama_context* ctx, const llama_model* model, llama_seq_id seq,
+                                    const SeqState& s, llama_pos pos_min, llama_pos pos_max) {
     if (s.cell_count == 0 || s.layers.empty())
       return make_error(Errc::invalid_option, "llama: sequence ", seq, " has no cells in its state");
     if (static_cast<std::int64_t>(s.layers.size()) != llama_model_n_layer(model))
