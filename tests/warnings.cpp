@@ -15,6 +15,7 @@
 #include <flashcache/plan.hpp>
 #include <flashcache/policies/attention.hpp>
 #include <flashcache/policies/baselines.hpp>
+#include <flashcache/query_tail.hpp>
 #include <flashcache/rules.hpp>
 #include <flashcache/score.hpp>
 #include <flashcache/score_blocked.hpp>
@@ -42,6 +43,15 @@ void instantiate(std::vector<fc::KVView<T>>& k, std::vector<fc::KVView<const T>>
   (void)fc::compress_batch(kc.data(), kc.data(), static_cast<int>(kc.size()), fc::Batch{}, fc::Budget::ratio(0.2), opt,
                            nullptr, &ws, out);
   (void)fc::score_layer<Real>(k[0], k[0], opt);
+  // Query tails: fed, merged, and read by the score.
+  fc::TailAccumulator acc;
+  std::vector<float> tails(1), other(1);
+  (void)acc.add(kc[0], 0, kc[0], nullptr, fc::TailView<float>{tails.data(), 1, 1}, fc::last_queries(1));
+  (void)fc::merge_tails(fc::TailView<const float>{other.data(), 1, 1}, fc::TailView<float>{tails.data(), 1, 1});
+  fc::Scorer<Real> scorer;
+  fc::LayerScores scores;
+  (void)scorer.score(kc[0], kc[0], fc::TailView<const float>{tails.data(), 1, 1}, fc::Options::with_query_tail(),
+                     &scores);
 }
 
 void instantiate_all() {

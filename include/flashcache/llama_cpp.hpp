@@ -25,6 +25,11 @@
 // any state the parser (llama_state.hpp) or the model's shape does not match.
 // After the removal, any failure restores the original blob: nothing is lost.
 //
+// Query tails (Options::with_query_tail()): a QueryCapture (llama/queries.hpp)
+// takes the prompt's last queries during its prefill through cb_eval, and
+// compress() scores with them against the state's keys. It needs the sequence
+// as prefilled (positions 0..N-1) and a K cache of f32, f16 or bf16.
+//
 // The newest cell is always kept (Options::window is raised to at least 1):
 // llama.cpp requires a new token's position to follow the sequence's last.
 // K and V bytes are copied as they are (f32, f16, bf16, q8_0), never
@@ -41,6 +46,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "llama/queries.hpp"
 #include "llama_state.hpp"
 #include "mask.hpp"
 #include "options.hpp"
@@ -61,6 +67,7 @@ struct Stats {
   std::string k_type, v_type;
   double read_ms = 0, score_ms = 0, select_ms = 0, write_ms = 0;  // get_data + parse, score, select, rm + set_data + verify
   double compress_ms = 0;                                          // all of it
+  bool query_tails = false;  // scored with the prompt's query tails (Options::query = tail)
 };
 
 // Whether llama.cpp's version is the one whose state format llama_state.hpp reads.
@@ -100,8 +107,11 @@ inline Status check_supported(llama_context* ctx, llama_seq_id seq) {
 // Compresses sequences one after another, keeping its buffers between calls.
 class SequenceCompressor {
  public:
+  // With Options::query = tail, `queries` holds the prompt's queries captured
+  // during its prefill (flashcache/llama/queries.hpp): the sequence must be that
+  // prompt as prefilled, cells at positions 0..N-1, not compressed since.
   Status compress(llama_context* ctx, llama_seq_id seq, Budget budget, const Options& opt,
-                  const SharedKeepOptions& shared, Stats* stats) {
+                  const SharedKeepOptions& shared, Stats* stats, const QueryCapture* queries = nullptr) {
     const auto t0 = std::chrono::steady_clock::now();
     FLASHCACHE_RETURN_IF_ERROR(check_supported(ctx, seq));
     const std::size_t size = llama_state_seq_get_size(ctx, seq);
@@ -110,7 +120,7 @@ class SequenceCompressor {
     const std::size_t got = llama_state_seq_get_data(ctx, blob_.data(), blob_.size(), seq);
     if (got != size)
       return make_error(Errc::unsupported, "llama: llama_state_seq_get_data wrote ", got, " of ", size, " bytes");
-    return compress_blob(ctx, seq, budget, opt, shared, stats, t0);
+    return compress_blob(ctx, seq, budget, opt, shared, stats, t0, queries);
   }
 
   // The same from a state the caller holds: `data` must be the sequence's
@@ -118,12 +128,13 @@ class SequenceCompressor {
   // failure restores). A blob the parser or the model refuses leaves the
   // sequence untouched.
   Status compress_state(llama_context* ctx, llama_seq_id seq, const std::uint8_t* data, std::size_t size,
-                        Budget budget, const Options& opt, const SharedKeepOptions& shared, Stats* stats) {
+                        Budget budget, const Options& opt, const SharedKeepOptions& shared, Stats* stats,
+                        const QueryCapture* queries = nullptr) {
     const auto t0 = std::chrono::steady_clock::now();
     FLASHCACHE_RETURN_IF_ERROR(check_supported(ctx, seq));
     if (data == nullptr || size == 0) return make_error(Errc::invalid_shape, "llama: empty state");
     blob_.assign(data, data + size);
-    return compress_blob(ctx, seq, budget, opt, shared, stats, t0);
+    return compress_blob(ctx, seq, budget, opt, shared, stats, t0, queries);
   }
 
   // The positions of the cells the last successful compress() kept, ascending.
@@ -131,7 +142,8 @@ class SequenceCompressor {
 
  private:
   Status compress_blob(llama_context* ctx, llama_seq_id seq, Budget budget, const Options& opt,
-                       const SharedKeepOptions& shared, Stats* stats, std::chrono::steady_clock::time_point t0) {
+                       const SharedKeepOptions& shared, Stats* stats, std::chrono::steady_clock::time_point t0,
+                       const QueryCapture* queries) {
     using clock = std::chrono::steady_clock;
     auto ms = [](clock::time_point a, clock::time_point b) {
       return std::chrono::duration<double, std::milli>(b - a).count();
@@ -139,9 +151,11 @@ class SequenceCompressor {
     Stats st;
     FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
     FLASHCACHE_RETURN_IF_ERROR(check_shared_options(shared));
-    if (opt.query != QueryInput::none)  // before anything is read or removed
-      return make_error(Errc::unsupported, "query ", to_string(opt.query),
-                        ": the llama.cpp adapter does not gather query tails yet (use Options::query = none)");
+    if (opt.query != QueryInput::none && queries == nullptr)  // before anything is read or removed
+      return make_error(Errc::invalid_option, "llama: Options::query is ", to_string(opt.query),
+                        " but no QueryCapture was given (flashcache/llama/queries.hpp)");
+    if (opt.query == QueryInput::none && queries != nullptr)
+      return make_error(Errc::invalid_option, "llama: a QueryCapture was given but Options::query is none");
     const llama_model* model = llama_get_model(ctx);
     llama_memory_t mem = llama_get_memory(ctx);
     st.pos_min_before = llama_memory_seq_pos_min(mem, seq);
@@ -163,6 +177,7 @@ class SequenceCompressor {
     st.v_trans = s.v_trans;
     st.k_type = type_name(s.layers[0].k_type);
     st.v_type = type_name(s.layers[0].v_type);
+    if (queries != nullptr) FLASHCACHE_RETURN_IF_ERROR(check_queries(*queries, s, heads, st.head_dim));
     const auto t1 = clock::now();
     st.read_ms = ms(t0, t1);
 
@@ -192,7 +207,15 @@ class SequenceCompressor {
         const KVView<const float> k = nhd(static_cast<const float*>(k_.data()), Tokens(n), Heads(heads), HeadDim(dim));
         const KVView<const float> v = nhd(static_cast<const float*>(v_.data()), Tokens(n), Heads(heads), HeadDim(dim));
         float* score = scores_.data() + static_cast<std::size_t>(l * heads) * n;
-        FLASHCACHE_RETURN_IF_ERROR(scorer_.score(k, v, o, score, energy_.data()));
+        TailView<const float> tails;
+        if (queries != nullptr) {  // the captured queries against this layer's keys, in position order
+          tails_.assign(static_cast<std::size_t>(heads) * n, 0.0f);
+          const TailView<float> out{tails_.data(), heads, static_cast<std::int64_t>(n)};
+          FLASHCACHE_RETURN_IF_ERROR(tail_.add(queries->layer(static_cast<int>(l)), queries->first_position(), k,
+                                               nullptr, out));
+          tails = out;
+        }
+        FLASHCACHE_RETURN_IF_ERROR(scorer_.score(k, v, tails, o, score, energy_.data()));
         views_[static_cast<std::size_t>(l)] = ScoreView{score, heads, n};
       }
       t2 = clock::now();
@@ -233,6 +256,7 @@ class SequenceCompressor {
                           back, " of ", blob_.size(), " bytes): sequence ", seq, " is lost");
       return make_error(failed.code(), failed.message(), "; the original state is restored");
     }
+    st.query_tails = queries != nullptr;
     st.cells_after = keep;
     st.kv_bytes_after = n == 0 ? 0 : st.kv_bytes_before / n * static_cast<std::uint64_t>(keep);
     st.state_bytes_after = out_.size();
@@ -243,6 +267,30 @@ class SequenceCompressor {
     st.write_ms = ms(t3, t4);
     st.compress_ms = ms(t0, t4);
     if (stats != nullptr) *stats = st;
+    return Status::success();
+  }
+
+  // Captured queries fit this sequence: complete, the same prompt (cells at
+  // positions 0..N-1, as prefilled), a cache whose keys are stored as computed.
+  static Status check_queries(const QueryCapture& q, const SeqState& s, std::int64_t heads, std::int64_t dim) {
+    FLASHCACHE_RETURN_IF_ERROR(q.status());
+    if (!q.complete() || q.layers() != static_cast<int>(s.layers.size()))
+      return make_error(Errc::invalid_option, "llama: the QueryCapture saw ", q.layers(), " layers and not the whole ",
+                        q.prompt_tokens(), "-token prompt (begin() it before the prompt is decoded)");
+    const auto mm = std::minmax_element(s.pos.begin(), s.pos.end());
+    if (static_cast<std::int64_t>(s.cell_count) != q.prompt_tokens() || *mm.first != 0 ||
+        *mm.second != static_cast<llama_pos>(s.cell_count) - 1)
+      return make_error(Errc::invalid_option, "llama: the captured queries are of a ", q.prompt_tokens(),
+                        "-token prompt, but the sequence holds ", s.cell_count, " cells at positions [", *mm.first,
+                        ", ", *mm.second, "]: compress with query tails once, right after the prefill");
+    const KVView<const float> q0 = q.layer(0);
+    if (q0.head_dim != dim || q0.heads % heads != 0)
+      return make_error(Errc::unsupported, "llama: captured queries of ", q0.heads, " heads of ", q0.head_dim,
+                        " for ", heads, " KV heads of ", dim);
+    if (s.layers[0].k_type == static_cast<std::int32_t>(GgmlType::q8_0))
+      return make_error(Errc::unsupported,
+                        "llama: query tails with a q8_0 K cache (its keys are stored Hadamard-rotated, the "
+                        "queries are not)");
     return Status::success();
   }
 
@@ -282,9 +330,10 @@ class SequenceCompressor {
   }
 
   Scorer<float> scorer_;
+  TailAccumulator tail_;
   SharedKeepWorkspace ws_;
   std::vector<std::uint8_t> blob_, out_;
-  std::vector<float> k_, v_, scores_;
+  std::vector<float> k_, v_, scores_, tails_;
   std::vector<HeadEnergy> energy_;
   std::vector<ScoreView> views_;
   std::vector<std::int32_t> kept_, cells_;
@@ -293,9 +342,9 @@ class SequenceCompressor {
 
 // One-shot form of SequenceCompressor::compress.
 inline Status compress_sequence(llama_context* ctx, llama_seq_id seq, Budget budget, const Options& opt,
-                                const SharedKeepOptions& shared, Stats* stats) {
+                                const SharedKeepOptions& shared, Stats* stats, const QueryCapture* queries = nullptr) {
   SequenceCompressor c;
-  return c.compress(ctx, seq, budget, opt, shared, stats);
+  return c.compress(ctx, seq, budget, opt, shared, stats, queries);
 }
 
 }  // namespace llama

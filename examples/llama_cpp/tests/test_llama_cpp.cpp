@@ -22,6 +22,8 @@ TEST(LlamaCpp, NeedsLlamaCpp) {
 
 #include "../session.hpp"
 #include "runtime/find_model.hpp"
+#include "runtime/gguf.hpp"
+#include "runtime/model.hpp"
 
 namespace fc = flashcache;
 namespace fl = flashcache::llama;
@@ -305,6 +307,139 @@ TEST_F(LlamaCpp, RefusedStatesLeaveTheSequenceAsItWas) {
   }
   // And decoding still works on the untouched sequence.
   EXPECT_EQ(static_cast<int>(next_logits(a, a.prompt.back()).size()), a.n_vocab);
+}
+
+// Query tails in llama.cpp: the queries QueryCapture takes from the prefill (cb_eval),
+// against the keys of the sequence's state, give the tails that the engine's own forward pass
+// (another runtime of the same model) gives; compressing with them keeps another set and
+// decoding goes on; what does not fit is refused with the sequence unchanged.
+TEST_F(LlamaCpp, QueryTailsFromThePrefillMatchAnotherRuntime) {
+  const llama_vocab* vocab = llama_model_get_vocab(g_model);
+  const std::vector<llama_token> prompt = ls::tokenize(vocab, test_prompt(), true);
+  const auto n = static_cast<std::int64_t>(prompt.size());
+  fl::QueryCapture capture;
+  capture.begin(n);
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = 1024;
+  cp.n_batch = cp.n_ubatch = 128;  // several ubatches: the capture counts positions across them
+  cp.n_threads = cp.n_threads_batch = 1;
+  cp.type_k = cp.type_v = GGML_TYPE_F32;
+  cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  cp.cb_eval = fl::QueryCapture::eval;
+  cp.cb_eval_user_data = &capture;
+  Ctx a;
+  a.ctx = llama_init_from_model(g_model, cp);
+  ASSERT_NE(a.ctx, nullptr);
+  ASSERT_EQ(ls::decode(a.ctx, prompt.data(), static_cast<int>(n), 0, 0, false), 0);
+  ASSERT_TRUE(capture.status().ok()) << capture.status().message();
+  ASSERT_TRUE(capture.complete());
+  ASSERT_EQ(capture.layers(), llama_model_n_layer(g_model));
+  EXPECT_EQ(capture.first_position(), std::max<std::int64_t>(0, n - fc::kTailLastQueries));
+
+  // The engine's forward pass over the same prompt: every layer's queries, and its keys.
+  const engine::GgufFile gguf = engine::load_gguf(engine::find_default_model());
+  const engine::Model model(gguf);
+  const engine::ModelConfig& c = model.config();
+  struct Keep : engine::QueryObserver {
+    std::vector<std::vector<float>> q;
+    void layer_queries(int l, const float* qp, std::int64_t rows, const engine::KVCache& cache) override {
+      q.resize(static_cast<std::size_t>(cache.layers()));
+      q[static_cast<std::size_t>(l)].assign(qp, qp + rows * cache.config().heads * cache.config().head_dim);
+    }
+  } keep;
+  engine::KVCache cache(c, n);
+  engine::Workspace ws;
+  std::vector<float> logits(static_cast<std::size_t>(c.vocab));
+  const std::vector<int> ids(prompt.begin(), prompt.end());
+  model.forward(ids.data(), n, cache, ws, 1, logits.data(), false, &keep);
+
+  const std::vector<std::uint8_t> blob = state_of(a);
+  fl::SeqState s;
+  ASSERT_TRUE(fl::parse_seq_state(blob.data(), blob.size(), &s).ok());
+  const std::vector<std::int32_t> order = fl::cells_by_position(s);
+  // The model's weights are Q4_1: llama.cpp multiplies them with 8-bit activations, the engine
+  // in float, so the runtimes drift apart with depth (measured: 0.003 at layer 0, 0.12 at most at
+  // layer 18). The first layer pins the capture down: one position off gives far larger errors.
+  fc::TailAccumulator acc;
+  const fc::QueryTailOptions feed = fc::last_queries(n);
+  double first_layer = 0, shifted = 0, worst = 0, largest = 0;
+  for (int l = 0; l < c.layers; ++l) {
+    std::vector<float> k(static_cast<std::size_t>(n * c.kv_heads * c.head_dim));
+    fl::layer_to_float(blob.data(), s, static_cast<std::size_t>(l), false, order.data(), static_cast<std::uint32_t>(n),
+                       k.data());
+    const auto kv = fc::nhd<const float>(k.data(), fc::Tokens(n), fc::Heads(c.kv_heads), fc::HeadDim(c.head_dim));
+    std::vector<float> ours(static_cast<std::size_t>(c.kv_heads * n), 0.0f), theirs(ours.size(), 0.0f);
+    ASSERT_TRUE(acc.add(capture.layer(l), capture.first_position(), kv, nullptr, {ours.data(), c.kv_heads, n}).ok());
+    const fc::KVView<const float> qe(keep.q[static_cast<std::size_t>(l)].data(), c.heads, n, c.head_dim, c.head_dim,
+                                     c.heads * c.head_dim);
+    const fc::KVView<const float> ke(cache.k(l, 0, 0), c.kv_heads, n, c.head_dim, cache.capacity(l) * c.head_dim,
+                                     c.head_dim);
+    ASSERT_TRUE(acc.add(qe, 0, ke, nullptr, {theirs.data(), c.kv_heads, n}, feed).ok());
+    const auto diff = [&](const std::vector<float>& a) {
+      double d = 0;
+      for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(static_cast<double>(a[i]) - theirs[i]));
+      return d;
+    };
+    worst = std::max(worst, diff(ours));
+    for (float t : theirs) largest = std::max(largest, static_cast<double>(t));
+    if (l == 0) {
+      first_layer = diff(ours);
+      // Query head 0's logits, captured row r against the engine's query at position
+      // first + r + offset, over the keys both see: aligned they agree, one row off they do not.
+      const fc::KVView<const float> qc = capture.layer(0);
+      const auto logit_gap = [&](std::int64_t offset) {
+        double gap = 0;
+        for (std::int64_t r = 0; r < qc.tokens; ++r) {
+          const std::int64_t pos = capture.first_position() + r, pe = pos + offset;
+          if (pe < 0 || pe >= n) continue;
+          for (std::int64_t j = 0; j <= std::min(pos, pe); ++j) {
+            double dc = 0, de = 0;
+            for (std::int64_t e = 0; e < c.head_dim; ++e) {
+              dc += static_cast<double>(qc(0, r, e)) * kv(0, j, e);
+              de += static_cast<double>(qe(0, pe, e)) * ke(0, j, e);
+            }
+            gap = std::max(gap, std::fabs(dc - de));
+          }
+        }
+        return gap;
+      };
+      const double aligned = logit_gap(0);
+      shifted = logit_gap(1);
+      EXPECT_GT(shifted, 10 * aligned) << "aligned logit gap " << aligned;
+    }
+  }
+  EXPECT_LT(first_layer, 0.01);
+  EXPECT_LT(worst, 0.2);
+  EXPECT_GT(largest, 0.1);  // the comparison saw real attention
+
+  // Compress with them: another keep-set than without, and decoding goes on.
+  const std::vector<std::uint8_t> before = state_of(a);
+  fl::SequenceCompressor comp;
+  fl::Stats st;
+  fc::Status st_tail = comp.compress(a.ctx, 0, fc::Budget::ratio(0.3), fc::Options::with_query_tail(), {}, &st,
+                                     &capture);
+  ASSERT_TRUE(st_tail.ok()) << st_tail.message();
+  const std::vector<llama_pos> with_tails = comp.kept_positions();
+  EXPECT_TRUE(st.query_tails);
+  for (float x : next_logits(a, prompt.back())) ASSERT_TRUE(std::isfinite(x));
+  // A second compression with the same capture is refused: the sequence is no longer the prompt.
+  const std::vector<std::uint8_t> now = state_of(a);
+  const fc::Status again = comp.compress(a.ctx, 0, fc::Budget::ratio(0.5), fc::Options::with_query_tail(), {}, &st,
+                                         &capture);
+  EXPECT_FALSE(again.ok());
+  EXPECT_NE(again.message().find("once, right after the prefill"), std::string::npos) << again.message();
+  EXPECT_EQ(state_of(a), now);
+  // The original again, compressed without queries: another set.
+  ASSERT_TRUE(llama_memory_seq_rm(a.mem(), 0, -1, -1));
+  ASSERT_EQ(llama_state_seq_set_data(a.ctx, before.data(), before.size(), 0), before.size());
+  ASSERT_TRUE(comp.compress(a.ctx, 0, fc::Budget::ratio(0.3), {}, {}, &st).ok());
+  EXPECT_FALSE(st.query_tails);
+  EXPECT_NE(comp.kept_positions(), with_tails);
+  // Options and capture must go together.
+  const std::vector<std::uint8_t> small = state_of(a);
+  EXPECT_FALSE(comp.compress(a.ctx, 0, fc::Budget::ratio(0.5), fc::Options::with_query_tail(), {}, &st).ok());
+  EXPECT_FALSE(comp.compress(a.ctx, 0, fc::Budget::ratio(0.5), {}, {}, &st, &capture).ok());
+  EXPECT_EQ(state_of(a), small);
 }
 
 TEST_F(LlamaCpp, RefusesASequenceThatMayShareCells) {

@@ -1,0 +1,138 @@
+#pragma once
+// The prompt's queries for the query-informed score (flashcache/query_tail.hpp),
+// captured while llama.cpp prefills, through llama_context_params.cb_eval.
+//
+// llama.cpp names each layer's queries "Qcur-<layer>", before RoPE and after it;
+// the one after is the GGML_OP_ROPE node, [head_dim][n_head][n_tokens] float,
+// in the frame the cache's keys are in. QueryCapture asks for those nodes only,
+// and only in the ubatches that hold the positions it keeps (the prompt's last
+// kTailLastQueries, the chosen feed), so earlier ubatches run unsplit.
+//
+//   flashcache::llama::QueryCapture capture;
+//   capture.begin(prompt_tokens);                       // before the prompt is decoded
+//   llama_context_params cp = llama_context_default_params();
+//   cp.cb_eval = flashcache::llama::QueryCapture::eval;
+//   cp.cb_eval_user_data = &capture;
+//   ... decode the prompt into an empty sequence ...
+//   compressor.compress(ctx, seq, budget, flashcache::Options::with_query_tail(), {}, &stats, &capture);
+//
+// It counts the tokens each layer's Qcur node has seen since begin(): one
+// sequence prefilled from empty, in order (llama.cpp's ubatches of one sequence
+// keep the token order). Rows past prompt_tokens are not kept.
+#include <llama.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "flashcache/error.hpp"
+#include "flashcache/query_tail.hpp"
+#include "flashcache/view.hpp"
+
+namespace flashcache {
+namespace llama {
+
+class QueryCapture {
+ public:
+  // Keeps the queries of positions [prompt_tokens - count, prompt_tokens) of
+  // the next prompt (all of them when count >= prompt_tokens); forgets the last.
+  void begin(std::int64_t prompt_tokens, std::int64_t count = kTailLastQueries) {
+    prompt_ = prompt_tokens < 0 ? 0 : prompt_tokens;
+    first_ = count < prompt_ ? prompt_ - count : 0;
+    seen_.clear();
+    q_.clear();
+    heads_ = dim_ = 0;
+    status_ = prompt_tokens < 0 || count < 0
+                  ? make_error(Errc::invalid_option, "llama: QueryCapture::begin(", prompt_tokens, ", ", count, ")")
+                  : Status::success();
+  }
+
+  // llama_context_params::cb_eval, with cb_eval_user_data = the QueryCapture.
+  static bool eval(ggml_tensor* t, bool ask, void* user) {
+    auto* self = static_cast<QueryCapture*>(user);
+    const int layer = queries_layer(t);
+    if (self == nullptr || layer < 0) return ask ? false : true;
+    return ask ? self->wants(layer, t) : self->take(layer, t);
+  }
+
+  // The first problem met while capturing (a type, shape or count off), or success.
+  const Status& status() const { return status_; }
+  std::int64_t prompt_tokens() const { return prompt_; }
+  std::int64_t first_position() const { return first_; }
+  int layers() const { return static_cast<int>(seen_.size()); }
+  // Every layer saw the whole prompt, and at least one layer exists.
+  bool complete() const {
+    if (seen_.empty()) return false;
+    for (std::int64_t s : seen_)
+      if (s < prompt_) return false;
+    return true;
+  }
+  // Layer l's kept queries: positions first_position().., [query heads][kept][head_dim].
+  KVView<const float> layer(int l) const {
+    const std::vector<float>& q = q_[static_cast<std::size_t>(l)];
+    return {q.data(), heads_, prompt_ - first_, dim_, dim_, heads_ * dim_};
+  }
+
+ private:
+  // The layer of a post-RoPE "Qcur-<l>" node, else -1.
+  static int queries_layer(const ggml_tensor* t) {
+    if (t == nullptr || t->op != GGML_OP_ROPE || std::strncmp(t->name, "Qcur-", 5) != 0) return -1;
+    char* end = nullptr;
+    const long l = std::strtol(t->name + 5, &end, 10);
+    return end != t->name + 5 && *end == '\0' && l >= 0 && l < 4096 ? static_cast<int>(l) : -1;
+  }
+
+  void reach(int layer) {
+    if (seen_.size() <= static_cast<std::size_t>(layer)) {
+      seen_.resize(static_cast<std::size_t>(layer) + 1, 0);
+      q_.resize(static_cast<std::size_t>(layer) + 1);
+    }
+  }
+
+  // Asked before the node is computed: only ubatches with kept positions need its data;
+  // the others are counted here, since no second call follows.
+  bool wants(int layer, const ggml_tensor* t) {
+    reach(layer);
+    std::int64_t& seen = seen_[static_cast<std::size_t>(layer)];
+    const std::int64_t n = t->ne[2];
+    if (!status_.ok() || seen >= prompt_ || seen + n <= first_) {
+      seen += n;
+      return false;
+    }
+    return true;
+  }
+
+  // The node computed: copy its kept rows (one per token: n_head x head_dim floats).
+  bool take(int layer, const ggml_tensor* t) {
+    std::int64_t& seen = seen_[static_cast<std::size_t>(layer)];
+    const std::int64_t d = t->ne[0], h = t->ne[1], n = t->ne[2];
+    if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t) || t->ne[3] != 1) {
+      status_ = make_error(Errc::unsupported, "llama: ", t->name, " is not a contiguous float [d][heads][tokens] tensor");
+    } else if ((heads_ != 0 && (h != heads_ || d != dim_))) {
+      status_ = make_error(Errc::unsupported, "llama: ", t->name, " has ", h, " heads of ", d, ", layer 0 ", heads_,
+                           " of ", dim_);
+    } else {
+      heads_ = h;
+      dim_ = d;
+      std::vector<float>& q = q_[static_cast<std::size_t>(layer)];
+      q.resize(static_cast<std::size_t>((prompt_ - first_) * h * d));
+      for (std::int64_t r = 0; r < n; ++r) {
+        const std::int64_t pos = seen + r;
+        if (pos < first_ || pos >= prompt_) continue;
+        ggml_backend_tensor_get(t, q.data() + (pos - first_) * h * d, static_cast<std::size_t>(r) * t->nb[2],
+                                static_cast<std::size_t>(h * d) * sizeof(float));
+      }
+    }
+    seen += n;
+    return true;  // false would stop llama.cpp's compute
+  }
+
+  std::int64_t prompt_ = 0, first_ = 0, heads_ = 0, dim_ = 0;
+  std::vector<std::int64_t> seen_;     // tokens each layer's node has seen
+  std::vector<std::vector<float>> q_;  // [layer][kept][heads][dim]
+  Status status_;
+};
+
+}  // namespace llama
+}  // namespace flashcache
