@@ -193,10 +193,40 @@ void ScalingArgs(benchmark::internal::Benchmark* b) {
   for (std::int64_t h : {2, 8}) b->Args({8192, 128, h});
 }
 BENCHMARK(BM_ScoreScaling<fc::Transform::global, fc::Base::peak>)->Name("BM_ScoreGlobal")->Apply(ScalingArgs);
-BENCHMARK(BM_ScoreScaling<fc::Transform::global, fc::Base::lowpass>)
-    ->Name("BM_ScoreGlobalLowpass")
-    ->Apply(ScalingArgs);
+BENCHMARK(BM_ScoreScaling<fc::Transform::global, fc::Base::lowpass>)->Name("BM_ScoreGlobalLowpass")->Apply(ScalingArgs);
 BENCHMARK(BM_ScoreScaling<fc::Transform::blocked, fc::Base::lowpass>)->Name("BM_ScoreBlocked")->Apply(ScalingArgs);
+
+// ---- query tails: one SmolLM2 layer (9 query heads over 3 KV heads, head dim 64), the chosen feed ---------------
+// (the prompt's last 256 queries), beside the same layer's query-free score in the same run.
+
+void BM_QueryTail(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  const LayerData& l = layer(kSmol.kv_heads, n, kSmol.head_dim, kSmol.query_heads);
+  const auto q = fc::hnd(l.q.data(), fc::Heads(kSmol.query_heads), fc::Tokens(n), fc::HeadDim(kSmol.head_dim));
+  fc::TailAccumulator acc;
+  std::vector<float> tails(static_cast<std::size_t>(kSmol.kv_heads * n));
+  for (auto _ : state) {
+    std::fill(tails.begin(), tails.end(), 0.0f);
+    (void)acc.add(q, 0, l.kv(), nullptr, fc::TailView<float>{tails.data(), kSmol.kv_heads, n}, fc::last_queries(n));
+    benchmark::DoNotOptimize(tails.data());
+  }
+}
+void BM_ScoreSmolLayer(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  const LayerData& l = layer(kSmol.kv_heads, n, kSmol.head_dim, kSmol.query_heads);
+  fc::Scorer<float> scorer;
+  fc::LayerScores scores;
+  for (auto _ : state) {
+    (void)scorer.score(l.kv(), l.vv(), fc::Options{}, &scores);
+    benchmark::DoNotOptimize(scores.score.data());
+  }
+}
+void TailArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"tokens"})->Unit(benchmark::kMillisecond);
+  for (std::int64_t n : {2048, 4096, 8192}) b->Args({n});
+}
+BENCHMARK(BM_QueryTail)->Apply(TailArgs);
+BENCHMARK(BM_ScoreSmolLayer)->Apply(TailArgs);
 
 void BM_Select(benchmark::State& state) {
   const std::int64_t n = state.range(0), heads = 4;

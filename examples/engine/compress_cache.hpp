@@ -6,6 +6,7 @@
 #include <flashcache/policies/baselines.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@ class PromptTails : public QueryObserver {
   explicit PromptTails(flashcache::QueryTailOptions opt = {}) : opt_(opt) {}
 
   void reset() {
+    ms_ = 0;
     for (auto& t : tails_) std::fill(t.begin(), t.end(), 0.0f);
   }
   void layer_queries(int l, const float* q, std::int64_t n, const KVCache& cache) override {
@@ -43,7 +45,9 @@ class PromptTails : public QueryObserver {
     const std::int64_t first = cache.length(l) - n, d = c.head_dim;
     const fc::KVView<const float> qv(q, c.heads, n, d, d, c.heads * d);  // [n][heads][d]
     const fc::KVView<const float> kv(cache.k(l, 0, 0), c.kv_heads, cache.length(l), d, cache.capacity(l) * d, d);
+    const auto t0 = std::chrono::steady_clock::now();
     status_ = acc_.add(qv, first, kv, nullptr, fc::TailView<float>{tails.data(), c.kv_heads, cache.capacity(l)}, opt_);
+    ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!status_.ok()) throw flashcache::Error(status_);  // a forward pass has no Status to return
   }
   // Layer l's tails, one row of capacity(l) per KV head.
@@ -52,8 +56,11 @@ class PromptTails : public QueryObserver {
     return {t.data(), kv_heads, static_cast<std::int64_t>(t.size()) / kv_heads};
   }
   int layers() const { return static_cast<int>(tails_.size()); }
+  // Time spent raising tails during the forward passes (what gathering costs the prefill).
+  double milliseconds() const { return ms_; }
 
  private:
+  double ms_ = 0;
   flashcache::QueryTailOptions opt_;
   flashcache::TailAccumulator acc_;
   std::vector<std::vector<float>> tails_;

@@ -142,6 +142,7 @@ int main(int argc, char** argv) {
       j["keep_ratio"] = keep_ratio >= 0 ? nlohmann::json(keep_ratio) : nlohmann::json(nullptr);
       j["policy"] = keep_ratio >= 0 ? nlohmann::json(policy) : nlohmann::json(nullptr);
       j["query"] = keep_ratio >= 0 && query_tail ? "tail" : "none";
+      j["tail_ms"] = tails.milliseconds();  // part of prefill_ms
       j["decode_steps"] = steps;
       j["decode_ms"] = decode_ms;
       j["decode_tokens_per_s"] = tokens_per_s;

@@ -28,7 +28,7 @@ namespace {
 
 struct Args {
   std::string model, prompt, prompt_file, nll_file, cache_type = "f16", flash_attn = "auto";
-  bool chat = false, json = false, quiet = false, extra_bufts = false;
+  bool chat = false, json = false, quiet = false, extra_bufts = false, query_tail = false;
   int max_new = 32, threads = 2, recompress_every = 0;
   double keep_ratio = -1;
   long long sink = -1, window = -1;
@@ -39,7 +39,8 @@ const char* kUsage =
     "usage: flashcache_llama [--model FILE.gguf] (--prompt TEXT | --prompt-file FILE) [--chat]\n"
     "         [--max-new N] [--keep-ratio R] [--sink N] [--window N] [--recompress-every N]\n"
     "         [--combine mean_normalized|max_normalized|votes] [--cache-type f16|f32|bf16|q8_0]\n"
-    "         [--flash-attn auto|on|off] [--threads N] [--nll-file FILE] [--extra-bufts] [--json] [--quiet]\n";
+    "         [--flash-attn auto|on|off] [--threads N] [--nll-file FILE] [--extra-bufts] [--json] [--quiet]\n"
+    "         [--query-tail]   (score the first compression with the prompt's query tails)\n";
 
 bool parse_args(int argc, char** argv, Args* a) {
   for (int i = 1; i < argc; ++i) {
@@ -56,6 +57,8 @@ bool parse_args(int argc, char** argv, Args* a) {
       a->extra_bufts = true;
     } else if (k == "--json") {
       a->json = true;
+    } else if (k == "--query-tail") {
+      a->query_tail = true;
     } else if (k == "--quiet") {
       a->quiet = true;
     } else if (k == "-h" || k == "--help") {
@@ -125,7 +128,10 @@ std::string json_string(const std::string& s) {
 }
 
 ggml_type cache_type(const std::string& name) {
-  return name == "f32" ? GGML_TYPE_F32 : name == "bf16" ? GGML_TYPE_BF16 : name == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
+  return name == "f32"    ? GGML_TYPE_F32
+         : name == "bf16" ? GGML_TYPE_BF16
+         : name == "q8_0" ? GGML_TYPE_Q8_0
+                          : GGML_TYPE_F16;
 }
 
 }  // namespace
@@ -186,6 +192,13 @@ int main(int argc, char** argv) {
   cp.flash_attn_type = a.flash_attn == "on"    ? LLAMA_FLASH_ATTN_TYPE_ENABLED
                        : a.flash_attn == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
                                                : LLAMA_FLASH_ATTN_TYPE_AUTO;
+  // --query-tail: the prompt's last queries, captured while llama.cpp prefills it.
+  fc::llama::QueryCapture capture;
+  if (a.query_tail) {
+    capture.begin(n_prompt);
+    cp.cb_eval = fc::llama::QueryCapture::eval;
+    cp.cb_eval_user_data = &capture;
+  }
   llama_context* ctx = llama_init_from_model(model, cp);
   if (ctx == nullptr) {
     std::fprintf(stderr, "flashcache_llama: cannot make a context (cache type %s, flash attention %s)\n",
@@ -213,7 +226,15 @@ int main(int argc, char** argv) {
   double compress_ms = 0;
   int recompressions = 0;
   if (a.keep_ratio >= 0) {
-    if (auto s = compressor.compress(ctx, 0, fc::Budget::ratio(a.keep_ratio), opt, shared, &st); !s) {
+    fc::Options first = opt;  // the first compression reads the captured queries; later ones cannot
+    if (a.query_tail) {
+      first.query = fc::Options::with_query_tail().query;
+      first.tail_weight = fc::Options::with_query_tail().tail_weight;
+      first.tail_mix = fc::Options::with_query_tail().tail_mix;
+    }
+    if (auto s = compressor.compress(ctx, 0, fc::Budget::ratio(a.keep_ratio), first, shared, &st,
+                                     a.query_tail ? &capture : nullptr);
+        !s) {
       std::fprintf(stderr, "flashcache_llama: %s\n", s.message().c_str());
       return 1;
     }
@@ -296,17 +317,18 @@ int main(int argc, char** argv) {
   const double tok_s = generated.empty() || decode_ms <= 0 ? 0.0 : 1000.0 * generated.size() / decode_ms;
 
   if (a.json) {
-    std::printf("{\"prompt_tokens\": %d, \"cells_before\": %lld, \"cells_after\": %lld, \"n_kv_after\": %ld, "
-                "\"used_cells_before_first_decode\": %ld, \"n_ctx\": %u, \"prefill_ms\": %.3f, \"compress_ms\": %.3f, "
-                "\"recompressions\": %d, \"decode_tokens_per_s\": %.3f, \"kv_bytes_before\": %llu, "
-                "\"kv_bytes_after\": %llu, \"keep_ratio\": %g, \"threads\": %d, \"cache_type\": %s, \"v_trans\": %s, "
-                "\"tokens\": %zu",
-                n_prompt, compressed ? static_cast<long long>(st.cells_before) : static_cast<long long>(n_prompt),
-                compressed ? static_cast<long long>(st.cells_after) : static_cast<long long>(n_prompt), n_kv_after,
-                used_after, llama_n_ctx(ctx), prefill_ms, compress_ms, recompressions, tok_s,
-                static_cast<unsigned long long>(st.kv_bytes_before), static_cast<unsigned long long>(st.kv_bytes_after),
-                a.keep_ratio, a.threads, json_string(a.cache_type).c_str(),
-                st.v_trans ? "true" : "false", generated.size());
+    std::printf(
+        "{\"prompt_tokens\": %d, \"cells_before\": %lld, \"cells_after\": %lld, \"n_kv_after\": %ld, "
+        "\"used_cells_before_first_decode\": %ld, \"n_ctx\": %u, \"prefill_ms\": %.3f, \"compress_ms\": %.3f, "
+        "\"recompressions\": %d, \"decode_tokens_per_s\": %.3f, \"kv_bytes_before\": %llu, "
+        "\"kv_bytes_after\": %llu, \"keep_ratio\": %g, \"threads\": %d, \"cache_type\": %s, \"v_trans\": %s, "
+        "\"query\": \"%s\", \"tokens\": %zu",
+        n_prompt, compressed ? static_cast<long long>(st.cells_before) : static_cast<long long>(n_prompt),
+        compressed ? static_cast<long long>(st.cells_after) : static_cast<long long>(n_prompt), n_kv_after, used_after,
+        llama_n_ctx(ctx), prefill_ms, compress_ms, recompressions, tok_s,
+        static_cast<unsigned long long>(st.kv_bytes_before), static_cast<unsigned long long>(st.kv_bytes_after),
+        a.keep_ratio, a.threads, json_string(a.cache_type).c_str(), st.v_trans ? "true" : "false",
+        st.query_tails ? "tail" : "none", generated.size());
     if (nll_tokens > 0) std::printf(", \"nll\": %.6f, \"nll_tokens\": %d", nll, nll_tokens);
     std::printf(", \"text\": %s}\n", json_string(out_text).c_str());
   } else {

@@ -159,6 +159,7 @@ class TailAccumulator {
     grow(&keys_, end * d);
     grow(&queries_, kQueryTile * d);
     grow(&logits_, kQueryTile * end);
+    grow(&exp_, end);
     grow(&rows_, kQueryTile);
     for (std::int64_t h = 0; h < k.heads; ++h) {
       for (std::int64_t t = 0; t < end; ++t) load_row(k.row(h, t), d, keys_.data() + t * d);
@@ -210,31 +211,34 @@ class TailAccumulator {
       const ConstMap keys(keys_.data() + j0 * d, width, d);
       logits.middleCols(j0, width).noalias() = queries * keys.transpose();
     }
+    // Per row: scale, lse, then the tails, as whole-row array expressions (SIMD exponentials).
     for (std::int64_t i = 0; i < count; ++i) {
       const std::int64_t r = rows_[static_cast<std::size_t>(i)], seen = first + r + 1;
-      float* s = logits_.data() + i * visible;
-      for (std::int64_t j = 0; j < seen; ++j) s[j] *= scale;
+      Eigen::Map<Eigen::ArrayXf> row(logits_.data() + i * visible, seen);
+      row *= scale;
       double log_sum;
       if (lse != nullptr) {
         log_sum = lse[r];
       } else {
-        float top = -INFINITY;
-        for (std::int64_t j = 0; j < seen; ++j) top = std::max(top, s[j]);
+        const float top = row.maxCoeff();
+        Eigen::Map<Eigen::ArrayXf> terms(exp_.data(), seen);
+        terms = (row - top).exp();
         double sum = 0;  // float terms, a double sum
-        for (std::int64_t j = 0; j < seen; ++j) sum += static_cast<double>(std::exp(s[j] - top));
+        for (std::int64_t j = 0; j < seen; ++j) sum += static_cast<double>(terms[j]);
         log_sum = static_cast<double>(top) + std::log(sum);
       }
+      const std::int64_t reach = seen - min_distance;  // keys at least min_distance back
+      if (reach <= 0) continue;
       const float shift = static_cast<float>(log_sum);
-      for (std::int64_t j = 0; j < seen - min_distance; ++j) {   // keys at least min_distance back
-        const float p = std::min(std::exp(s[j] - shift), 1.0f);  // a given lse may round below the max logit
-        if (p > tail[j]) tail[j] = p;
-      }
+      Eigen::Map<Eigen::ArrayXf> t(tail, reach);
+      t = t.max((row.head(reach) - shift).exp().min(1.0f));  // a given lse may round below the max logit
     }
   }
 
   std::vector<float> keys_;     // one KV head's keys [end][d]
   std::vector<float> queries_;  // a tile of fed query rows [kQueryTile][d]
   std::vector<float> logits_;   // their logits [kQueryTile][visible]
+  std::vector<float> exp_;      // one row's exponentials [visible]
   std::vector<std::int64_t> rows_;
 };
 

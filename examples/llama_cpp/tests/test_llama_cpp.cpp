@@ -341,7 +341,7 @@ TEST_F(LlamaCpp, QueryTailsFromThePrefillMatchAnotherRuntime) {
   const engine::Model model(gguf);
   const engine::ModelConfig& c = model.config();
   struct Keep : engine::QueryObserver {
-    std::vector<std::vector<float>> q;
+    std::vector<std::vector<float> > q;
     void layer_queries(int l, const float* qp, std::int64_t rows, const engine::KVCache& cache) override {
       q.resize(static_cast<std::size_t>(cache.layers()));
       q[static_cast<std::size_t>(l)].assign(qp, qp + rows * cache.config().heads * cache.config().head_dim);
@@ -416,16 +416,16 @@ TEST_F(LlamaCpp, QueryTailsFromThePrefillMatchAnotherRuntime) {
   const std::vector<std::uint8_t> before = state_of(a);
   fl::SequenceCompressor comp;
   fl::Stats st;
-  fc::Status st_tail = comp.compress(a.ctx, 0, fc::Budget::ratio(0.3), fc::Options::with_query_tail(), {}, &st,
-                                     &capture);
+  fc::Status st_tail =
+      comp.compress(a.ctx, 0, fc::Budget::ratio(0.3), fc::Options::with_query_tail(), {}, &st, &capture);
   ASSERT_TRUE(st_tail.ok()) << st_tail.message();
   const std::vector<llama_pos> with_tails = comp.kept_positions();
   EXPECT_TRUE(st.query_tails);
   for (float x : next_logits(a, prompt.back())) ASSERT_TRUE(std::isfinite(x));
   // A second compression with the same capture is refused: the sequence is no longer the prompt.
   const std::vector<std::uint8_t> now = state_of(a);
-  const fc::Status again = comp.compress(a.ctx, 0, fc::Budget::ratio(0.5), fc::Options::with_query_tail(), {}, &st,
-                                         &capture);
+  const fc::Status again =
+      comp.compress(a.ctx, 0, fc::Budget::ratio(0.5), fc::Options::with_query_tail(), {}, &st, &capture);
   EXPECT_FALSE(again.ok());
   EXPECT_NE(again.message().find("once, right after the prefill"), std::string::npos) << again.message();
   EXPECT_EQ(state_of(a), now);

@@ -108,7 +108,8 @@ class QueryCapture {
     std::int64_t& seen = seen_[static_cast<std::size_t>(layer)];
     const std::int64_t d = t->ne[0], h = t->ne[1], n = t->ne[2];
     if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t) || t->ne[3] != 1) {
-      status_ = make_error(Errc::unsupported, "llama: ", t->name, " is not a contiguous float [d][heads][tokens] tensor");
+      status_ =
+          make_error(Errc::unsupported, "llama: ", t->name, " is not a contiguous float [d][heads][tokens] tensor");
     } else if ((heads_ != 0 && (h != heads_ || d != dim_))) {
       status_ = make_error(Errc::unsupported, "llama: ", t->name, " has ", h, " heads of ", d, ", layer 0 ", heads_,
                            " of ", dim_);
