@@ -85,6 +85,14 @@ TEST(GpuCanImplement, RefusesLayerCounts) {
   expect_error(fcc::can_implement(g.cache, Budget::ratio(0.2), blocked()), Errc::unsupported, "layers");
 }
 
+// Query tails are CPU only for now: refused by name, before any work.
+TEST(GpuCanImplement, RefusesQueryTails) {
+  DenseFixture f(1, 2, 16, 64);
+  Options opt = blocked();
+  opt.query = flashcache::QueryInput::tail;
+  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::unsupported, "query tail");
+}
+
 TEST(GpuCanImplement, RefusesNullPointersAndShapes) {
   DenseFixture f(2, 2, 16, 64);
   f.k[1] = nullptr;
