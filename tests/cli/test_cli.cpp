@@ -571,6 +571,24 @@ TEST_F(CliTest, PolicyRandomDependsOnlyOnTheSeed) {
   EXPECT_NE(a, c);
 }
 
+// Softmax over keys 0..i of query i of head qh against KV head kh, layer l, in double,
+// from the files' arrays: Q [2][4][37][8], K [2][2][37][8].
+std::vector<double> causal_attention(const float* Q, const float* K, std::int64_t l, std::int64_t qh, std::int64_t kh,
+                                     std::int64_t i) {
+  std::vector<double> p(static_cast<std::size_t>(i + 1));
+  double top = -INFINITY, sum = 0;
+  for (std::int64_t j = 0; j <= i; ++j) {
+    double dot = 0;
+    for (std::int64_t c = 0; c < 8; ++c)
+      dot += double(Q[((l * 4 + qh) * 37 + i) * 8 + c]) * K[((l * 2 + kh) * 37 + j) * 8 + c];
+    p[static_cast<std::size_t>(j)] = dot / std::sqrt(8.0);
+    top = std::max(top, p[static_cast<std::size_t>(j)]);
+  }
+  for (auto& x : p) sum += (x = std::exp(x - top));
+  for (auto& x : p) x /= sum;
+  return p;
+}
+
 // Q with 4 heads over 2 KV heads (GQA, query head j uses KV head j / 2): the H2O
 // scores the CLI writes match a direct computation from the files, so the
 // queries' layout and head mapping are read as documented.
@@ -590,23 +608,11 @@ TEST_F(CliTest, PolicyH2oScoresComeFromTheQueries) {
   for (std::int64_t l = 0; l < 2; ++l)
     for (std::int64_t h = 0; h < 2; ++h) {
       std::vector<double> acc(37, 0.0);
-      for (std::int64_t g = 0; g < 2; ++g) {
-        const std::int64_t qh = 2 * h + g;
+      for (std::int64_t g = 0; g < 2; ++g)
         for (std::int64_t i = 0; i < 37; ++i) {
-          std::vector<double> p(static_cast<std::size_t>(i + 1));
-          double top = -INFINITY, sum = 0;
-          for (std::int64_t j = 0; j <= i; ++j) {
-            double dot = 0;
-            for (std::int64_t c = 0; c < 8; ++c)
-              dot += double(Q[((l * 4 + qh) * 37 + i) * 8 + c]) * K[((l * 2 + h) * 37 + j) * 8 + c];
-            p[static_cast<std::size_t>(j)] = dot / std::sqrt(8.0);
-            top = std::max(top, p[static_cast<std::size_t>(j)]);
-          }
-          for (auto& x : p) sum += (x = std::exp(x - top));
-          for (std::int64_t j = 0; j <= i; ++j)
-            acc[static_cast<std::size_t>(j)] += p[static_cast<std::size_t>(j)] / sum / 2;
+          const std::vector<double> p = causal_attention(Q, K, l, 2 * h + g, h, i);
+          for (std::int64_t j = 0; j <= i; ++j) acc[static_cast<std::size_t>(j)] += p[static_cast<std::size_t>(j)] / 2;
         }
-      }
       for (std::int64_t t = 0; t < 37; ++t)
         EXPECT_NEAR(scores.data<float>()[(l * 2 + h) * 37 + t], acc[static_cast<std::size_t>(t)], 1e-4)
             << l << " " << h << " " << t;
@@ -639,17 +645,10 @@ TEST_F(CliTest, FlashcacheWithQueriesScoresByTheTail) {
       std::vector<double> tail(37, 0.0);
       for (std::int64_t g = 0; g < 2; ++g)
         for (std::int64_t i = 0; i < 37; ++i) {
-          std::vector<double> p(static_cast<std::size_t>(i + 1));
-          double sum = 0;
-          for (std::int64_t j = 0; j <= i; ++j) {
-            double dot = 0;
-            for (std::int64_t c = 0; c < 8; ++c)
-              dot += double(Q[((l * 4 + 2 * h + g) * 37 + i) * 8 + c]) * K[((l * 2 + h) * 37 + j) * 8 + c];
-            sum += (p[static_cast<std::size_t>(j)] = std::exp(dot / std::sqrt(8.0)));
-          }
+          const std::vector<double> p = causal_attention(Q, K, l, 2 * h + g, h, i);
           for (std::int64_t j = 0; j + 3 <= i; ++j)
             tail[static_cast<std::size_t>(j)] =
-                std::max(tail[static_cast<std::size_t>(j)], p[static_cast<std::size_t>(j)] / sum);
+                std::max(tail[static_cast<std::size_t>(j)], p[static_cast<std::size_t>(j)]);
         }
       double mean = 0;
       for (double t : tail) mean += t / 37;
