@@ -88,7 +88,9 @@ def table_rows() -> List[Tuple[str, str, Dict]]:
             ("flashcache-seq", "flashcache", dict(DEFAULT, keep_set="per_sequence", combine="mean_normalized")),
             ("flashcache-rope", "flashcache", dict(ROPE)),
             ("flashcache-lowpass", "flashcache", dict(LOWPASS)),
-            ("flashcache-paper", "flashcache", dict(PAPER))]
+            ("flashcache-paper", "flashcache", dict(PAPER)),
+            # The query-informed preset, Options::with_query_tail() with its feed (the query study's choice).
+            ("flashcache-query", "flashcache", dict(DEFAULT, query="tail"))]
     for policy in ("streaming", "knorm", "keydiff", "random", "snapkv", "h2o"):
         rows.append((policy, policy, dict(prot, allocation="uniform")))
     return rows

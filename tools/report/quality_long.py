@@ -28,9 +28,10 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_JSON = os.path.join(ROOT, "bench", "results", "quality_long.json")
 STUDY_TIE = 0.002
 
-ORDER = ["flashcache-default", "flashcache-seq", "flashcache-rope", "flashcache-lowpass", "flashcache-paper", "streaming",
-         "knorm", "keydiff", "random", "snapkv", "h2o"]
+ORDER = ["flashcache-default", "flashcache-query", "flashcache-seq", "flashcache-rope", "flashcache-lowpass",
+         "flashcache-paper", "streaming", "knorm", "keydiff", "random", "snapkv", "h2o"]
 NAMES = {"flashcache-default": "FlashCache (library default: peak base, gamma 0.1, global)",
+         "flashcache-query": "FlashCache with query tails (Options::with_query_tail())",
          "flashcache-seq": "FlashCache default, one keep-set per sequence (llama.cpp's cells)",
          "flashcache-rope": "FlashCache, default + de-rotated keys",
          "flashcache-lowpass": "FlashCache, previous default (low-pass, 64-token blocks, gamma 0.2)",
