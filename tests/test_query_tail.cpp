@@ -37,6 +37,10 @@ std::vector<double> naive_tails(const std::vector<float>& q, std::int64_t hq, co
     const std::int64_t h = g / group;
     for (std::int64_t i = first_query; i < n; ++i) {
       if (i % stride != 0) continue;
+      bool finite_query = true;  // a non-finite query counts for nothing
+      for (std::int64_t c = 0; c < d; ++c)
+        finite_query &= std::isfinite(q[static_cast<std::size_t>((g * n + i) * d + c)]);
+      if (!finite_query) continue;
       std::vector<double> logit(static_cast<std::size_t>(i + 1));
       double sum = 0;
       for (std::int64_t j = 0; j <= i; ++j) {
@@ -44,8 +48,8 @@ std::vector<double> naive_tails(const std::vector<float>& q, std::int64_t hq, co
         for (std::int64_t c = 0; c < d; ++c)
           dot += static_cast<double>(q[static_cast<std::size_t>((g * n + i) * d + c)]) *
                  static_cast<double>(k[static_cast<std::size_t>((h * n + j) * d + c)]);
-        logit[static_cast<std::size_t>(j)] = dot * scale;
-        sum += std::exp(dot * scale);
+        logit[static_cast<std::size_t>(j)] = std::isfinite(dot) ? dot * scale : -INFINITY;  // a non-finite key: 0
+        sum += std::exp(logit[static_cast<std::size_t>(j)]);
       }
       for (std::int64_t j = 0; j + min_distance <= i; ++j) {
         double& t = tail[static_cast<std::size_t>(h * n + j)];
@@ -172,6 +176,33 @@ TEST(QueryTail, MergeOfHalvesIsTheWhole) {
   ASSERT_TRUE(fc::merge_tails(fc::TailView<const float>{b.data(), 2, 90}, fc::TailView<float>{a.data(), 2, 90}).ok());
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], whole[i], 1e-6 + 1e-5 * whole[i]) << i;
   EXPECT_FALSE(fc::merge_tails(fc::TailView<const float>{b.data(), 2, 89}, fc::TailView<float>{a.data(), 2, 90}).ok());
+}
+
+// A NaN in a key gives it probability 0 (to 1e-30) and leaves every other key's tail as without it; a NaN
+// in a query drops that query; a NaN lse of a row the stride leaves out is not read; a layer
+// of no tokens scores.
+TEST(QueryTail, NonFiniteRowsAddNothing) {
+  Prompt p(2, 1, 60, 5, 61u);
+  p.k[static_cast<std::size_t>(10 * 5 + 2)] = std::numeric_limits<float>::quiet_NaN();        // key 10
+  p.q[static_cast<std::size_t>((1 * 60 + 40) * 5)] = std::numeric_limits<float>::infinity();  // head 1, query 40
+  const std::vector<double> want = naive_tails(p.q, 2, p.k, 1, 60, 5, 1, 0, 0);
+  fc::TailAccumulator acc;
+  std::vector<float> got(60, 0.0f);
+  ASSERT_TRUE(acc.add(p.qv(), 0, p.kv(), nullptr, {got.data(), 1, 60}, exact()).ok());
+  expect_near_tails(got, want);
+  EXPECT_LT(got[10], 1e-30f);  // Eigen's exp(-inf) is 3e-39, not 0
+  EXPECT_GT(got[11], 0.0f);
+  std::vector<float> lse(2 * 60, 0.0f), t2(60, 0.0f);
+  lse[1] = std::numeric_limits<float>::quiet_NaN();  // head 0, row 1: not fed with stride 2
+  fc::QueryTailOptions even = exact();
+  even.stride = 2;
+  EXPECT_TRUE(acc.add(p.qv(), 0, p.kv(), lse.data(), {t2.data(), 1, 60}, even).ok());
+  lse[2] = std::numeric_limits<float>::quiet_NaN();  // row 2 is fed
+  EXPECT_FALSE(acc.add(p.qv(), 0, p.kv(), lse.data(), {t2.data(), 1, 60}, even).ok());
+  fc::Scorer<float> scorer;
+  fc::LayerScores empty;
+  const auto none = fc::hnd<const float>(p.k.data(), fc::Heads(1), fc::Tokens(0), fc::HeadDim(5));
+  EXPECT_TRUE(scorer.score(none, none, fc::TailView<const float>{}, fc::Options::with_query_tail(), &empty).ok());
 }
 
 // half-precision rows convert as the float ones do.

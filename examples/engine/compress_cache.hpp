@@ -48,7 +48,10 @@ class PromptTails : public QueryObserver {
     const auto t0 = std::chrono::steady_clock::now();
     status_ = acc_.add(qv, first, kv, nullptr, fc::TailView<float>{tails.data(), c.kv_heads, cache.capacity(l)}, opt_);
     ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (!status_.ok()) throw flashcache::Error(status_);  // a forward pass has no Status to return
+    // A forward pass has no Status to return. A throw here leaves the cache with this chunk in the
+    // layers before l only: the prompt must be prefilled again (shapes are the model's, so only a
+    // bug gets here).
+    if (!status_.ok()) throw flashcache::Error(status_);
   }
   // Layer l's tails, one row of capacity(l) per KV head.
   flashcache::TailView<const float> layer(int l, std::int64_t kv_heads) const {

@@ -177,7 +177,10 @@ class SequenceCompressor {
     st.v_trans = s.v_trans;
     st.k_type = type_name(s.layers[0].k_type);
     st.v_type = type_name(s.layers[0].v_type);
-    if (queries != nullptr) FLASHCACHE_RETURN_IF_ERROR(check_queries(*queries, s, heads, st.head_dim));
+    if (queries != nullptr) {
+      FLASHCACHE_RETURN_IF_ERROR(check_queries(*queries, s, heads, st.head_dim));
+      FLASHCACHE_RETURN_IF_ERROR(check_logit_scale(model));
+    }
     const auto t1 = clock::now();
     st.read_ms = ms(t0, t1);
 
@@ -256,7 +259,7 @@ class SequenceCompressor {
                           back, " of ", blob_.size(), " bytes): sequence ", seq, " is lost");
       return make_error(failed.code(), failed.message(), "; the original state is restored");
     }
-    st.query_tails = queries != nullptr;
+    st.query_tails = queries != nullptr && keep < static_cast<std::int64_t>(n);  // scored with them
     st.cells_after = keep;
     st.kv_bytes_after = n == 0 ? 0 : st.kv_bytes_before / n * static_cast<std::uint64_t>(keep);
     st.state_bytes_after = out_.size();
@@ -275,8 +278,10 @@ class SequenceCompressor {
   static Status check_queries(const QueryCapture& q, const SeqState& s, std::int64_t heads, std::int64_t dim) {
     FLASHCACHE_RETURN_IF_ERROR(q.status());
     if (!q.complete() || q.layers() != static_cast<int>(s.layers.size()))
-      return make_error(Errc::invalid_option, "llama: the QueryCapture saw ", q.layers(), " layers and not the whole ",
-                        q.prompt_tokens(), "-token prompt (begin() it before the prompt is decoded)");
+      return make_error(Errc::invalid_option, "llama: the QueryCapture saw ", q.tokens_seen(), " tokens in ",
+                        q.layers(), " layers since begin() for a ", q.prompt_tokens(),
+                        "-token prompt: begin() it right before the prompt is decoded, and compress with query tails "
+                        "once, right after the prefill");
     const auto mm = std::minmax_element(s.pos.begin(), s.pos.end());
     if (static_cast<std::int64_t>(s.cell_count) != q.prompt_tokens() || *mm.first != 0 ||
         *mm.second != static_cast<llama_pos>(s.cell_count) - 1)
@@ -291,6 +296,23 @@ class SequenceCompressor {
       return make_error(Errc::unsupported,
                         "llama: query tails with a q8_0 K cache (its keys are stored Hadamard-rotated, the "
                         "queries are not)");
+    return Status::success();
+  }
+
+  // Tails are attention probabilities at the logit scale 1/sqrt(head_dim): a model
+  // whose metadata sets another scale, or softcaps the logits, is refused by name.
+  static Status check_logit_scale(const llama_model* model) {
+    char arch[64] = {0}, value[64];
+    if (llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch) < 0)
+      return make_error(Errc::unsupported, "llama: the model names no architecture (query tails need its logit scale)");
+    const std::string a = arch;
+    for (const char* key : {".attention.scale", ".attn_logit_softcapping", ".attention.query_pre_attn_scalar"})
+      if (llama_model_meta_val_str(model, (a + key).c_str(), value, sizeof value) >= 0)
+        return make_error(Errc::unsupported, "llama: ", a, key, " = ", value,
+                          ": query tails assume the logit scale 1/sqrt(head_dim) without softcapping");
+    if (a.rfind("gemma", 0) == 0)
+      return make_error(Errc::unsupported, "llama: architecture ", a,
+                        " scales its queries by its own rule: query tails assume 1/sqrt(head_dim)");
     return Status::success();
   }
 

@@ -27,8 +27,10 @@
 //
 // The tails live in caller memory (TailView); the accumulator keeps its buffers
 // between calls and allocates nothing once it has seen the layer's shape.
-// Non-finite queries or keys add nothing here (their probabilities are NaN and
-// lose every comparison); the scorer keeps non-finite keys in any case.
+// A non-finite query adds nothing; a non-finite key gets probability 0 and
+// changes no other key's (the scorer keeps non-finite keys in any case). Keys
+// within min_distance of the last fed query get no tail: the recent window
+// (Options::window_share) is what keeps them.
 #include <Eigen/Core>
 
 #include <algorithm>
@@ -145,9 +147,9 @@ class TailAccumulator {
       return make_error(Errc::invalid_shape, "tail: queries reach position ", end - 1, " but K holds ", k.tokens,
                         " tokens (a query sees the keys up to its own position)");
     FLASHCACHE_RETURN_IF_ERROR(check_tails(tails, k.heads, end, "tail"));
-    if (lse != nullptr)
+    if (lse != nullptr)  // the fed rows' only: a row left out may hold anything
       for (std::int64_t i = 0; i < q.heads * q.tokens; ++i)
-        if (!std::isfinite(lse[i]))
+        if (fed(first + i % q.tokens, opt) && !std::isfinite(lse[i]))
           return make_error(Errc::invalid_shape, "tail: lse of query head ", i / q.tokens, ", row ", i % q.tokens,
                             " is ", lse[i], " (must be finite)");
     const float scale = static_cast<float>(opt.scale > 0 ? opt.scale : 1.0 / std::sqrt(static_cast<double>(d)));
@@ -215,12 +217,15 @@ class TailAccumulator {
     for (std::int64_t i = 0; i < count; ++i) {
       const std::int64_t r = rows_[static_cast<std::size_t>(i)], seen = first + r + 1;
       Eigen::Map<Eigen::ArrayXf> row(logits_.data() + i * visible, seen);
-      row *= scale;
+      if (!queries.row(i).array().isFinite().all()) continue;  // a non-finite query adds nothing
+      // A non-finite key's logit counts as -inf: it adds nothing to the lse and cannot erase the row.
+      row = (row * scale).isFinite().select(row * scale, -INFINITY);
       double log_sum;
       if (lse != nullptr) {
         log_sum = lse[r];
       } else {
         const float top = row.maxCoeff();
+        if (!(top > -INFINITY)) continue;  // every key it sees is non-finite
         Eigen::Map<Eigen::ArrayXf> terms(exp_.data(), seen);
         terms = (row - top).exp();
         double sum = 0;  // float terms, a double sum

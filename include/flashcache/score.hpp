@@ -248,7 +248,8 @@ class Scorer {
         return make_error(Errc::invalid_option, "score: tails were given but Options::query is none (set it to tail)");
       return Status::success();
     }
-    if (tails.data == nullptr && heads * tokens > 0)
+    if (heads * tokens == 0) return Status::success();  // nothing to read
+    if (tails.data == nullptr)
       return make_error(Errc::invalid_option, "score: Options::query is tail but no tails were given (query_tail.hpp)");
     FLASHCACHE_RETURN_IF_ERROR(check_tails(tails, heads, tokens, "score"));
     for (std::int64_t h = 0; h < heads; ++h)

@@ -18,7 +18,10 @@
 //
 // It counts the tokens each layer's Qcur node has seen since begin(): one
 // sequence prefilled from empty, in order (llama.cpp's ubatches of one sequence
-// keep the token order). Rows past prompt_tokens are not kept.
+// keep the token order), and nothing else decoded between begin() and the
+// compression (compress() refuses a count other than the prompt's). The tails
+// assume llama.cpp's default logit scale 1/sqrt(head_dim) without softcapping:
+// the adapter refuses models whose metadata sets another.
 #include <llama.h>
 
 #include <cstdint>
@@ -61,13 +64,17 @@ class QueryCapture {
   std::int64_t prompt_tokens() const { return prompt_; }
   std::int64_t first_position() const { return first_; }
   int layers() const { return static_cast<int>(seen_.size()); }
-  // Every layer saw the whole prompt, and at least one layer exists.
+  // Every layer saw exactly the prompt's tokens since begin(), and at least one
+  // layer exists: fewer means the prefill is not done, more that something else
+  // was decoded before or after it (its positions would not be the cells').
   bool complete() const {
     if (seen_.empty()) return false;
     for (std::int64_t s : seen_)
-      if (s < prompt_) return false;
+      if (s != prompt_) return false;
     return true;
   }
+  // Tokens layer 0 saw since begin() (the others see the same).
+  std::int64_t tokens_seen() const { return seen_.empty() ? 0 : seen_[0]; }
   // Layer l's kept queries: positions first_position().., [query heads][kept][head_dim].
   KVView<const float> layer(int l) const {
     const std::vector<float>& q = q_[static_cast<std::size_t>(l)];
