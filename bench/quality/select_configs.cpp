@@ -77,12 +77,7 @@ fc::Options options_from(const Json& j) {
       j.value("allocation", std::string("dynamic")) == "uniform" ? fc::Allocation::uniform : fc::Allocation::dynamic;
   const std::string query = j.value("query", std::string("none"));
   if (query != "none" && query != "tail") throw std::runtime_error("options.query " + query + " is not none or tail");
-  if (query == "tail") {  // the query-informed preset, but for what the row sets
-    const fc::Options preset = fc::Options::with_query_tail();
-    o.query = preset.query;
-    o.tail_weight = preset.tail_weight;
-    o.tail_mix = preset.tail_mix;
-  }
+  if (query == "tail") o = fc::Options::with_query_tail(o);  // the preset, but for what the row sets
   o.tail_weight = j.value("tail_weight", o.tail_weight);
   const std::string mix = j.value("tail_mix", std::string(fc::to_string(o.tail_mix)));
   if (mix != "sum" && mix != "max") throw std::runtime_error("options.tail_mix " + mix + " is not sum or max");

@@ -226,12 +226,8 @@ int main(int argc, char** argv) {
   double compress_ms = 0;
   int recompressions = 0;
   if (a.keep_ratio >= 0) {
-    fc::Options first = opt;  // the first compression reads the captured queries; later ones cannot
-    if (a.query_tail) {
-      first.query = fc::Options::with_query_tail().query;
-      first.tail_weight = fc::Options::with_query_tail().tail_weight;
-      first.tail_mix = fc::Options::with_query_tail().tail_mix;
-    }
+    // The first compression reads the captured queries; later ones cannot.
+    const fc::Options first = a.query_tail ? fc::Options::with_query_tail(opt) : opt;
     if (auto s = compressor.compress(ctx, 0, fc::Budget::ratio(a.keep_ratio), first, shared, &st,
                                      a.query_tail ? &capture : nullptr);
         !s) {

@@ -153,14 +153,15 @@ struct Options {
   // The query-informed preset: the defaults with each key's tail in the score
   // (QueryInput::tail), for callers that have the prompt's queries. Chosen on
   // dev data by bench/quality/study/QUERY_RULE.md (bench/RESULTS.md).
-  // Its feed: QueryTailOptions{} and last_queries() (query_tail.hpp).
-  static Options with_query_tail() {
-    Options o;
-    o.query = QueryInput::tail;
-    o.tail_weight = 0.5;
-    o.tail_mix = TailMix::max;
-    return o;
+  // Its feed: QueryTailOptions{} and last_queries() (query_tail.hpp). With
+  // `base`, the preset's query fields over the caller's other settings.
+  static Options with_query_tail(Options base) {
+    base.query = QueryInput::tail;
+    base.tail_weight = 0.5;
+    base.tail_mix = TailMix::max;
+    return base;
   }
+  static Options with_query_tail() { return with_query_tail(Options{}); }
 
   // The paper's algorithm exactly: no sink, no window, no base sample, K and V
   // terms unweighted, keys as cached, global DCT, gamma 0.2, dynamic allocation.

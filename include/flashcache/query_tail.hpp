@@ -219,7 +219,8 @@ class TailAccumulator {
       Eigen::Map<Eigen::ArrayXf> row(logits_.data() + i * visible, seen);
       if (!queries.row(i).array().isFinite().all()) continue;  // a non-finite query adds nothing
       // A non-finite key's logit counts as -inf: it adds nothing to the lse and cannot erase the row.
-      row = (row * scale).isFinite().select(row * scale, -INFINITY);
+      row *= scale;
+      row = row.isFinite().select(row, -INFINITY);
       double log_sum;
       if (lse != nullptr) {
         log_sum = lse[r];

@@ -134,13 +134,9 @@ Plan make_plan(const CompressArgs& a, const KVCache& cache) {
     p.options.rope.first_position = a.rope_first_position;
   }
   if (p.policy == policies::Policy::flashcache && !a.q.empty()) {  // --q: the query-informed score
-    p.options = [&] {  // the preset's query fields over the options set above
-      Options o = p.options;
-      o.query = QueryInput::tail;
-      o.tail_weight = a.tail_weight;
-      o.tail_mix = a.tail_mix == "sum" ? TailMix::sum : TailMix::max;
-      return o;
-    }();
+    p.options = Options::with_query_tail(p.options);  // the preset's query fields over the options set above
+    p.options.tail_weight = a.tail_weight;
+    p.options.tail_mix = a.tail_mix == "sum" ? TailMix::sum : TailMix::max;
     p.policy_options.tail.stride = a.tail_stride;
     p.policy_options.tail.min_distance = a.tail_min_distance;
     p.policy_options.tail_last = a.tail_last;
