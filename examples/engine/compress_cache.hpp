@@ -26,13 +26,16 @@ struct CompressSettings {
 // The prompt's query tails (flashcache/query_tail.hpp), gathered while the
 // prompt is prefilled: pass it to Model::forward as its observer, then to
 // CacheCompressor::compress, which then scores with Options::with_query_tail().
-// Each layer's tails follow its cache slots; reset() before the next prompt.
+// Each layer's tails follow its cache slots; reset(feed) before the next prompt.
 class PromptTails : public QueryObserver {
  public:
   explicit PromptTails(flashcache::QueryTailOptions opt = {}) : opt_(opt) {}
 
-  void reset() {
+  // Before the next prompt: its feed (last_queries(N) depends on its length), tails zeroed.
+  void reset(flashcache::QueryTailOptions opt = {}) {
+    opt_ = opt;
     ms_ = 0;
+    status_ = flashcache::Status::success();
     for (auto& t : tails_) std::fill(t.begin(), t.end(), 0.0f);
   }
   void layer_queries(int l, const float* q, std::int64_t n, const KVCache& cache) override {

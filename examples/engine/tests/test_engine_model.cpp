@@ -279,6 +279,11 @@ TEST(EngineModel, PrefillQueryTailsMatchTheWholePromptAndChangeTheKeepSet) {
   s.policy = "knorm";
   engine::KVCache other = chunked;
   EXPECT_THROW(engine::compress_cache(other, s, &tails), flashcache::Error);
+  tails.reset(flashcache::last_queries(n));  // ready for the next prompt: zeros
+  for (int l = 0; l < c.layers; ++l) {
+    const auto t = tails.layer(l, c.kv_heads);
+    for (std::int64_t j = 0; j < t.heads * t.tokens; ++j) ASSERT_EQ(t.data[j], 0.0f);
+  }
 }
 
 TEST(EngineModel, TeacherForcedNllEqualsStepwiseDecoding) {
