@@ -1,13 +1,13 @@
 // flashcache_llama_bench: decode speed of llama.cpp over the full and the
 // compacted KV cache of one sequence. Each prompt length is prefilled once and
 // its state saved; every (threads, keep) configuration restores that state,
-// compresses it (flashcache/llama_cpp.hpp) unless keep is 1, and decodes
+// compresses it (flashcache/llama.hpp) unless keep is 1, and decodes
 // greedily. Prints one JSON object (examples/llama_cpp/bench.sh writes it to
 // bench/results/llama_cpp.json).
 //
 //   flashcache_llama_bench --prompt-file FILE [--lengths 2048,8192] [--keeps 1,0.2,0.1]
 //                          [--threads 1,2] [--decode 32] [--prefill-threads N] [--model FILE.gguf]
-#include <flashcache/llama_cpp.hpp>
+#include <flashcache/llama.hpp>
 
 #include <cstdio>
 #include <cstdlib>
@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
       for (double keep : keeps) {
         llama_memory_seq_rm(mem, 0, -1, -1);
         if (llama_state_seq_set_data(ctx, saved.data(), saved.size(), 0) != saved.size()) return 1;
-        fc::llama::Stats st;
+        fc::llama::CompactionStats st;
         st.cells_before = st.cells_after = length;
         st.kv_bytes_before = st.kv_bytes_after = parsed.kv_bytes();
         if (keep < 1.0) {

@@ -1,6 +1,6 @@
 // flashcache_llama: llama.cpp prefills a prompt, FlashCache evicts and compacts
 // the sequence's KV cells through llama.cpp's public API
-// (flashcache/llama_cpp.hpp), and decoding goes on over the kept cells.
+// (flashcache/llama.hpp), and decoding goes on over the kept cells.
 //
 //   flashcache_llama --prompt-file FILE --keep-ratio 0.2 --max-new 64 --json
 //
@@ -8,7 +8,7 @@
 // object: prompt_tokens, cells_before, cells_after, n_kv_after, prefill_ms,
 // compress_ms, decode_tokens_per_s, kv_bytes_before, kv_bytes_after, tokens,
 // text (and nll when --nll-file is given).
-#include <flashcache/llama_cpp.hpp>
+#include <flashcache/llama.hpp>
 
 #include <cmath>
 #include <cstdio>
@@ -221,7 +221,7 @@ int main(int argc, char** argv) {
   if (a.sink >= 0) opt.sink = a.sink;
   if (a.window >= 0) opt.window = a.window;
   fc::llama::SequenceCompressor compressor;
-  fc::llama::Stats st;
+  fc::llama::CompactionStats st;
   bool compressed = false;
   double compress_ms = 0;
   int recompressions = 0;
@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
     if (compressed && a.recompress_every > 0) {
       const std::int64_t cells = st.cells_after + (llama_memory_seq_pos_max(mem, 0) - st.pos_max);
       if (cells >= bound + a.recompress_every) {
-        fc::llama::Stats again;
+        fc::llama::CompactionStats again;
         if (auto s = compressor.compress(ctx, 0, fc::Budget::tokens(bound), opt, shared, &again); !s) {
           std::fprintf(stderr, "flashcache_llama: recompression: %s\n", s.message().c_str());
           return 1;

@@ -1,10 +1,7 @@
 #pragma once
-// llama.cpp's state blob of one sequence (llama_state_seq_get_data), read and
-// written on bytes, without llama.h: what tests and fuzzers exercise, and what
-// flashcache/llama_cpp.hpp uses to compact a sequence.
-//   llama/format.hpp  the format (pinned llama.cpp version) and its parser
-//   llama/write.hpp   a blob of only the kept cells
-//   llama/rows.hpp    K and V rows as float
-#include "flashcache/llama/format.hpp"
-#include "flashcache/llama/rows.hpp"
-#include "flashcache/llama/write.hpp"
+// Deprecated: include <flashcache/llama/state.hpp> (the adapter's headers live in
+// flashcache/llama/, with <flashcache/llama.hpp> as their umbrella).
+#ifndef FLASHCACHE_NO_DEPRECATION_WARNINGS
+#warning "<flashcache/llama_state.hpp> is deprecated: include <flashcache/llama/state.hpp>"
+#endif
+#include "flashcache/llama/state.hpp"

@@ -1,11 +1,11 @@
 // fuzz_llama_state: the llama.cpp sequence-state parser and writer
-// (include/flashcache/llama_state.hpp) on arbitrary bytes. parse_seq_state()
+// (include/flashcache/llama/state.hpp) on arbitrary bytes. parse_seq_state()
 // must refuse a bad blob with a message, or describe sections that lie inside
 // the bytes (every K and V element is converted to float here, so ASan sees a
 // read past them); writing every cell in blob order must give back the input
 // bytes, and writing every other cell (in position order) must parse back to
 // exactly those cells with their positions and bytes.
-#include <flashcache/llama_state.hpp>
+#include <flashcache/llama/state.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -21,10 +21,10 @@ namespace {
 void convert_all(const std::uint8_t* blob, const fl::SeqState& s, const std::vector<std::int32_t>& cells) {
   std::vector<float> buf;
   for (std::size_t l = 0; l < s.layers.size(); ++l)
-    for (bool v : {false, true}) {
-      const std::uint64_t embd = v ? s.layers[l].v_embd : s.layers[l].k_embd;
+    for (fl::Part part : {fl::Part::k, fl::Part::v}) {
+      const std::uint64_t embd = part == fl::Part::v ? s.layers[l].v_embd : s.layers[l].k_embd;
       buf.assign(static_cast<std::size_t>(embd) * cells.size(), 0.0f);
-      fl::layer_to_float(blob, s, l, v, cells.data(), static_cast<std::uint32_t>(cells.size()), buf.data());
+      fl::layer_to_float(blob, s, l, part, cells.data(), static_cast<std::uint32_t>(cells.size()), buf.data());
     }
 }
 

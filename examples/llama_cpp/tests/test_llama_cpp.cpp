@@ -1,4 +1,4 @@
-// flashcache/llama_cpp.hpp inside llama.cpp (llama-cpp-python 0.3.36) on SmolLM2-135M:
+// flashcache/llama.hpp inside llama.cpp (llama-cpp-python 0.3.36) on SmolLM2-135M:
 // compaction through the public API, checked against llama.cpp's own logits.
 // Skips with an install hint without llama.cpp or the model.
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@ TEST(LlamaCpp, NeedsLlamaCpp) {
 
 #else
 
-#include <flashcache/llama_cpp.hpp>
+#include <flashcache/llama.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -155,7 +155,7 @@ TEST_F(LlamaCpp, KeepAllRoundTripGivesTheSameLogits) {
     const llama_pos last = llama_memory_seq_pos_max(a.mem(), 0) + 1;
     const auto plain = next_logits(a, a.prompt.back());
     ASSERT_TRUE(llama_memory_seq_rm(a.mem(), 0, last, -1));  // that token out again
-    fl::Stats st;
+    fl::CompactionStats st;
     const fc::Status s = fl::compress_sequence(a.ctx, 0, fc::Budget::ratio(1.0), {}, {}, &st);
     ASSERT_TRUE(s.ok()) << s.message();
     EXPECT_EQ(st.cells_after, st.cells_before);
@@ -172,7 +172,7 @@ TEST_F(LlamaCpp, CompactedCacheEqualsTheSamePositionsLeftAsHoles) {
     const std::vector<std::uint8_t> original = state_of(a);
     const llama_pos pos_max = llama_memory_seq_pos_max(a.mem(), 0);
     fl::SequenceCompressor comp;
-    fl::Stats st;
+    fl::CompactionStats st;
     const fc::Status s = comp.compress(a.ctx, 0, fc::Budget::ratio(0.3), {}, {}, &st);
     ASSERT_TRUE(s.ok()) << s.message();
     const std::int64_t n = static_cast<std::int64_t>(a.prompt.size()) - 1;
@@ -223,7 +223,7 @@ TEST_F(LlamaCpp, DecodingContinuesAndASecondCompressionWorks) {
   Ctx a;
   make_ctx(&a);
   fl::SequenceCompressor comp;
-  fl::Stats st;
+  fl::CompactionStats st;
   ASSERT_TRUE(comp.compress(a.ctx, 0, fc::Budget::ratio(0.2), {}, {}, &st).ok());
   llama_token next = a.prompt.back();
   for (int i = 0; i < 24; ++i) {
@@ -233,7 +233,7 @@ TEST_F(LlamaCpp, DecodingContinuesAndASecondCompressionWorks) {
   }
   const llama_pos pos_max = llama_memory_seq_pos_max(a.mem(), 0);
   EXPECT_EQ(pos_max, static_cast<llama_pos>(a.prompt.size()) - 1 + 23);
-  fl::Stats again;
+  fl::CompactionStats again;
   const fc::Status s = comp.compress(a.ctx, 0, fc::Budget::tokens(st.cells_after), {}, {}, &again);
   ASSERT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(again.cells_before, st.cells_after + 24);
@@ -365,7 +365,7 @@ TEST_F(LlamaCpp, QueryTailsFromThePrefillMatchAnotherRuntime) {
   double first_layer = 0, shifted = 0, worst = 0, largest = 0;
   for (int l = 0; l < c.layers; ++l) {
     std::vector<float> k(static_cast<std::size_t>(n * c.kv_heads * c.head_dim));
-    fl::layer_to_float(blob.data(), s, static_cast<std::size_t>(l), false, order.data(), static_cast<std::uint32_t>(n),
+    fl::layer_to_float(blob.data(), s, static_cast<std::size_t>(l), fl::Part::k, order.data(), static_cast<std::uint32_t>(n),
                        k.data());
     const auto kv = fc::nhd<const float>(k.data(), fc::Tokens(n), fc::Heads(c.kv_heads), fc::HeadDim(c.head_dim));
     std::vector<float> ours(static_cast<std::size_t>(c.kv_heads * n), 0.0f), theirs(ours.size(), 0.0f);
@@ -415,7 +415,7 @@ TEST_F(LlamaCpp, QueryTailsFromThePrefillMatchAnotherRuntime) {
   // Compress with them: another keep-set than without, and decoding goes on.
   const std::vector<std::uint8_t> before = state_of(a);
   fl::SequenceCompressor comp;
-  fl::Stats st;
+  fl::CompactionStats st;
   fc::Status st_tail =
       comp.compress(a.ctx, 0, fc::Budget::ratio(0.3), fc::Options::with_query_tail(), {}, &st, &capture);
   ASSERT_TRUE(st_tail.ok()) << st_tail.message();

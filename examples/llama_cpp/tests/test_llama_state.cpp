@@ -1,6 +1,6 @@
-// The llama.cpp sequence-state parser and writer (flashcache/llama_state.hpp) on
+// The llama.cpp sequence-state parser and writer (flashcache/llama/state.hpp) on
 // synthetic blobs: no llama.cpp needed, so these always run.
-#include <flashcache/llama_state.hpp>
+#include <flashcache/llama/state.hpp>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -86,8 +86,8 @@ TEST(LlamaState, KeptCellsKeepTheirPositionsAndBytes) {
     std::vector<float> k(3 * 8), v(3 * 8);
     const std::vector<std::int32_t> order = {0, 1, 2};
     for (std::size_t l = 0; l < 2; ++l) {
-      fl::layer_to_float(out.data(), t, l, false, order.data(), 3, k.data());
-      fl::layer_to_float(out.data(), t, l, true, order.data(), 3, v.data());
+      fl::layer_to_float(out.data(), t, l, fl::Part::k, order.data(), 3, k.data());
+      fl::layer_to_float(out.data(), t, l, fl::Part::v, order.data(), 3, v.data());
       for (std::size_t i = 0; i < 3; ++i)
         for (std::uint32_t c = 0; c < 8; ++c) {
           EXPECT_EQ(k[i * 8 + c], blob_builder::value(static_cast<std::uint32_t>(l), 0, 2 * i, c));

@@ -1,7 +1,7 @@
 #pragma once
 // llama.cpp's state blob of one sequence (llama_state_seq_get_data): its
 // format and the parser, on bytes, without llama.h. Writing a compacted blob:
-// write.hpp; K and V rows as float: rows.hpp; all three: flashcache/llama_state.hpp.
+// write.hpp; K and V rows as float: rows.hpp; all three: flashcache/llama/state.hpp.
 //
 // The format is the one of llama.cpp as vendored by llama-cpp-python 0.3.36
 // (llama.cpp 0.5.0-dev, commit 0c1e570; llama-context.cpp state_seq_get_data,
@@ -26,7 +26,9 @@
 // f16, bf16 and q8_0, layers of different cache types, row sizes that are
 // not whole elements, trailing bytes.
 // A new llama.cpp may change the format without changing the magic: the
-// adapter checks the library's version against kPinnedLlamaVersion.
+// adapter checks the loaded library's version against kPinnedLlamaVersion and
+// the commit of the llama.cpp it was built against against kPinnedLlamaCommit
+// (flashcache/llama/compress.hpp, check_llama_version).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -51,29 +53,48 @@ inline constexpr std::uint32_t kSeqStateMagic = 0xaf143cd8u;
 inline constexpr std::uint32_t kMaxStreams = 256;  // LLAMA_MAX_SEQ
 inline constexpr std::uint32_t kMaxLayers = 1u << 16;
 
-// ggml_type values of the element types handled here (ggml.h).
-enum class GgmlType : std::int32_t { f32 = 0, f16 = 1, q8_0 = 8, bf16 = 30 };
+// ggml_type values (ggml.h): the element types handled here, and the other
+// cache types llama.cpp accepts (--cache-type-k), named so that a refusal says which.
+enum class GgmlType : std::int32_t {
+  f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_0 = 8, iq4_nl = 20, bf16 = 30
+};
 inline constexpr std::int64_t kQ8Block = 32;       // elements per q8_0 block
 inline constexpr std::int64_t kQ8BlockBytes = 34;  // f16 scale + 32 int8
 
 inline bool is_known_type(std::int32_t t) {
-  return t == static_cast<std::int32_t>(GgmlType::f32) || t == static_cast<std::int32_t>(GgmlType::f16) ||
-         t == static_cast<std::int32_t>(GgmlType::q8_0) || t == static_cast<std::int32_t>(GgmlType::bf16);
+  switch (static_cast<GgmlType>(t)) {
+    case GgmlType::f32:
+    case GgmlType::f16:
+    case GgmlType::q8_0:
+    case GgmlType::bf16:
+      return true;
+    default:
+      return false;
+  }
 }
 
 inline std::string type_name(std::int32_t t) {
-  switch (t) {
-    case 0:
+  switch (static_cast<GgmlType>(t)) {
+    case GgmlType::f32:
       return "f32";
-    case 1:
+    case GgmlType::f16:
       return "f16";
-    case 8:
+    case GgmlType::q4_0:
+      return "q4_0";
+    case GgmlType::q4_1:
+      return "q4_1";
+    case GgmlType::q5_0:
+      return "q5_0";
+    case GgmlType::q5_1:
+      return "q5_1";
+    case GgmlType::q8_0:
       return "q8_0";
-    case 30:
+    case GgmlType::iq4_nl:
+      return "iq4_nl";
+    case GgmlType::bf16:
       return "bf16";
-    default:
-      return "ggml type " + std::to_string(t);
   }
+  return "ggml type " + std::to_string(t);
 }
 
 // Elements in a row of `bytes` bytes of type t, or 0 when that is not whole elements (blocks).
@@ -86,8 +107,9 @@ inline std::uint64_t row_elements(std::int32_t t, std::uint64_t bytes) {
       return bytes % 2 == 0 ? bytes / 2 : 0;
     case GgmlType::q8_0:
       return bytes % kQ8BlockBytes == 0 ? bytes / kQ8BlockBytes * kQ8Block : 0;
+    default:
+      return 0;
   }
-  return 0;
 }
 
 // Bytes of one element of a plain (not block-quantized) type, 0 otherwise.

@@ -40,15 +40,20 @@ inline void to_float_row(std::int32_t t, const std::uint8_t* src, std::uint64_t 
           dst[blk * kQ8Block + static_cast<std::uint64_t>(i)] = d * static_cast<float>(static_cast<std::int8_t>(p[2 + i]));
       }
       return;
+    default:  // the parser refuses every other type
+      return;
   }
 }
 
+// Which of a layer's two caches.
+enum class Part { k, v };
+
 // Layer l's K (or V) as float, one row of embd elements per cell, the cells
 // in the order of `cells` (count of them): out[i * embd + c].
-inline void layer_to_float(const std::uint8_t* blob, const SeqState& s, std::size_t l, bool v,
+inline void layer_to_float(const std::uint8_t* blob, const SeqState& s, std::size_t l, Part part,
                            const std::int32_t* cells, std::uint32_t count, float* out) {
   const LayerState& L = s.layers[l];
-  if (!v) {
+  if (part == Part::k) {
     for (std::uint32_t i = 0; i < count; ++i)
       to_float_row(L.k_type, blob + L.k_offset + static_cast<std::size_t>(cells[i]) * L.k_row_bytes, L.k_embd,
                    out + static_cast<std::size_t>(i) * L.k_embd);

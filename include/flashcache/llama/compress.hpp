@@ -1,0 +1,537 @@
+#pragma once
+// FlashCache inside llama.cpp through its public API: evict AND compact one
+// sequence, then keep decoding.
+//
+// llama.cpp's KV cells are shared by all layers and KV heads, and a decode
+// step attends to n_kv cells: the highest used cell, padded to 256. Removing
+// positions (llama_memory_seq_rm) leaves holes that still cost time. This
+// adapter instead reads the sequence's state (llama_state_seq_get_data),
+// scores every layer, keeps one token set for the whole sequence
+// (select_shared_tokens), writes a state blob of the kept cells only, with
+// their positions unchanged (so RoPE of later tokens stays right), removes
+// the sequence and restores that blob (llama_state_seq_set_data).
+//
+//   #include <flashcache/llama.hpp>   // needs llama.h; link flashcache::llama_cpp
+//   flashcache::llama::CompressParams p = flashcache::llama::compress_default_params();
+//   p.budget = flashcache::Budget::ratio(0.2);
+//   flashcache::llama::CompactionStats st;
+//   flashcache::Status s = flashcache::llama::compress_sequence(ctx, 0, p, &st);
+//
+// n_kv by layout. One unified cache (kv_unified = true, or one sequence): n_kv
+// is the highest used cell of any sequence, padded to 256; a lone sequence's
+// kept cells start at cell 0, so n_kv falls to the kept count, but with other
+// sequences in the cache the freed cells are holes that their new tokens
+// fill. Separate streams (kv_unified = false): each sequence has its own
+// cells and a decode attends to the highest used cell of its streams, so
+// compacting one sequence shrinks its own n_kv and changes no other.
+//
+// Refused before anything is touched, by name: a llama.cpp other than the
+// pinned one (the state format is not versioned), recurrent or hybrid memory,
+// M-RoPE / vision RoPE, SWA models (their cache writes another format), MLA
+// and indexer (DSA, MSA) caches, K or V caches of types other than f32, f16,
+// bf16 and q8_0, Options::rope (the cells' positions have gaps after a
+// compaction, and a q8_0 cache is Hadamard-rotated), an empty sequence, a
+// sequence that may share cells with another one (a unified cache holding any
+// other sequence id, up to 255, over overlapping positions), and any state the
+// parser (llama/state.hpp) or the model's shape does not match. After the
+// removal, any failure restores the original blob: nothing is lost.
+//
+// The rule for direct callers: compress right after a llama_decode. A K-shift
+// (llama_memory_seq_add / seq_div) or a cross-stream llama_memory_seq_cp is
+// applied only at the next decode, and the state read does not apply it: a
+// compression in that window would keep stale keys. ContextManager
+// (llama/context.hpp) follows the rule by construction.
+//
+// Query tails (Options::with_query_tail()): a QueryCapture (llama/queries.hpp)
+// takes the prompt's last queries during its prefill through cb_eval, and the
+// compression scores with them against the state's keys. It needs the sequence
+// as prefilled (positions 0..N-1) and a K cache of f32, f16 or bf16.
+//
+// Threads: the layers are scored in parallel on CompressParams::n_threads
+// (0: the context's llama_n_threads), by a pool the compressor keeps; the kept
+// cells do not depend on the count.
+//
+// The newest cell is always kept (Options::window is raised to at least 1):
+// llama.cpp requires a new token's position to follow the sequence's last.
+// K and V bytes are copied as they are (f32, f16, bf16, q8_0), never
+// requantized; scoring reads them as float. A q8_0 K cache is stored
+// Hadamard-rotated along the head dim; the score (residual energies along the
+// token axis) does not change under a rotation of the head dim.
+#include <llama.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "flashcache/error.hpp"
+#include "flashcache/llama/queries.hpp"
+#include "flashcache/llama/state.hpp"
+#include "flashcache/mask.hpp"
+#include "flashcache/options.hpp"
+#include "flashcache/parallel.hpp"
+#include "flashcache/score.hpp"
+#include "flashcache/shared_keep.hpp"
+#include "flashcache/view.hpp"
+
+#ifndef FLASHCACHE_LLAMA_BUILD_COMMIT
+#define FLASHCACHE_LLAMA_BUILD_COMMIT "unknown"  // set by the flashcache::llama_cpp target
+#endif
+
+namespace flashcache {
+namespace llama {
+
+// What one compaction did, and how long each step took.
+struct CompactionStats {
+  std::int64_t cells_before = 0, cells_after = 0;          // cells of the sequence
+  std::uint64_t kv_bytes_before = 0, kv_bytes_after = 0;   // K and V of those cells, all layers
+  std::size_t state_bytes_before = 0, state_bytes_after = 0;
+  llama_pos pos_min_before = -1, pos_min_after = -1, pos_max = -1;
+  std::int64_t layers = 0, kv_heads = 0, head_dim = 0;
+  bool v_trans = false;
+  std::string k_type, v_type;
+  int threads = 1;                                                 // scoring threads
+  double read_ms = 0, score_ms = 0, select_ms = 0, write_ms = 0;  // get_data + parse, score, select, rm + set_data + verify
+  double compress_ms = 0;                                          // all of it
+  bool query_tails = false;  // scored with the prompt's query tails (Options::query = tail)
+};
+using Stats [[deprecated("flashcache::llama::Stats is now CompactionStats")]] = CompactionStats;
+
+// One compaction's inputs, as llama.cpp's C API passes them.
+struct CompressParams {
+  Budget budget = Budget::ratio(0.2);  // cells to keep, of the sequence's
+  Options options;                     // the score (Options::with_query_tail() with `queries`)
+  // One keep-set for the whole sequence (llama.cpp's cells hold every layer and
+  // head, so KeepSet::per_sequence is the only keep set): how heads combine, and
+  // whole pages of `page` cells.
+  HeadCombine combine = HeadCombine::mean_normalized;
+  std::int64_t page = 1;
+  int n_threads = 0;                   // scoring threads; 0: llama_n_threads(ctx)
+  const QueryCapture* queries = nullptr;  // the prompt's queries when options.query = tail
+};
+inline CompressParams compress_default_params() { return CompressParams{}; }
+
+// The llama.cpp whose state format llama/format.hpp reads. The loaded library
+// reports only its version, which every development build shares; the commit
+// checked is the one of the llama.cpp package this adapter was built against.
+inline Status check_llama_version() {
+  const char* v = llama_version();
+  if (v == nullptr || std::strcmp(v, kPinnedLlamaVersion) != 0 ||
+      std::strcmp(FLASHCACHE_LLAMA_BUILD_COMMIT, kPinnedLlamaCommit) != 0)
+    return make_error(Errc::unsupported, "llama.cpp ", v == nullptr ? "(unknown)" : v, " (loaded), built against ",
+                      FLASHCACHE_LLAMA_BUILD_COMMIT, ": this adapter reads the sequence state format of llama.cpp ",
+                      kPinnedLlamaVersion, " ", kPinnedLlamaCommit, " (llama-cpp-python ", kPinnedLlamaCppPython, ")");
+  return Status::success();
+}
+
+namespace detail {
+
+inline bool has_meta(const llama_model* model, const std::string& key) {
+  char value[64];
+  return llama_model_meta_val_str(model, key.c_str(), value, sizeof value) >= 0;
+}
+
+inline std::string architecture(const llama_model* model) {
+  char arch[64] = {0};
+  if (llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch) < 0) return std::string();
+  return arch;
+}
+
+}  // namespace detail
+
+// The checks that need no state: what the model and context are.
+inline Status check_supported(llama_context* ctx, llama_seq_id seq) {
+  if (ctx == nullptr) return make_error(Errc::invalid_option, "llama: null context");
+  FLASHCACHE_RETURN_IF_ERROR(check_llama_version());
+  const llama_model* model = llama_get_model(ctx);
+  if (model == nullptr) return make_error(Errc::invalid_option, "llama: context without a model");
+  if (llama_model_is_recurrent(model))
+    return make_error(Errc::unsupported, "llama: recurrent memory (its state is not a KV cache)");
+  if (llama_model_is_hybrid(model))
+    return make_error(Errc::unsupported, "llama: hybrid memory (attention and recurrent layers)");
+  const llama_rope_type rope = llama_model_rope_type(model);
+  if (rope == LLAMA_ROPE_TYPE_MROPE || rope == LLAMA_ROPE_TYPE_IMROPE || rope == LLAMA_ROPE_TYPE_VISION)
+    return make_error(Errc::unsupported, "llama: M-RoPE / vision RoPE (cells carry 2D positions)");
+  if (llama_model_n_swa(model) > 0)
+    return make_error(Errc::unsupported, "llama: sliding-window attention (n_swa ", llama_model_n_swa(model),
+                      "; its cache writes two caches and masks cells)");
+  const std::string arch = detail::architecture(model);
+  if (!arch.empty() && detail::has_meta(model, arch + ".attention.kv_lora_rank"))
+    return make_error(Errc::unsupported, "llama: ", arch,
+                      " keeps an MLA cache (latent K, no per-head V; ", arch, ".attention.kv_lora_rank)");
+  if (!arch.empty() && detail::has_meta(model, arch + ".attention.indexer.head_count"))
+    return make_error(Errc::unsupported, "llama: ", arch,
+                      " keeps an indexer cache beside its KV cache (DSA / MSA sparse attention)");
+  if (llama_get_memory(ctx) == nullptr) return make_error(Errc::unsupported, "llama: context without memory");
+  if (seq < 0 || static_cast<std::uint32_t>(seq) >= llama_n_seq_max(ctx))
+    return make_error(Errc::invalid_option, "llama: sequence ", seq, " outside [0, ", llama_n_seq_max(ctx), ")");
+  if (llama_memory_seq_pos_min(llama_get_memory(ctx), seq) < 0)
+    return make_error(Errc::invalid_option, "llama: sequence ", seq, " has no cells");
+  return Status::success();
+}
+
+inline SharedKeepOptions shared_keep(const CompressParams& p) {
+  SharedKeepOptions s;
+  s.keep_set = KeepSet::per_sequence;
+  s.combine = p.combine;
+  s.page = p.page;
+  return s;
+}
+
+// The checks of a call's parameters, before anything is read.
+inline Status check_compress_params(const CompressParams& p) {
+  FLASHCACHE_RETURN_IF_ERROR(check_options(p.options));
+  FLASHCACHE_RETURN_IF_ERROR(check_shared_options(shared_keep(p)));
+  if (p.options.rope.derotate)
+    return make_error(Errc::unsupported, "llama: Options::rope (de-rotation) is refused: after a compaction the "
+                                         "cells' positions have gaps, theta and the layout are the model's, and a "
+                                         "q8_0 cache is Hadamard-rotated");
+  if (p.n_threads < 0) return make_error(Errc::invalid_option, "llama: n_threads ", p.n_threads, " is negative");
+  if (p.options.query != QueryInput::none && p.queries == nullptr)
+    return make_error(Errc::invalid_option, "llama: Options::query is ", to_string(p.options.query),
+                      " but no QueryCapture was given (flashcache/llama/queries.hpp)");
+  if (p.options.query == QueryInput::none && p.queries != nullptr)
+    return make_error(Errc::invalid_option, "llama: a QueryCapture was given but Options::query is none");
+  return Status::success();
+}
+
+// Compresses sequences one after another, keeping its buffers and its scoring
+// threads between calls.
+class SequenceCompressor {
+ public:
+  // Reads sequence `seq`'s state and compacts it to p.budget cells.
+  Status compress(llama_context* ctx, llama_seq_id seq, const CompressParams& p, CompactionStats* stats) {
+    const auto t0 = std::chrono::steady_clock::now();
+    FLASHCACHE_RETURN_IF_ERROR(check_supported(ctx, seq));
+    FLASHCACHE_RETURN_IF_ERROR(check_compress_params(p));
+    const std::size_t size = llama_state_seq_get_size(ctx, seq);
+    if (size == 0) return make_error(Errc::unsupported, "llama: llama_state_seq_get_size failed for sequence ", seq);
+    blob_.resize(size);
+    const std::size_t got = llama_state_seq_get_data(ctx, blob_.data(), blob_.size(), seq);
+    if (got != size)
+      return make_error(Errc::unsupported, "llama: llama_state_seq_get_data wrote ", got, " of ", size, " bytes");
+    return compress_blob(ctx, seq, p, stats, t0);
+  }
+
+  // The same from a state the caller holds: `data` must be the sequence's
+  // current state as llama_state_seq_get_data wrote it (it is also what a
+  // failure restores). A blob the parser or the model refuses leaves the
+  // sequence untouched.
+  Status compress_state(llama_context* ctx, llama_seq_id seq, const std::uint8_t* data, std::size_t size,
+                        const CompressParams& p, CompactionStats* stats) {
+    const auto t0 = std::chrono::steady_clock::now();
+    FLASHCACHE_RETURN_IF_ERROR(check_supported(ctx, seq));
+    FLASHCACHE_RETURN_IF_ERROR(check_compress_params(p));
+    if (data == nullptr || size == 0) return make_error(Errc::invalid_shape, "llama: empty state");
+    blob_.assign(data, data + size);
+    return compress_blob(ctx, seq, p, stats, t0);
+  }
+
+  // The loose-argument forms of the two calls above (shared.keep_set must be per_sequence).
+  Status compress(llama_context* ctx, llama_seq_id seq, Budget budget, const Options& opt,
+                  const SharedKeepOptions& shared, CompactionStats* stats, const QueryCapture* queries = nullptr) {
+    FLASHCACHE_RETURN_IF_ERROR(check_keep_set(shared));
+    return compress(ctx, seq, params(budget, opt, shared, queries), stats);
+  }
+  Status compress_state(llama_context* ctx, llama_seq_id seq, const std::uint8_t* data, std::size_t size,
+                        Budget budget, const Options& opt, const SharedKeepOptions& shared, CompactionStats* stats,
+                        const QueryCapture* queries = nullptr) {
+    FLASHCACHE_RETURN_IF_ERROR(check_keep_set(shared));
+    return compress_state(ctx, seq, data, size, params(budget, opt, shared, queries), stats);
+  }
+
+  // The positions of the cells the last successful compress() kept, ascending.
+  const std::vector<llama_pos>& kept_positions() const { return kept_pos_; }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  static double ms(clock::time_point a, clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  }
+
+  static Status check_keep_set(const SharedKeepOptions& shared) {
+    if (shared.keep_set != KeepSet::per_sequence)
+      return make_error(Errc::invalid_option, "llama: keep set ", to_string(shared.keep_set),
+                        ": llama.cpp's cells hold every layer and head, so the keep set is per_sequence");
+    return Status::success();
+  }
+
+  static CompressParams params(Budget budget, const Options& opt, const SharedKeepOptions& shared,
+                               const QueryCapture* queries) {
+    CompressParams p;
+    p.budget = budget;
+    p.options = opt;
+    p.combine = shared.combine;
+    p.page = shared.page;
+    p.n_threads = 0;  // the context's threads
+    p.queries = queries;
+    return p;
+  }
+
+  // One scoring thread's scratch: grows to the largest layer, then reused.
+  struct LayerScratch {
+    Scorer<float> scorer;
+    TailAccumulator tail;
+    std::vector<float> k, v, tails;
+    std::vector<HeadEnergy> energy;
+    Status status;
+  };
+
+  // Steps: read (parse and check the state), score every layer, select one
+  // keep-set and write its blob, replace the sequence (restoring on failure).
+  Status compress_blob(llama_context* ctx, llama_seq_id seq, const CompressParams& p, CompactionStats* stats,
+                       clock::time_point t0) {
+    CompactionStats st;
+    SeqState s;
+    FLASHCACHE_RETURN_IF_ERROR(read_state(ctx, seq, p, &s, &st));
+    const auto t1 = clock::now();
+    st.read_ms = ms(t0, t1);
+
+    const std::uint32_t n = s.cell_count;
+    std::int64_t keep = 0;
+    FLASHCACHE_RETURN_IF_ERROR(p.budget.resolve(n, &keep));
+    if (keep < std::min<std::int64_t>(n, 1))
+      return make_error(Errc::invalid_budget, "llama: keep budget ", keep, " drops the newest cell");
+    Options o = p.options;
+    o.window = std::max<std::int64_t>(o.window, 1);  // the newest cell: decoding continues after it
+    order_ = cells_by_position(s);
+    kept_.resize(static_cast<std::size_t>(keep));
+    st.threads = p.n_threads > 0 ? p.n_threads : std::max(1, llama_n_threads(ctx));
+    auto t2 = clock::now();
+    if (keep == static_cast<std::int64_t>(n)) {
+      for (std::int64_t i = 0; i < keep; ++i) kept_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+    } else {
+      FLASHCACHE_RETURN_IF_ERROR(score_layers(s, st, o, p.queries));
+      t2 = clock::now();
+      FLASHCACHE_RETURN_IF_ERROR(select_shared_tokens(views_.data(), st.layers, keep, o, ProtectMask{},
+                                                      shared_keep(p), &ws_, kept_.data()));
+    }
+    st.score_ms = ms(t1, t2);
+    cells_.resize(kept_.size());
+    for (std::size_t i = 0; i < kept_.size(); ++i) cells_[i] = order_[static_cast<std::size_t>(kept_[i])];
+    FLASHCACHE_RETURN_IF_ERROR(write_seq_state(blob_.data(), s, cells_.data(), static_cast<std::uint32_t>(keep), &out_));
+    const auto t3 = clock::now();
+    st.select_ms = ms(t2, t3);
+
+    FLASHCACHE_RETURN_IF_ERROR(replace_sequence(ctx, seq, s, st.pos_max, keep));
+    st.query_tails = p.queries != nullptr && keep < static_cast<std::int64_t>(n);  // scored with them
+    st.cells_after = keep;
+    st.kv_bytes_after = n == 0 ? 0 : st.kv_bytes_before / n * static_cast<std::uint64_t>(keep);
+    st.state_bytes_after = out_.size();
+    kept_pos_.resize(cells_.size());
+    for (std::size_t i = 0; i < cells_.size(); ++i) kept_pos_[i] = s.pos[static_cast<std::size_t>(cells_[i])];
+    st.pos_min_after = kept_pos_.front();
+    const auto t4 = clock::now();
+    st.write_ms = ms(t3, t4);
+    st.compress_ms = ms(t0, t4);
+    if (stats != nullptr) *stats = st;
+    return Status::success();
+  }
+
+  // Parses blob_ and checks it against the model, the memory and the queries.
+  Status read_state(llama_context* ctx, llama_seq_id seq, const CompressParams& p, SeqState* s,
+                    CompactionStats* st) const {
+    const llama_model* model = llama_get_model(ctx);
+    llama_memory_t mem = llama_get_memory(ctx);
+    st->pos_min_before = llama_memory_seq_pos_min(mem, seq);
+    st->pos_max = llama_memory_seq_pos_max(mem, seq);
+    FLASHCACHE_RETURN_IF_ERROR(parse_seq_state(blob_.data(), blob_.size(), s));
+    FLASHCACHE_RETURN_IF_ERROR(check_against_model(ctx, model, seq, *s, st->pos_min_before, st->pos_max));
+    const std::int64_t heads = llama_model_n_head_kv(model);
+    st->cells_before = s->cell_count;
+    st->kv_bytes_before = s->kv_bytes();
+    st->state_bytes_before = blob_.size();
+    st->layers = static_cast<std::int64_t>(s->layers.size());
+    st->kv_heads = heads;
+    st->head_dim = static_cast<std::int64_t>(s->layers[0].k_embd) / heads;
+    st->v_trans = s->v_trans;
+    st->k_type = type_name(s->layers[0].k_type);
+    st->v_type = type_name(s->layers[0].v_type);
+    if (p.queries != nullptr) {
+      FLASHCACHE_RETURN_IF_ERROR(check_queries(*p.queries, *s, heads, st->head_dim));
+      FLASHCACHE_RETURN_IF_ERROR(check_logit_scale(model));
+    }
+    return Status::success();
+  }
+
+  // Scores every layer over the cells in position order into scores_ / views_,
+  // layer l on worker l % threads; the first failing layer's error is returned.
+  Status score_layers(const SeqState& s, const CompactionStats& st, const Options& o, const QueryCapture* queries) {
+    const std::uint32_t n = s.cell_count;
+    const std::int64_t layers = st.layers, heads = st.kv_heads;
+    const int threads = static_cast<int>(std::min<std::int64_t>(st.threads, layers));
+    pool_.resize(threads);
+    if (scratch_.size() < static_cast<std::size_t>(threads)) scratch_.resize(static_cast<std::size_t>(threads));
+    scores_.resize(static_cast<std::size_t>(layers * heads) * n);
+    views_.resize(static_cast<std::size_t>(layers));
+    layer_status_.assign(static_cast<std::size_t>(layers), Status::success());
+    auto score_layer = [&](std::int64_t l, int w) {
+      LayerScratch& x = scratch_[static_cast<std::size_t>(w)];
+      const LayerState& L = s.layers[static_cast<std::size_t>(l)];
+      const std::int64_t dim = static_cast<std::int64_t>(L.k_embd) / heads;
+      x.k.resize(static_cast<std::size_t>(n) * L.k_embd);
+      x.v.resize(static_cast<std::size_t>(n) * L.v_embd);
+      x.energy.resize(static_cast<std::size_t>(heads));
+      layer_to_float(blob_.data(), s, static_cast<std::size_t>(l), Part::k, order_.data(), n, x.k.data());
+      layer_to_float(blob_.data(), s, static_cast<std::size_t>(l), Part::v, order_.data(), n, x.v.data());
+      const KVView<const float> k = nhd(static_cast<const float*>(x.k.data()), Tokens(n), Heads(heads), HeadDim(dim));
+      const KVView<const float> v = nhd(static_cast<const float*>(x.v.data()), Tokens(n), Heads(heads), HeadDim(dim));
+      float* score = scores_.data() + static_cast<std::size_t>(l * heads) * n;
+      TailView<const float> tails;
+      Status& status = layer_status_[static_cast<std::size_t>(l)];
+      if (queries != nullptr) {  // the captured queries against this layer's keys, in position order
+        x.tails.assign(static_cast<std::size_t>(heads) * n, 0.0f);
+        const TailView<float> out{x.tails.data(), heads, static_cast<std::int64_t>(n)};
+        status = x.tail.add(queries->layer(static_cast<int>(l)), queries->first_position(), k, nullptr, out);
+        if (!status.ok()) return;
+        tails = out;
+      }
+      status = x.scorer.score(k, v, tails, o, score, x.energy.data());
+      views_[static_cast<std::size_t>(l)] = ScoreView{score, heads, n};
+    };
+    pool_.run(layers, score_layer);
+    for (const Status& status : layer_status_)
+      if (!status.ok()) return status;
+    return Status::success();
+  }
+
+  // Replaces the sequence by out_ (its kept cells); one restore guard for every
+  // failure after the removal puts the original blob back.
+  Status replace_sequence(llama_context* ctx, llama_seq_id seq, const SeqState& s, llama_pos pos_max,
+                          std::int64_t keep) {
+    llama_memory_t mem = llama_get_memory(ctx);
+    const llama_pos want_min = s.pos[static_cast<std::size_t>(cells_.front())];
+    if (!llama_memory_seq_rm(mem, seq, -1, -1))
+      return make_error(Errc::unsupported, "llama: llama_memory_seq_rm refused to remove sequence ", seq);
+    Status failed = Status::success();
+    const std::size_t set = llama_state_seq_set_data(ctx, out_.data(), out_.size(), seq);
+    if (set != out_.size()) {
+      failed = make_error(Errc::unsupported, "llama: llama_state_seq_set_data read ", set, " of ", out_.size(),
+                          " bytes");
+    } else if (llama_memory_seq_pos_max(mem, seq) != pos_max || llama_memory_seq_pos_min(mem, seq) != want_min) {
+      failed = make_error(Errc::unsupported, "llama: after compaction positions are [",
+                          llama_memory_seq_pos_min(mem, seq), ", ", llama_memory_seq_pos_max(mem, seq),
+                          "], expected [", want_min, ", ", pos_max, "]");
+    } else if (llama_state_seq_get_size(ctx, seq) != out_.size()) {
+      failed = make_error(Errc::unsupported, "llama: after compaction the sequence's state is ",
+                          llama_state_seq_get_size(ctx, seq), " bytes, expected ", out_.size(), " (", keep,
+                          " cells)");
+    }
+    if (failed.ok()) return failed;
+    llama_memory_seq_rm(mem, seq, -1, -1);
+    const std::size_t back = llama_state_seq_set_data(ctx, blob_.data(), blob_.size(), seq);
+    if (back != blob_.size() || llama_memory_seq_pos_max(mem, seq) != pos_max)
+      return make_error(Errc::unsupported, failed.message(), "; restoring the original state failed too (", back,
+                        " of ", blob_.size(), " bytes): sequence ", seq, " is lost");
+    return make_error(failed.code(), failed.message(), "; the original state is restored");
+  }
+
+  // Captured queries fit this sequence: complete, the same prompt (cells at
+  // positions 0..N-1, as prefilled), a cache whose keys are stored as computed.
+  static Status check_queries(const QueryCapture& q, const SeqState& s, std::int64_t heads, std::int64_t dim) {
+    FLASHCACHE_RETURN_IF_ERROR(q.status());
+    if (!q.complete() || q.layers() != static_cast<int>(s.layers.size()))
+      return make_error(Errc::invalid_option, "llama: the QueryCapture saw ", q.tokens_seen(), " tokens in ",
+                        q.layers(), " layers since begin() for a ", q.prompt_tokens(),
+                        "-token prompt: begin() it right before the prompt is decoded, and compress with query tails "
+                        "once, right after the prefill");
+    const auto mm = std::minmax_element(s.pos.begin(), s.pos.end());
+    if (static_cast<std::int64_t>(s.cell_count) != q.prompt_tokens() || *mm.first != 0 ||
+        *mm.second != static_cast<llama_pos>(s.cell_count) - 1)
+      return make_error(Errc::invalid_option, "llama: the captured queries are of a ", q.prompt_tokens(),
+                        "-token prompt, but the sequence holds ", s.cell_count, " cells at positions [", *mm.first,
+                        ", ", *mm.second, "]: compress with query tails once, right after the prefill");
+    const KVView<const float> q0 = q.layer(0);
+    if (q0.head_dim != dim || q0.heads % heads != 0)
+      return make_error(Errc::unsupported, "llama: captured queries of ", q0.heads, " heads of ", q0.head_dim,
+                        " for ", heads, " KV heads of ", dim);
+    if (s.layers[0].k_type == static_cast<std::int32_t>(GgmlType::q8_0))
+      return make_error(Errc::unsupported,
+                        "llama: query tails with a q8_0 K cache (its keys are stored Hadamard-rotated, the "
+                        "queries are not)");
+    return Status::success();
+  }
+
+  // Tails are attention probabilities at the logit scale 1/sqrt(head_dim): a model
+  // whose metadata sets another scale, or softcaps the logits, is refused by name.
+  static Status check_logit_scale(const llama_model* model) {
+    const std::string a = detail::architecture(model);
+    if (a.empty())
+      return make_error(Errc::unsupported, "llama: the model names no architecture (query tails need its logit scale)");
+    char value[64];
+    for (const char* key : {".attention.scale", ".attn_logit_softcapping", ".attention.query_pre_attn_scalar"})
+      if (llama_model_meta_val_str(model, (a + key).c_str(), value, sizeof value) >= 0)
+        return make_error(Errc::unsupported, "llama: ", a, key, " = ", value,
+                          ": query tails assume the logit scale 1/sqrt(head_dim) without softcapping");
+    if (a.rfind("gemma", 0) == 0)
+      return make_error(Errc::unsupported, "llama: architecture ", a,
+                        " scales its queries by its own rule: query tails assume 1/sqrt(head_dim)");
+    return Status::success();
+  }
+
+  // The parsed state must be the model's: its layers, its KV heads, the
+  // sequence's positions, and no other sequence that may share its cells.
+  static Status check_against_model(llama_context* ctx, const llama_model* model, llama_seq_id seq,
+                                    const SeqState& s, llama_pos pos_min, llama_pos pos_max) {
+    if (s.cell_count == 0 || s.layers.empty())
+      return make_error(Errc::invalid_option, "llama: sequence ", seq, " has no cells in its state");
+    if (static_cast<std::int64_t>(s.layers.size()) != llama_model_n_layer(model))
+      return make_error(Errc::unsupported, "llama: the state has ", s.layers.size(), " layers, the model ",
+                        llama_model_n_layer(model));
+    const std::int64_t heads = llama_model_n_head_kv(model);
+    if (heads <= 0) return make_error(Errc::unsupported, "llama: the model has ", heads, " KV heads");
+    for (std::size_t l = 0; l < s.layers.size(); ++l) {
+      const LayerState& L = s.layers[l];
+      if (L.k_embd != L.v_embd || L.k_embd % static_cast<std::uint64_t>(heads) != 0)
+        return make_error(Errc::unsupported, "llama: layer ", l, " has K rows of ", L.k_embd, " and V rows of ",
+                          L.v_embd, " elements for ", heads, " KV heads (equal K and V head dims are handled)");
+    }
+    const auto mm = std::minmax_element(s.pos.begin(), s.pos.end());
+    if (*mm.first != pos_min || *mm.second != pos_max)
+      return make_error(Errc::invalid_shape, "llama: the state holds positions [", *mm.first, ", ", *mm.second,
+                        "] but the memory reports [", pos_min, ", ", pos_max, "]");
+    if (s.n_stream == 1) {
+      // One stream takes any sequence id below LLAMA_MAX_SEQ, not only below n_seq_max:
+      // a llama_memory_seq_cp to a higher id shares cells too.
+      llama_memory_t mem = llama_get_memory(ctx);
+      for (llama_seq_id o = 0; o < static_cast<llama_seq_id>(kMaxStreams); ++o) {
+        if (o == seq) continue;
+        const llama_pos lo = llama_memory_seq_pos_min(mem, o), hi = llama_memory_seq_pos_max(mem, o);
+        if (lo >= 0 && lo <= pos_max && hi >= pos_min)
+          return make_error(Errc::unsupported, "llama: sequence ", o, " holds positions [", lo, ", ", hi,
+                            "] in the same unified cache as sequence ", seq, " [", pos_min, ", ", pos_max,
+                            "]: they may share cells, which the public API cannot tell (kv_unified = false "
+                            "gives each sequence its own stream)");
+      }
+    }
+    return Status::success();
+  }
+
+  WorkerPool pool_;
+  std::vector<LayerScratch> scratch_;
+  std::vector<Status> layer_status_;
+  SharedKeepWorkspace ws_;
+  std::vector<std::uint8_t> blob_, out_;
+  std::vector<float> scores_;
+  std::vector<ScoreView> views_;
+  std::vector<std::int32_t> order_, kept_, cells_;
+  std::vector<llama_pos> kept_pos_;
+};
+
+// One-shot forms of SequenceCompressor::compress.
+inline Status compress_sequence(llama_context* ctx, llama_seq_id seq, const CompressParams& p,
+                                CompactionStats* stats) {
+  SequenceCompressor c;
+  return c.compress(ctx, seq, p, stats);
+}
+inline Status compress_sequence(llama_context* ctx, llama_seq_id seq, Budget budget, const Options& opt,
+                                const SharedKeepOptions& shared, CompactionStats* stats,
+                                const QueryCapture* queries = nullptr) {
+  SequenceCompressor c;
+  return c.compress(ctx, seq, budget, opt, shared, stats, queries);
+}
+
+}  // namespace llama
+}  // namespace flashcache

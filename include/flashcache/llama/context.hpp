@@ -1,0 +1,282 @@
+#pragma once
+// A llama.cpp sequence that never hits the wall: before each llama_decode the
+// program says how many cells it is about to add, and when they would not fit
+// the sequence's cap, the manager makes room by a policy:
+//   flashcache  compact the sequence to a share of the cap (SequenceCompressor),
+//               the first n_keep positions and the newest turn protected, the
+//               kept cells optionally renumbered to consecutive positions;
+//   shift       llama.cpp's context shift: keep n_keep, drop half of the rest;
+//   streaming   StreamingLLM: keep n_keep (the sink), drop the oldest cells
+//               after it, just as many as the new ones need;
+//   none        refuse, as llama.cpp does when its context is full.
+// shift and streaming renumber the kept cells, as llama.cpp's shift does.
+//
+//   flashcache::llama::ContextManager cm;
+//   flashcache::llama::ContextParams p = flashcache::llama::context_default_params();
+//   if (auto s = cm.init(ctx, 0, p); !s) ...
+//   llama_pos pos;
+//   if (auto s = cm.make_room(n_tokens, &pos); !s) ...   // then decode the tokens at pos, pos+1, ...
+//
+// Safe by construction: renumbering (llama_memory_seq_add) is a K-shift that
+// llama.cpp applies only at the next decode, and a state read before it would
+// keep stale keys. The manager makes room only when asked right before a
+// decode; if asked again before the decode that applies its last renumbering,
+// and room is needed, it refuses by name instead of reading the sequence.
+//
+// Positions: make_room returns where the new tokens go (the sequence's last
+// position + 1). The manager counts the sequence's cells from its positions:
+// the program adds tokens only through the positions it is given, and removes
+// none of the sequence's cells itself.
+#include <llama.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "flashcache/error.hpp"
+#include "flashcache/llama/compress.hpp"
+
+namespace flashcache {
+namespace llama {
+
+enum class WhenFull { flashcache, shift, streaming, none };
+
+inline const char* to_string(WhenFull w) {
+  switch (w) {
+    case WhenFull::flashcache:
+      return "flashcache";
+    case WhenFull::shift:
+      return "shift";
+    case WhenFull::streaming:
+      return "streaming";
+    case WhenFull::none:
+      return "none";
+  }
+  return "unknown";
+}
+
+inline Status parse_when_full(const std::string& name, WhenFull* out) {
+  for (WhenFull w : {WhenFull::flashcache, WhenFull::shift, WhenFull::streaming, WhenFull::none})
+    if (name == to_string(w)) {
+      *out = w;
+      return Status::success();
+    }
+  return make_error(Errc::invalid_option, "when-full policy '", name, "' (flashcache, shift, streaming or none)");
+}
+
+struct ContextParams {
+  WhenFull when_full = WhenFull::flashcache;
+  std::int64_t n_cells = 0;  // the cap: cells the sequence may hold; 0: llama_n_ctx_seq(ctx)
+  // flashcache: the sequence is compacted to round(target * cap) cells, fewer when
+  // the new ones need it. Chosen on dev streams (bench/RESULTS.md, "Long chats").
+  double target = 0.5;
+  std::int64_t n_keep = 4;  // the first n_keep positions always stay (the system prompt; llama.cpp's --keep)
+  bool renumber = true;     // flashcache: kept cells get consecutive positions (needs llama_memory_can_shift)
+  CompressParams compress;  // flashcache: the score and threads (the budget is the manager's)
+};
+inline ContextParams context_default_params() { return ContextParams{}; }
+
+// One time the manager made room.
+struct RoomEvent {
+  WhenFull policy = WhenFull::none;
+  std::int64_t cells_before = 0, cells_after = 0;  // the sequence's cells before and after
+  std::int64_t new_cells = 0;                      // the tokens room was made for
+  llama_pos pos_max_before = -1, pos_max_after = -1;
+  double ms = 0;                 // the whole event
+  CompactionStats compaction;    // flashcache's compaction
+};
+
+class ContextManager {
+ public:
+  // Takes sequence `seq` of ctx as it is now: empty, or decoded at consecutive
+  // positions. Checks what every later event needs, so that a refusal comes now.
+  Status init(llama_context* ctx, llama_seq_id seq, const ContextParams& p) {
+    ctx_ = nullptr;
+    if (ctx == nullptr) return make_error(Errc::invalid_option, "llama: null context");
+    if (llama_get_memory(ctx) == nullptr) return make_error(Errc::unsupported, "llama: context without memory");
+    if (seq < 0 || static_cast<std::uint32_t>(seq) >= llama_n_seq_max(ctx))
+      return make_error(Errc::invalid_option, "llama: sequence ", seq, " outside [0, ", llama_n_seq_max(ctx), ")");
+    const std::int64_t n_ctx_seq = llama_n_ctx_seq(ctx);
+    const std::int64_t cap = p.n_cells == 0 ? n_ctx_seq : p.n_cells;
+    if (cap < 2 || cap > n_ctx_seq)
+      return make_error(Errc::invalid_option, "llama: a cap of ", cap, " cells (2 to the sequence's ", n_ctx_seq,
+                        " of llama_n_ctx_seq)");
+    if (p.n_keep < 0 || p.n_keep >= cap - 1)
+      return make_error(Errc::invalid_option, "llama: n_keep ", p.n_keep, " leaves no room in ", cap, " cells");
+    if (!(p.target > 0.0 && p.target < 1.0))
+      return make_error(Errc::invalid_option, "llama: target ", p.target, " must be a share of the cap in (0, 1)");
+    if (p.when_full != WhenFull::flashcache && p.when_full != WhenFull::shift &&
+        p.when_full != WhenFull::streaming && p.when_full != WhenFull::none)
+      return make_error(Errc::invalid_option, "llama: unknown when-full policy");
+    llama_memory_t mem = llama_get_memory(ctx);
+    const bool shifts = p.when_full == WhenFull::shift || p.when_full == WhenFull::streaming ||
+                        (p.when_full == WhenFull::flashcache && p.renumber);
+    if (shifts && !llama_memory_can_shift(mem))
+      return make_error(Errc::unsupported, "llama: when-full ", to_string(p.when_full),
+                        p.when_full == WhenFull::flashcache ? " with renumbering" : "",
+                        " moves positions, but this memory cannot shift them (llama_memory_can_shift)");
+    if (p.when_full == WhenFull::flashcache) {
+      FLASHCACHE_RETURN_IF_ERROR(check_supported_model(ctx));
+      CompressParams c = p.compress;
+      c.budget = Budget::ratio(p.target);
+      FLASHCACHE_RETURN_IF_ERROR(check_compress_params(c));
+      if (c.options.query != QueryInput::none || c.queries != nullptr)
+        return make_error(Errc::unsupported, "llama: query tails in a ContextManager (they need the prompt as "
+                                             "prefilled; the manager compacts a running context)");
+    }
+    const llama_pos lo = llama_memory_seq_pos_min(mem, seq), hi = llama_memory_seq_pos_max(mem, seq);
+    ctx_ = ctx;
+    seq_ = seq;
+    p_ = p;
+    cap_ = cap;
+    base_cells_ = lo < 0 ? 0 : hi - lo + 1;
+    base_pos_max_ = hi;
+    protect_from_ = -1;
+    pending_ = false;
+    events_ = 0;
+    event_ms_ = 0;
+    return Status::success();
+  }
+
+  // The newest turn starts at position `pos` (-1: none): cells at pos and after
+  // stay through the next events (flashcache), and pos follows a renumbering.
+  void protect_from(llama_pos pos) { protect_from_ = pos; }
+  llama_pos protected_from() const { return protect_from_; }
+
+  // Call right before decoding n_new tokens of the sequence. Makes room when
+  // they would not fit the cap and sets *next_pos to the first new token's
+  // position; *event (when given) says what was done, its policy `none` if
+  // nothing. A refusal changes nothing.
+  Status make_room(std::int64_t n_new, llama_pos* next_pos, RoomEvent* event = nullptr) {
+    if (ctx_ == nullptr) return make_error(Errc::invalid_option, "llama: ContextManager used before a successful init");
+    if (next_pos == nullptr) return make_error(Errc::invalid_option, "llama: make_room: null next_pos");
+    RoomEvent ev;
+    llama_memory_t mem = llama_get_memory(ctx_);
+    const llama_pos hi = llama_memory_seq_pos_max(mem, seq_);
+    if (pending_ && hi != base_pos_max_) pending_ = false;  // a decode since: the renumbering is applied
+    const std::int64_t have = cells();
+    ev.cells_before = ev.cells_after = have;
+    ev.new_cells = n_new;
+    ev.pos_max_before = ev.pos_max_after = hi;
+    const std::int64_t room = cap_ - 1 - p_.n_keep;  // the newest cell and n_keep stay in every policy
+    if (n_new < 0 || n_new > room)
+      return make_error(Errc::invalid_budget, "llama: ", n_new, " new cells; a cap of ", cap_, " with n_keep ",
+                        p_.n_keep, " makes room for 1 to ", room, " at a time (decode in smaller chunks)");
+    if (have + n_new > cap_) {
+      if (p_.when_full == WhenFull::none)
+        return make_error(Errc::invalid_budget, "llama: the context is full: sequence ", seq_, " holds ", have,
+                          " of ", cap_, " cells and ", n_new, " more do not fit (when-full none)");
+      if (pending_)
+        return make_error(Errc::invalid_option, "llama: sequence ", seq_, "'s positions were renumbered by the "
+                          "last make_room and llama.cpp applies that at the next llama_decode: decode the tokens "
+                          "room was made for before asking for more");
+      const auto t0 = std::chrono::steady_clock::now();
+      Status s = p_.when_full == WhenFull::flashcache ? compact(have, n_new, &ev) : drop(have, n_new, &ev);
+      if (!s.ok()) return s;
+      ev.policy = p_.when_full;
+      ev.pos_max_after = llama_memory_seq_pos_max(mem, seq_);
+      base_cells_ = ev.cells_after;
+      base_pos_max_ = ev.pos_max_after;
+      ev.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ++events_;
+      event_ms_ += ev.ms;
+    }
+    *next_pos = llama_memory_seq_pos_max(mem, seq_) + 1;
+    if (event != nullptr) *event = ev;
+    return Status::success();
+  }
+
+  // The sequence's cells now: those after the last event, plus one per position since.
+  std::int64_t cells() const {
+    if (ctx_ == nullptr) return 0;
+    return base_cells_ + (llama_memory_seq_pos_max(llama_get_memory(ctx_), seq_) - base_pos_max_);
+  }
+  std::int64_t cap() const { return cap_; }
+  std::int64_t events() const { return events_; }
+  double event_ms() const { return event_ms_; }  // all events, in total
+  const ContextParams& params() const { return p_; }
+
+ private:
+  static Status check_supported_model(llama_context* ctx) {
+    FLASHCACHE_RETURN_IF_ERROR(check_llama_version());
+    const llama_model* model = llama_get_model(ctx);
+    if (model == nullptr) return make_error(Errc::invalid_option, "llama: context without a model");
+    return Status::success();
+  }
+
+  // flashcache: compact to the target, the first n_keep and the newest turn kept.
+  Status compact(std::int64_t have, std::int64_t n_new, RoomEvent* ev) {
+    llama_memory_t mem = llama_get_memory(ctx_);
+    const llama_pos lo = llama_memory_seq_pos_min(mem, seq_), hi = llama_memory_seq_pos_max(mem, seq_);
+    const std::int64_t turn = protect_from_ < 0 || protect_from_ > hi ? 0 : hi - std::max(protect_from_, lo) + 1;
+    const std::int64_t most = cap_ - n_new;
+    std::int64_t keep = std::min<std::int64_t>(std::llround(p_.target * static_cast<double>(cap_)), most);
+    const std::int64_t kept_anyway = std::min(have, p_.n_keep + std::max<std::int64_t>(turn, 1));
+    if (kept_anyway > most)
+      return make_error(Errc::invalid_budget, "llama: the first ", p_.n_keep, " cells and the newest turn's ", turn,
+                        " leave no room for ", n_new, " new cells in ", cap_, " (protect_from a later position)");
+    keep = std::max(keep, kept_anyway);
+    CompressParams c = p_.compress;
+    c.budget = Budget::tokens(keep);
+    c.options.sink = std::max(c.options.sink, p_.n_keep);
+    c.options.window = std::max(c.options.window, turn);
+    FLASHCACHE_RETURN_IF_ERROR(compressor_.compress(ctx_, seq_, c, &ev->compaction));
+    ev->cells_after = ev->compaction.cells_after;
+    if (!p_.renumber) return Status::success();
+    // Runs of consecutive kept positions, each moved down to follow the last, in
+    // ascending order: a run's new positions are below every later run's old ones.
+    const std::vector<llama_pos>& kept = compressor_.kept_positions();
+    llama_pos next = kept.front();
+    for (std::size_t i = 0; i < kept.size();) {
+      std::size_t j = i + 1;
+      while (j < kept.size() && kept[j] == kept[j - 1] + 1) ++j;
+      const llama_pos delta = next - kept[i];
+      if (delta != 0) llama_memory_seq_add(mem, seq_, kept[i], kept[j - 1] + 1, delta);
+      next += static_cast<llama_pos>(j - i);
+      i = j;
+    }
+    if (protect_from_ >= 0 && turn > 0) protect_from_ = next - static_cast<llama_pos>(turn);
+    pending_ = true;
+    return Status::success();
+  }
+
+  // shift and streaming: drop a run of cells after the first n_keep, renumber the rest.
+  Status drop(std::int64_t have, std::int64_t n_new, RoomEvent* ev) {
+    llama_memory_t mem = llama_get_memory(ctx_);
+    const llama_pos lo = llama_memory_seq_pos_min(mem, seq_), hi = llama_memory_seq_pos_max(mem, seq_);
+    if (hi - lo + 1 != have)
+      return make_error(Errc::invalid_shape, "llama: sequence ", seq_, " holds positions [", lo, ", ", hi,
+                        "] with gaps (", have, " cells): ", to_string(p_.when_full), " needs consecutive ones");
+    const std::int64_t need = have + n_new - cap_;
+    const std::int64_t left = have - p_.n_keep;
+    const std::int64_t n_drop =
+        p_.when_full == WhenFull::shift ? std::max(left / 2, need) : need;  // llama.cpp: n_discard = n_left / 2
+    const llama_pos from = lo + static_cast<llama_pos>(p_.n_keep), to = from + static_cast<llama_pos>(n_drop);
+    if (!llama_memory_seq_rm(mem, seq_, from, to))
+      return make_error(Errc::unsupported, "llama: llama_memory_seq_rm refused positions [", from, ", ", to, ")");
+    llama_memory_seq_add(mem, seq_, to, -1, -static_cast<llama_pos>(n_drop));
+    if (protect_from_ >= to) protect_from_ -= static_cast<llama_pos>(n_drop);
+    else if (protect_from_ >= from) protect_from_ = from;
+    ev->cells_after = have - n_drop;
+    pending_ = true;
+    return Status::success();
+  }
+
+  llama_context* ctx_ = nullptr;
+  llama_seq_id seq_ = 0;
+  ContextParams p_;
+  std::int64_t cap_ = 0;
+  std::int64_t base_cells_ = 0;  // cells after the last event (or at init)
+  llama_pos base_pos_max_ = -1;  // the last position then
+  llama_pos protect_from_ = -1;
+  bool pending_ = false;         // the last event's renumbering waits for a decode
+  std::int64_t events_ = 0;
+  double event_ms_ = 0;
+  SequenceCompressor compressor_;
+};
+
+}  // namespace llama
+}  // namespace flashcache
