@@ -122,10 +122,10 @@ class ContextManager {
       FLASHCACHE_RETURN_IF_ERROR(check_supported_model(ctx));
       CompressParams c = p.compress;
       c.budget = Budget::ratio(p.target);
-      FLASHCACHE_RETURN_IF_ERROR(check_compress_params(c));
       if (c.options.query != QueryInput::none || c.queries != nullptr)
         return make_error(Errc::unsupported, "llama: query tails in a ContextManager (they need the prompt as "
                                              "prefilled; the manager compacts a running context)");
+      FLASHCACHE_RETURN_IF_ERROR(check_compress_params(c));
     }
     const llama_pos lo = llama_memory_seq_pos_min(mem, seq), hi = llama_memory_seq_pos_max(mem, seq);
     ctx_ = ctx;

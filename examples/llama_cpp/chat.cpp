@@ -1,0 +1,424 @@
+// flashcache_chat: a chat over llama.cpp that never hits the wall. The context
+// holds -c cells; whenever the next tokens would not fit, a ContextManager
+// (flashcache/llama/context.hpp) makes room by --when-full:
+//   flashcache  compact the sequence to --target of the cells (the default),
+//   shift       llama.cpp's context shift (keep --keep, drop half of the rest),
+//   streaming   StreamingLLM (keep --keep, drop the oldest just as needed),
+//   none        stop, as llama.cpp does.
+//
+// Chat (the default): one user turn per line of standard input, with the
+// model's chat template; the reply is printed as it comes.
+//   flashcache_chat -m MODEL.gguf -c 1024
+// File: FILE goes through the bounded context in chunks of -b tokens, then N
+// tokens are generated greedily, the policy still applying.
+//   flashcache_chat -m MODEL.gguf -f FILE -c 1024 --when-full flashcache -n 32 --json
+// --json prints one object at the end (the fields: README.md here).
+#include <flashcache/llama.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "runtime/find_model.hpp"
+#include "session.hpp"
+
+namespace fc = flashcache;
+namespace fl = flashcache::llama;
+namespace ls = llama_session;
+
+namespace {
+
+const char* kUsage =
+    "usage: flashcache_chat [-m MODEL.gguf] [-c CELLS] [-n N] [-t THREADS] [--keep N] [--temp T] [--top-p P]\n"
+    "         [--seed S] [--when-full flashcache|shift|streaming|none] [--target SHARE] [--no-renumber]\n"
+    "         [-s SYSTEM] [-f FILE [-b CHUNK] [--max-tokens N]] [--json] [--quiet]\n"
+    "  without -f: a chat, one user turn per line of standard input\n";
+
+struct Args {
+  std::string model, file, system;
+  int cells = 1024, n_predict = -1, threads = 2, chunk = 128, max_tokens = 0;
+  long long keep = -1;  // -1: the system prompt's tokens, or 4
+  double temp = 0.0, top_p = 1.0, target = -1;
+  unsigned seed = 0;
+  std::string when_full = "flashcache";
+  bool renumber = true, json = false, quiet = false;
+};
+
+bool parse_args(int argc, char** argv, Args* a) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--json") {
+      a->json = true;
+      continue;
+    }
+    if (k == "--quiet") {
+      a->quiet = true;
+      continue;
+    }
+    if (k == "--no-renumber") {
+      a->renumber = false;
+      continue;
+    }
+    if (k == "-h" || k == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "flashcache_chat: %s needs a value\n%s", k.c_str(), kUsage);
+      return false;
+    }
+    const std::string v = argv[++i];
+    char* end = nullptr;
+    auto number = [&](double* out) {
+      *out = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0') {
+        std::fprintf(stderr, "flashcache_chat: %s takes a number, not '%s'\n", k.c_str(), v.c_str());
+        return false;
+      }
+      return true;
+    };
+    double x = 0;
+    if (k == "-m" || k == "--model") {
+      a->model = v;
+    } else if (k == "-f" || k == "--file") {
+      a->file = v;
+    } else if (k == "-s" || k == "--system") {
+      a->system = v;
+    } else if (k == "--when-full") {
+      a->when_full = v;
+    } else if (!number(&x)) {
+      return false;
+    } else if (k == "-c" || k == "--ctx-size") {
+      a->cells = static_cast<int>(x);
+    } else if (k == "-n" || k == "--n-predict") {
+      a->n_predict = static_cast<int>(x);
+    } else if (k == "-t" || k == "--threads") {
+      a->threads = static_cast<int>(x);
+    } else if (k == "-b" || k == "--batch-size") {
+      a->chunk = static_cast<int>(x);
+    } else if (k == "--max-tokens") {
+      a->max_tokens = static_cast<int>(x);
+    } else if (k == "--keep") {
+      a->keep = static_cast<long long>(x);
+    } else if (k == "--temp") {
+      a->temp = x;
+    } else if (k == "--top-p") {
+      a->top_p = x;
+    } else if (k == "--seed") {
+      a->seed = static_cast<unsigned>(x);
+    } else if (k == "--target") {
+      a->target = x;
+    } else {
+      std::fprintf(stderr, "flashcache_chat: unknown option %s\n%s", k.c_str(), kUsage);
+      return false;
+    }
+  }
+  if (a->cells < 16 || a->threads < 1 || a->chunk < 1 || a->max_tokens < 0) {
+    std::fprintf(stderr, "flashcache_chat: -c at least 16, -t and -b at least 1, --max-tokens not negative\n");
+    return false;
+  }
+  return true;
+}
+
+bool read_file(const std::string& path, std::string* out) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+std::string json_string(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      o += buf;
+    } else {
+      o += static_cast<char>(c);
+    }
+  }
+  return o + "\"";
+}
+
+// -log p(token) under one row of logits.
+double nll_of(const float* logits, int n_vocab, llama_token token) {
+  const float mx = *std::max_element(logits, logits + n_vocab);
+  double sum = 0;
+  for (int i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
+  return std::log(sum) - static_cast<double>(logits[token] - mx);
+}
+
+// The sequence, its context manager and what happened: decodes go through here.
+struct Session {
+  llama_context* ctx = nullptr;
+  const llama_vocab* vocab = nullptr;
+  int n_vocab = 0;
+  fl::ContextManager manager;
+  llama_batch batch{};
+  std::vector<std::string> events;  // one JSON object each
+  std::int64_t tokens = 0;          // decoded so far
+  llama_pos max_pos = -1;           // the highest position ever used
+  double decode_ms = 0, cells_sum = 0;
+  std::int64_t cells_count = 0;
+
+  // Decodes tokens[0..n) (n <= the chunk size), making room first. With
+  // `logits`, every token's logits are kept there; else only the last one's.
+  bool decode(const llama_token* toks, int n, std::vector<float>* logits) {
+    llama_pos pos = 0;
+    fl::RoomEvent ev;
+    if (auto s = manager.make_room(n, &pos, &ev); !s) {
+      std::fprintf(stderr, "flashcache_chat: %s\n", s.message().c_str());
+      return false;
+    }
+    if (ev.policy != fl::WhenFull::none) {
+      char buf[320];
+      std::snprintf(buf, sizeof buf,
+                    "{\"policy\": \"%s\", \"at_token\": %lld, \"cells_before\": %lld, \"cells_after\": %lld, "
+                    "\"pos_max_after\": %d, \"ms\": %.3f, \"decode_ms_before\": %.3f}",
+                    fl::to_string(ev.policy), static_cast<long long>(tokens),
+                    static_cast<long long>(ev.cells_before), static_cast<long long>(ev.cells_after),
+                    static_cast<int>(ev.pos_max_after), ev.ms, decode_ms);
+      events.emplace_back(buf);
+    }
+    const std::int64_t cells_before = manager.cells();
+    batch.n_tokens = n;
+    for (int i = 0; i < n; ++i) {
+      batch.token[i] = toks[i];
+      batch.pos[i] = pos + i;
+      batch.n_seq_id[i] = 1;
+      batch.seq_id[i][0] = 0;
+      batch.logits[i] = logits != nullptr || i == n - 1;
+    }
+    const double t0 = ls::now_ms();
+    if (const int rc = llama_decode(ctx, batch); rc != 0) {
+      std::fprintf(stderr, "flashcache_chat: llama_decode returned %d\n", rc);
+      return false;
+    }
+    decode_ms += ls::now_ms() - t0;
+    if (logits != nullptr) {
+      logits->resize(static_cast<std::size_t>(n) * static_cast<std::size_t>(n_vocab));
+      for (int i = 0; i < n; ++i) {
+        const float* l = llama_get_logits_ith(ctx, i);
+        std::copy(l, l + n_vocab, logits->data() + static_cast<std::size_t>(i) * static_cast<std::size_t>(n_vocab));
+      }
+    }
+    for (int i = 0; i < n; ++i) cells_sum += static_cast<double>(cells_before + i + 1);
+    cells_count += n;
+    tokens += n;
+    max_pos = std::max(max_pos, pos + n - 1);
+    return true;
+  }
+
+  // Decodes a prompt of any length in chunks.
+  bool feed(const std::vector<llama_token>& toks, int chunk) {
+    for (std::size_t i = 0; i < toks.size(); i += static_cast<std::size_t>(chunk)) {
+      const int m = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(chunk), toks.size() - i));
+      if (!decode(toks.data() + i, m, nullptr)) return false;
+    }
+    return true;
+  }
+};
+
+llama_sampler* make_sampler(const Args& a) {
+  llama_sampler* s = llama_sampler_chain_init(llama_sampler_chain_default_params());
+  if (a.temp <= 0) {
+    llama_sampler_chain_add(s, llama_sampler_init_greedy());
+    return s;
+  }
+  if (a.top_p < 1.0) llama_sampler_chain_add(s, llama_sampler_init_top_p(static_cast<float>(a.top_p), 1));
+  llama_sampler_chain_add(s, llama_sampler_init_temp(static_cast<float>(a.temp)));
+  llama_sampler_chain_add(s, llama_sampler_init_dist(a.seed));
+  return s;
+}
+
+// The chat so far with the model's template; add_assistant opens the reply.
+std::string format_chat(const char* tmpl, const std::vector<llama_chat_message>& msgs, bool add_assistant) {
+  std::vector<char> buf(4096);
+  int n = llama_chat_apply_template(tmpl, msgs.data(), msgs.size(), add_assistant, buf.data(),
+                                    static_cast<int32_t>(buf.size()));
+  if (n > static_cast<int>(buf.size())) {
+    buf.resize(static_cast<std::size_t>(n));
+    n = llama_chat_apply_template(tmpl, msgs.data(), msgs.size(), add_assistant, buf.data(),
+                                  static_cast<int32_t>(buf.size()));
+  }
+  return n > 0 ? std::string(buf.data(), static_cast<std::size_t>(n)) : std::string();
+}
+
+// Generates up to n tokens after the sequence's last (whose logits are the
+// context's last), printing them when `echo`; stops at an end-of-generation token.
+bool generate(Session* s, llama_sampler* sampler, int n, bool echo, std::string* text) {
+  for (int i = 0; i < n; ++i) {
+    const llama_token t = llama_sampler_sample(sampler, s->ctx, -1);
+    if (llama_vocab_is_eog(s->vocab, t)) break;
+    const std::string p = ls::piece(s->vocab, t);
+    *text += p;
+    if (echo) {
+      std::fputs(p.c_str(), stdout);
+      std::fflush(stdout);
+    }
+    if (!s->decode(&t, 1, nullptr)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (!parse_args(argc, argv, &a)) return 2;
+  if (a.model.empty()) a.model = engine::find_default_model();
+  if (a.model.empty()) {
+    std::fprintf(stderr, "flashcache_chat: no model; %s\n", engine::model_install_hint().c_str());
+    return 2;
+  }
+  fl::ContextParams cp = fl::context_default_params();
+  if (auto s = fl::parse_when_full(a.when_full, &cp.when_full); !s) {
+    std::fprintf(stderr, "flashcache_chat: %s\n", s.message().c_str());
+    return 2;
+  }
+  std::string text;
+  if (!a.file.empty() && !read_file(a.file, &text)) {
+    std::fprintf(stderr, "flashcache_chat: cannot read %s\n", a.file.c_str());
+    return 2;
+  }
+
+  ls::init(a.quiet || a.json);
+  llama_model* model = llama_model_load_from_file(a.model.c_str(), ls::model_params());
+  if (model == nullptr) {
+    std::fprintf(stderr, "flashcache_chat: cannot load %s\n", a.model.c_str());
+    return 1;
+  }
+  llama_context_params lp = llama_context_default_params();
+  lp.n_ctx = static_cast<uint32_t>(a.cells);
+  lp.n_batch = lp.n_ubatch = static_cast<uint32_t>(std::min(a.chunk, a.cells));
+  lp.n_seq_max = 1;
+  lp.n_threads = lp.n_threads_batch = a.threads;
+  llama_context* ctx = llama_init_from_model(model, lp);
+  if (ctx == nullptr) {
+    std::fprintf(stderr, "flashcache_chat: cannot make a context of %d cells\n", a.cells);
+    llama_model_free(model);
+    return 1;
+  }
+  Session s;
+  s.ctx = ctx;
+  s.vocab = llama_model_get_vocab(model);
+  s.n_vocab = llama_vocab_n_tokens(s.vocab);
+  s.batch = llama_batch_init(a.chunk, 0, 1);
+  const char* tmpl = llama_model_chat_template(model, nullptr);
+
+  std::vector<llama_chat_message> msgs;
+  if (!a.system.empty()) msgs.push_back({"system", a.system.c_str()});
+  std::int64_t system_tokens = 0;
+  if (!a.system.empty() && tmpl != nullptr)
+    system_tokens = static_cast<std::int64_t>(ls::tokenize(s.vocab, format_chat(tmpl, msgs, false), true).size());
+  cp.n_cells = std::min<std::int64_t>(a.cells, llama_n_ctx_seq(ctx));
+  cp.n_keep = a.keep >= 0 ? a.keep : (system_tokens > 0 ? system_tokens : 4);
+  if (a.target > 0) cp.target = a.target;
+  cp.renumber = a.renumber;
+  cp.compress.n_threads = a.threads;
+  int rc = 0;
+  if (auto st = s.manager.init(ctx, 0, cp); !st) {
+    std::fprintf(stderr, "flashcache_chat: %s\n", st.message().c_str());
+    rc = 2;
+  }
+  llama_sampler* sampler = make_sampler(a);
+  std::string out_text;
+  std::vector<std::string> replies;
+  double nll_sum = 0;
+  std::int64_t nll_count = 0, stream_tokens = 0;
+
+  if (rc == 0 && !a.file.empty()) {
+    // File mode: teacher-forced through the bounded context, then greedy generation.
+    std::vector<llama_token> toks = ls::tokenize(s.vocab, text, true);
+    if (a.max_tokens > 0 && static_cast<int>(toks.size()) > a.max_tokens) toks.resize(static_cast<std::size_t>(a.max_tokens));
+    stream_tokens = static_cast<std::int64_t>(toks.size());
+    std::vector<float> logits;
+    for (std::size_t i = 0; i < toks.size() && rc == 0; i += static_cast<std::size_t>(a.chunk)) {
+      const int m = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(a.chunk), toks.size() - i));
+      if (!s.decode(toks.data() + i, m, &logits)) {
+        rc = 1;
+        break;
+      }
+      for (int j = 0; j < m; ++j) {  // logits of token i + j predict token i + j + 1
+        const std::size_t next = i + static_cast<std::size_t>(j) + 1;
+        if (next >= toks.size() || next < static_cast<std::size_t>(a.cells)) continue;
+        nll_sum += nll_of(logits.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(s.n_vocab), s.n_vocab,
+                          toks[next]);
+        ++nll_count;
+      }
+    }
+    if (rc == 0 && !generate(&s, sampler, a.n_predict < 0 ? 32 : a.n_predict, !a.json, &out_text)) rc = 1;
+    if (!a.json) std::fputc('\n', stdout);
+  } else if (rc == 0) {
+    // Chat mode: each line a user turn; the reply is generated after it.
+    if (tmpl == nullptr) {
+      std::fprintf(stderr, "flashcache_chat: the model has no chat template (use -f FILE)\n");
+      rc = 2;
+    }
+    std::vector<std::string> turns;  // llama_chat_message points into these
+    turns.reserve(4096);
+    std::string line;
+    std::size_t prev_len = 0;
+    while (rc == 0 && turns.size() + 1 < turns.capacity() && std::getline(std::cin, line)) {
+      if (line.empty()) continue;
+      turns.push_back(line);
+      msgs.push_back({"user", turns.back().c_str()});
+      const std::string formatted = format_chat(tmpl, msgs, true);
+      const std::vector<llama_token> toks =
+          ls::tokenize(s.vocab, formatted.substr(std::min(prev_len, formatted.size())), prev_len == 0);
+      s.manager.protect_from(llama_memory_seq_pos_max(llama_get_memory(ctx), 0) + 1);  // this turn, from its start
+      if (!a.json && !a.quiet) std::fputs("> ", stdout);
+      std::string reply;
+      if (!s.feed(toks, a.chunk) || !generate(&s, sampler, a.n_predict < 0 ? 256 : a.n_predict, !a.json, &reply)) {
+        rc = 1;
+        break;
+      }
+      if (!a.json) std::fputc('\n', stdout);
+      // The reply ends its turn in the template; its closing tokens go in with the next turn.
+      turns.push_back(reply);
+      msgs.push_back({"assistant", turns.back().c_str()});
+      replies.push_back(reply);
+      prev_len = format_chat(tmpl, msgs, false).size();
+    }
+  }
+
+  if (a.json) {
+    std::string ev = "[";
+    for (std::size_t i = 0; i < s.events.size(); ++i) ev += (i ? ", " : "") + s.events[i];
+    ev += "]";
+    std::string rep = "[";
+    for (std::size_t i = 0; i < replies.size(); ++i) rep += (i ? ", " : "") + json_string(replies[i]);
+    rep += "]";
+    std::printf(
+        "{\"ok\": %s, \"when_full\": \"%s\", \"n_ctx\": %d, \"n_keep\": %lld, \"target\": %.4f, \"renumber\": %s, "
+        "\"threads\": %d, \"text\": %s, \"replies\": %s, \"events\": %s, \"stream_tokens\": %lld, "
+        "\"stream_nll\": %.6f, \"nll_tokens\": %lld, \"avg_cells\": %.2f, \"max_position\": %d, "
+        "\"decode_ms\": %.3f, \"event_ms\": %.3f, \"tokens\": %lld, \"tokens_per_s\": %.3f}\n",
+        rc == 0 ? "true" : "false", fl::to_string(cp.when_full), a.cells, static_cast<long long>(cp.n_keep), cp.target,
+        cp.renumber ? "true" : "false", a.threads, json_string(out_text).c_str(), rep.c_str(), ev.c_str(),
+        static_cast<long long>(stream_tokens), nll_count > 0 ? nll_sum / static_cast<double>(nll_count) : 0.0,
+        static_cast<long long>(nll_count), s.cells_count > 0 ? s.cells_sum / static_cast<double>(s.cells_count) : 0.0,
+        static_cast<int>(s.max_pos), s.decode_ms, s.manager.event_ms(), static_cast<long long>(s.tokens),
+        s.decode_ms + s.manager.event_ms() > 0 ? 1000.0 * static_cast<double>(s.tokens) /
+                                                      (s.decode_ms + s.manager.event_ms())
+                                                : 0.0);
+  }
+  llama_sampler_free(sampler);
+  llama_batch_free(s.batch);
+  llama_free(ctx);
+  llama_model_free(model);
+  llama_backend_free();
+  return rc;
+}

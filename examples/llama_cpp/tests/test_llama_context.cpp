@@ -1,0 +1,314 @@
+// The llama.cpp adapter as a context manager (flashcache/llama/context.hpp) and
+// compaction beside other sequences, inside llama.cpp on SmolLM2-135M. Skips
+// with an install hint without llama.cpp or the model.
+#include <gtest/gtest.h>
+
+#if !FLASHCACHE_HAVE_LLAMA
+
+TEST(LlamaContext, NeedsLlamaCpp) {
+  GTEST_SKIP() << "llama.cpp not found at configure time: CMAKE_ARGS=-DLLAVA_BUILD=OFF python3 -m pip install "
+                  "llama-cpp-python==0.3.36, then configure again (examples/llama_cpp/README.md)";
+}
+
+#else
+
+#include <flashcache/llama.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../session.hpp"
+#include "runtime/find_model.hpp"
+
+namespace fc = flashcache;
+namespace fl = flashcache::llama;
+namespace ls = llama_session;
+
+namespace {
+
+llama_model* g_model = nullptr;
+
+// Running text of about `sentences` x 22 tokens, different per seed.
+std::vector<llama_token> text_tokens(int sentences, int seed = 0) {
+  std::string p;
+  for (int i = 0; i < sentences; ++i)
+    p += "Note " + std::to_string((i * 7 + seed * 3) % 31) + " of the ledger says that shipment " +
+         std::to_string(i + 100 * seed) + " left the harbour on day " + std::to_string((i * 5 + seed) % 29) + ". ";
+  return ls::tokenize(llama_model_get_vocab(g_model), p, true);
+}
+
+struct Ctx {
+  llama_context* ctx = nullptr;
+  ~Ctx() {
+    if (ctx != nullptr) llama_free(ctx);
+  }
+  llama_memory_t mem() const { return llama_get_memory(ctx); }
+};
+
+void make_ctx(Ctx* c, uint32_t n_ctx, uint32_t n_seq = 1, bool unified = false, int threads = 1) {
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = n_ctx;
+  cp.n_batch = cp.n_ubatch = 256;
+  cp.n_seq_max = n_seq;
+  cp.kv_unified = unified;
+  cp.n_threads = cp.n_threads_batch = threads;
+  c->ctx = llama_init_from_model(g_model, cp);
+  ASSERT_NE(c->ctx, nullptr);
+}
+
+std::vector<std::uint8_t> state_of(Ctx& c, llama_seq_id seq) {
+  std::vector<std::uint8_t> b(llama_state_seq_get_size(c.ctx, seq));
+  EXPECT_EQ(llama_state_seq_get_data(c.ctx, b.data(), b.size(), seq), b.size());
+  return b;
+}
+
+// Decodes toks through the manager in chunks; returns the events seen.
+std::vector<fl::RoomEvent> stream(Ctx& c, fl::ContextManager& cm, const std::vector<llama_token>& toks, int chunk,
+                                  llama_pos* max_pos) {
+  std::vector<fl::RoomEvent> events;
+  for (std::size_t i = 0; i < toks.size(); i += static_cast<std::size_t>(chunk)) {
+    const int m = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(chunk), toks.size() - i));
+    llama_pos pos = -1;
+    fl::RoomEvent ev;
+    const fc::Status s = cm.make_room(m, &pos, &ev);
+    EXPECT_TRUE(s.ok()) << s.message();
+    if (!s.ok()) break;
+    if (ev.policy != fl::WhenFull::none) events.push_back(ev);
+    EXPECT_LE(cm.cells() + m, cm.cap());
+    EXPECT_EQ(ls::decode(c.ctx, toks.data() + i, m, pos, 0, false), 0);
+    *max_pos = std::max(*max_pos, llama_memory_seq_pos_max(c.mem(), 0));
+  }
+  return events;
+}
+
+class LlamaContext : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = engine::find_default_model();
+    if (path.empty()) return;
+    ls::init(true);
+    g_model = llama_model_load_from_file(path.c_str(), ls::model_params());
+  }
+  static void TearDownTestSuite() {
+    if (g_model != nullptr) llama_model_free(g_model);
+    g_model = nullptr;
+  }
+  void SetUp() override {
+    if (g_model == nullptr) GTEST_SKIP() << "no SmolLM2 GGUF: " << engine::model_install_hint();
+  }
+};
+
+}  // namespace
+
+// flashcache when full: positions stay below the cap, the first n_keep cells
+// are the prefill's bit for bit (their shift is 0), the cell count is tracked.
+TEST_F(LlamaContext, FlashcacheKeepsTheFirstCellsAndPositionsBelowTheCap) {
+  const std::vector<llama_token> toks = text_tokens(70);
+  ASSERT_GT(toks.size(), 1100u);
+  Ctx ref;
+  make_ctx(&ref, 512);
+  ASSERT_EQ(ls::decode(ref.ctx, toks.data(), 64, 0, 0, false), 0);  // the stream's first chunk
+  const std::vector<std::uint8_t> first = state_of(ref, 0);
+  fl::SeqState fs;
+  ASSERT_TRUE(fl::parse_seq_state(first.data(), first.size(), &fs).ok());
+
+  Ctx c;
+  make_ctx(&c, 512);
+  fl::ContextManager cm;
+  fl::ContextParams p = fl::context_default_params();
+  ASSERT_TRUE(cm.init(c.ctx, 0, p).ok());
+  EXPECT_EQ(cm.cap(), 512);
+  llama_pos max_pos = -1;
+  const std::vector<fl::RoomEvent> events = stream(c, cm, toks, 64, &max_pos);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_LT(max_pos, 512);
+  for (const fl::RoomEvent& e : events) {
+    EXPECT_EQ(e.policy, fl::WhenFull::flashcache);
+    EXPECT_EQ(e.cells_after, 256);  // round(0.5 x 512)
+    EXPECT_EQ(e.pos_max_after, 255);
+  }
+  // The count from positions is the state's count; positions are consecutive from 0.
+  const std::vector<std::uint8_t> now = state_of(c, 0);
+  fl::SeqState s;
+  ASSERT_TRUE(fl::parse_seq_state(now.data(), now.size(), &s).ok());
+  EXPECT_EQ(static_cast<std::int64_t>(s.cell_count), cm.cells());
+  EXPECT_EQ(llama_memory_seq_pos_min(c.mem(), 0), 0);
+  EXPECT_EQ(llama_memory_seq_pos_max(c.mem(), 0) + 1, cm.cells());
+  const std::vector<std::int32_t> order = fl::cells_by_position(s), ref_order = fl::cells_by_position(fs);
+  const fl::LayerState &L = s.layers[3], &R = fs.layers[3];
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(std::memcmp(now.data() + L.k_offset + static_cast<std::size_t>(order[i]) * L.k_row_bytes,
+                          first.data() + R.k_offset + static_cast<std::size_t>(ref_order[i]) * R.k_row_bytes,
+                          L.k_row_bytes),
+              0)
+        << "cell " << i;
+}
+
+// A second event before the decode that applies the first one's renumbering
+// is refused by name, and changes nothing.
+TEST_F(LlamaContext, ASecondEventBeforeTheDecodeIsRefused) {
+  const std::vector<llama_token> toks = text_tokens(40);
+  Ctx c;
+  make_ctx(&c, 512);
+  fl::ContextManager cm;
+  ASSERT_TRUE(cm.init(c.ctx, 0, fl::context_default_params()).ok());
+  llama_pos max_pos = -1;
+  stream(c, cm, std::vector<llama_token>(toks.begin(), toks.begin() + 512), 128, &max_pos);
+  ASSERT_EQ(cm.cells(), 512);
+  llama_pos pos = -1;
+  fl::RoomEvent ev;
+  ASSERT_TRUE(cm.make_room(64, &pos, &ev).ok());
+  ASSERT_EQ(ev.policy, fl::WhenFull::flashcache);
+  EXPECT_EQ(pos, 256);
+  const std::vector<std::uint8_t> before = state_of(c, 0);
+  const fc::Status s = cm.make_room(300, &pos);  // 256 + 300 > 512: room again, but the shift is pending
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("llama_decode"), std::string::npos) << s.message();
+  EXPECT_EQ(state_of(c, 0), before);
+  // After the decode it applies, the manager goes on.
+  ASSERT_TRUE(cm.make_room(64, &pos).ok());
+  ASSERT_EQ(ls::decode(c.ctx, toks.data() + 512, 64, pos, 0, false), 0);
+  ASSERT_TRUE(cm.make_room(300, &pos, &ev).ok());
+  EXPECT_EQ(ev.policy, fl::WhenFull::flashcache);
+}
+
+// shift and streaming do llama.cpp's and StreamingLLM's arithmetic.
+TEST_F(LlamaContext, ShiftAndStreamingDropWhatTheyShould) {
+  const std::vector<llama_token> toks = text_tokens(40);
+  for (fl::WhenFull w : {fl::WhenFull::shift, fl::WhenFull::streaming}) {
+    Ctx c;
+    make_ctx(&c, 512);
+    fl::ContextManager cm;
+    fl::ContextParams p = fl::context_default_params();
+    p.when_full = w;
+    ASSERT_TRUE(cm.init(c.ctx, 0, p).ok());
+    llama_pos max_pos = -1;
+    stream(c, cm, std::vector<llama_token>(toks.begin(), toks.begin() + 512), 128, &max_pos);
+    llama_pos pos = -1;
+    fl::RoomEvent ev;
+    ASSERT_TRUE(cm.make_room(64, &pos, &ev).ok()) << fl::to_string(w);
+    const std::int64_t want = w == fl::WhenFull::shift ? 4 + (508 - 254) : 512 - 64;
+    EXPECT_EQ(ev.cells_after, want) << fl::to_string(w);
+    EXPECT_EQ(pos, want);
+    ASSERT_EQ(ls::decode(c.ctx, toks.data() + 512, 64, pos, 0, false), 0);
+    EXPECT_EQ(llama_memory_seq_pos_max(c.mem(), 0), want + 63);
+  }
+}
+
+// Every refusal names its problem and changes nothing.
+TEST_F(LlamaContext, RefusalsChangeNothing) {
+  const std::vector<llama_token> toks = text_tokens(40);
+  Ctx c;
+  make_ctx(&c, 512);
+  ASSERT_EQ(ls::decode(c.ctx, toks.data(), 512, 0, 0, false), 0);
+  const std::vector<std::uint8_t> before = state_of(c, 0);
+  fl::ContextManager cm;
+  fl::ContextParams p = fl::context_default_params();
+  auto refused = [&](const fl::ContextParams& q, const char* what) {
+    const fc::Status s = cm.init(c.ctx, 0, q);
+    EXPECT_FALSE(s.ok()) << what;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+  };
+  fl::ContextParams q = p;
+  q.n_cells = 4096;
+  refused(q, "llama_n_ctx_seq");
+  q = p;
+  q.n_keep = 600;
+  refused(q, "n_keep");
+  q = p;
+  q.target = 1.0;
+  refused(q, "target");
+  q = p;
+  q.compress.options = fc::Options::with_query_tail();
+  refused(q, "query tails");
+  q = p;
+  q.compress.options.rope.derotate = true;
+  refused(q, "de-rotation");
+  ASSERT_TRUE(cm.init(c.ctx, 0, p).ok());
+  llama_pos pos = -1;
+  EXPECT_FALSE(cm.make_room(600, &pos).ok());  // more than a cap can make room for
+  p.when_full = fl::WhenFull::none;
+  ASSERT_TRUE(cm.init(c.ctx, 0, p).ok());
+  const fc::Status full = cm.make_room(1, &pos);
+  EXPECT_FALSE(full.ok());
+  EXPECT_NE(full.message().find("context is full"), std::string::npos) << full.message();
+  EXPECT_EQ(state_of(c, 0), before);
+}
+
+// Separate streams (kv_unified = false), 2 to 4 sequences: each compressed on
+// its own leaves every other byte-identical, and all decode on.
+TEST_F(LlamaContext, SeparateStreamsCompressOneSequenceAtATime) {
+  for (int n_seq : {2, 4}) {
+    Ctx c;
+    make_ctx(&c, static_cast<uint32_t>(512 * n_seq), static_cast<uint32_t>(n_seq), false);
+    std::vector<std::vector<llama_token>> toks;
+    for (int q = 0; q < n_seq; ++q) {
+      toks.push_back(text_tokens(12 + 3 * q, q));
+      ASSERT_LT(toks.back().size(), 512u);  // one stream's cells
+      ASSERT_EQ(ls::decode(c.ctx, toks.back().data(), static_cast<int>(toks.back().size()), 0, q, false), 0);
+    }
+    fl::SequenceCompressor comp;
+    fl::CompressParams p = fl::compress_default_params();
+    p.budget = fc::Budget::ratio(0.3);
+    for (int q = 0; q < n_seq; ++q) {
+      std::vector<std::vector<std::uint8_t>> others;
+      for (int o = 0; o < n_seq; ++o) others.push_back(o == q ? std::vector<std::uint8_t>() : state_of(c, o));
+      fl::CompactionStats st;
+      const fc::Status s = comp.compress(c.ctx, q, p, &st);
+      ASSERT_TRUE(s.ok()) << n_seq << " sequences, sequence " << q << ": " << s.message();
+      EXPECT_LT(st.cells_after, st.cells_before);
+      for (int o = 0; o < n_seq; ++o)
+        if (o != q) {
+          EXPECT_EQ(state_of(c, o), others[static_cast<std::size_t>(o)]) << "sequence " << o;
+        }
+    }
+    for (int q = 0; q < n_seq; ++q) {
+      const llama_token t = toks[static_cast<std::size_t>(q)][5];
+      EXPECT_EQ(ls::decode(c.ctx, &t, 1, llama_memory_seq_pos_max(c.mem(), q) + 1, q, false), 0);
+    }
+  }
+}
+
+// One unified cache: another sequence over the same positions may share cells
+// (a seq_cp), also under an id above n_seq_max; refused, nothing changed.
+TEST_F(LlamaContext, UnifiedCacheRefusesSequencesThatMayShareCells) {
+  const std::vector<llama_token> toks = text_tokens(20);
+  for (llama_seq_id other : {1, 200}) {
+    Ctx c;
+    make_ctx(&c, 1024, 2, true);
+    ASSERT_EQ(ls::decode(c.ctx, toks.data(), static_cast<int>(toks.size()), 0, 0, false), 0);
+    llama_memory_seq_cp(c.mem(), 0, other, -1, -1);
+    ASSERT_GE(llama_memory_seq_pos_min(c.mem(), other), 0);
+    const std::vector<std::uint8_t> before = state_of(c, 0);
+    fl::CompactionStats st;
+    const fc::Status s = fl::compress_sequence(c.ctx, 0, fl::compress_default_params(), &st);
+    EXPECT_FALSE(s.ok()) << "sequence " << other;
+    EXPECT_NE(s.message().find("may share cells"), std::string::npos) << s.message();
+    EXPECT_EQ(state_of(c, 0), before);
+  }
+}
+
+// The kept cells do not depend on the scoring threads.
+TEST_F(LlamaContext, ThreadsKeepTheSameCells) {
+  const std::vector<llama_token> toks = text_tokens(40);
+  std::vector<llama_pos> first;
+  for (int threads : {1, 2, 3}) {
+    Ctx c;
+    make_ctx(&c, 1024);
+    ASSERT_EQ(ls::decode(c.ctx, toks.data(), static_cast<int>(toks.size()), 0, 0, false), 0);
+    fl::SequenceCompressor comp;
+    fl::CompressParams p = fl::compress_default_params();
+    p.n_threads = threads;
+    fl::CompactionStats st;
+    ASSERT_TRUE(comp.compress(c.ctx, 0, p, &st).ok());
+    EXPECT_EQ(st.threads, threads);
+    if (first.empty())
+      first = comp.kept_positions();
+    else
+      EXPECT_EQ(comp.kept_positions(), first) << threads << " threads";
+  }
+}
+
+#endif
