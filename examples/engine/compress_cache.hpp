@@ -3,6 +3,7 @@
 // flashcache and replace it with the compact one it returns. Decoding then goes
 // on over the kept tokens (with their original RoPE positions) plus new tokens.
 #include <flashcache/flashcache.hpp>
+#include <flashcache/parallel.hpp>
 #include <flashcache/policies/baselines.hpp>
 
 #include <algorithm>
@@ -21,6 +22,7 @@ struct CompressSettings {
   std::int64_t sink = -1, window = -1;  // always-kept first / last tokens; -1: the library's default
   std::int64_t room = 0;                // new tokens each layer must still have room for
   bool uniform = false;                 // same budget in every layer instead of flashcache's dynamic split
+  int threads = 1;                      // layers scored in parallel (the same budgets and tokens for any count)
 };
 
 // The prompt's query tails (flashcache/query_tail.hpp), gathered while the
@@ -113,15 +115,24 @@ class CacheCompressor {
     scores_.resize(static_cast<std::size_t>(layers));
     summary_.resize(static_cast<std::size_t>(layers));
     budgets->resize(static_cast<std::size_t>(layers));
-    for (int l = 0; l < layers; ++l) {
+    // Layer l is scored on worker l % threads, each worker with its own scorer.
+    const int threads = std::max(1, std::min(s.threads, layers));
+    pool_.resize(threads);
+    if (scorers_.size() < static_cast<std::size_t>(threads)) scorers_.resize(static_cast<std::size_t>(threads));
+    status_.assign(static_cast<std::size_t>(layers), fc::Status::success());
+    auto score_layer = [&](std::int64_t l64, int w) {
+      const int l = static_cast<int>(l64);
       const auto k = view(cache.k(l, 0, 0), l), v = view(cache.v(l, 0, 0), l);
       fc::LayerScores& scores = scores_[static_cast<std::size_t>(l)];
       const fc::TailView<const float> t = tails != nullptr ? tails->layer(l, heads) : fc::TailView<const float>{};
-      FLASHCACHE_RETURN_IF_ERROR(policy == fp::Policy::flashcache
-                                     ? scorer_.score(k, v, t, opt, &scores)
-                                     : fp::score_with_policy(policy, {}, k, v, opt, fp::PolicyOptions{}, &scores));
-      summary_[static_cast<std::size_t>(l)] = fc::summarize(scores.view(), scores.energy.data(), opt, {});
-    }
+      fc::Status& st = status_[static_cast<std::size_t>(l)];
+      st = policy == fp::Policy::flashcache
+               ? scorers_[static_cast<std::size_t>(w)].score(k, v, t, opt, &scores)
+               : fp::score_with_policy(policy, {}, k, v, opt, fp::PolicyOptions{}, &scores);
+      if (st.ok()) summary_[static_cast<std::size_t>(l)] = fc::summarize(scores.view(), scores.energy.data(), opt, {});
+    };
+    pool_.run(layers, score_layer);
+    for (const fc::Status& st : status_) FLASHCACHE_RETURN_IF_ERROR(st);
     FLASHCACHE_RETURN_IF_ERROR(
         planner_.plan(summary_.data(), layers, fc::Budget::ratio(s.keep_ratio), opt, budgets->data()));
 
@@ -149,7 +160,9 @@ class CacheCompressor {
   }
 
  private:
-  flashcache::Scorer<float> scorer_;
+  flashcache::WorkerPool pool_;
+  std::vector<flashcache::Scorer<float>> scorers_;  // one per worker
+  std::vector<flashcache::Status> status_;          // one per layer
   std::vector<flashcache::LayerScores> scores_;
   std::vector<flashcache::LayerSummary> summary_;
   flashcache::BudgetPlanner planner_;

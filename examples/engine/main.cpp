@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
                                       static_cast<std::int64_t>(ids.size()));
     double compress_ms = 0;
     if (keep_ratio >= 0) {
-      const engine::CompressSettings s{keep_ratio, policy, sink, window, room, uniform};
+      const engine::CompressSettings s{keep_ratio, policy, sink, window, room, uniform, threads};
       const auto t_compress = Clock::now();
       budgets = engine::compress_cache(cache, s, query_tail ? &tails : nullptr);
       compress_ms = ms_since(t_compress);

@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   std::ostringstream text;
   text << f.rdbuf();
 
-  ls::init(true);
+  ls::init(true, /*watch_n_kv=*/true);  // n_kv after compaction is reported
   llama_model* model = llama_model_load_from_file(model_path.c_str(), ls::model_params());
   if (model == nullptr) return 1;
   const llama_vocab* vocab = llama_model_get_vocab(model);

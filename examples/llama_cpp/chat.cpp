@@ -37,17 +37,18 @@ namespace {
 const char* kUsage =
     "usage: flashcache_chat [-m MODEL.gguf] [-c CELLS] [-n N] [-t THREADS] [--keep N] [--temp T] [--top-p P]\n"
     "         [--seed S] [--when-full flashcache|shift|streaming|none] [--target SHARE] [--no-renumber]\n"
-    "         [-s SYSTEM] [-f FILE [-b CHUNK] [--max-tokens N]] [--json] [--quiet]\n"
+    "         [--window-share SHARE] [--paper]\n"
+    "         [-s SYSTEM] [-f FILE [-b CHUNK] [--max-tokens N] [--nll-from TOKEN]] [--json] [--quiet]\n"
     "  without -f: a chat, one user turn per line of standard input\n";
 
 struct Args {
   std::string model, file, system;
-  int cells = 1024, n_predict = -1, threads = 2, chunk = 128, max_tokens = 0;
+  int cells = 1024, n_predict = -1, threads = 2, chunk = 128, max_tokens = 0, nll_from = -1;
   long long keep = -1;  // -1: the system prompt's tokens, or 4
-  double temp = 0.0, top_p = 1.0, target = -1;
+  double temp = 0.0, top_p = 1.0, target = -1, window_share = -1;
   unsigned seed = 0;
   std::string when_full = "flashcache";
-  bool renumber = true, json = false, quiet = false;
+  bool renumber = true, json = false, quiet = false, paper = false;
 };
 
 bool parse_args(int argc, char** argv, Args* a) {
@@ -63,6 +64,10 @@ bool parse_args(int argc, char** argv, Args* a) {
     }
     if (k == "--no-renumber") {
       a->renumber = false;
+      continue;
+    }
+    if (k == "--paper") {
+      a->paper = true;
       continue;
     }
     if (k == "-h" || k == "--help") {
@@ -102,6 +107,8 @@ bool parse_args(int argc, char** argv, Args* a) {
       a->threads = static_cast<int>(x);
     } else if (k == "-b" || k == "--batch-size") {
       a->chunk = static_cast<int>(x);
+    } else if (k == "--nll-from") {
+      a->nll_from = static_cast<int>(x);
     } else if (k == "--max-tokens") {
       a->max_tokens = static_cast<int>(x);
     } else if (k == "--keep") {
@@ -114,6 +121,8 @@ bool parse_args(int argc, char** argv, Args* a) {
       a->seed = static_cast<unsigned>(x);
     } else if (k == "--target") {
       a->target = x;
+    } else if (k == "--window-share") {
+      a->window_share = x;
     } else {
       std::fprintf(stderr, "flashcache_chat: unknown option %s\n%s", k.c_str(), kUsage);
       return false;
@@ -327,6 +336,8 @@ int main(int argc, char** argv) {
   cp.n_keep = a.keep >= 0 ? a.keep : (system_tokens > 0 ? system_tokens : 4);
   if (a.target > 0) cp.target = a.target;
   cp.renumber = a.renumber;
+  if (a.paper) cp.compress.options = fc::Options::paper();  // the paper's score (positions still renumbered)
+  if (a.window_share >= 0) cp.compress.options.window_share = a.window_share;
   cp.compress.n_threads = a.threads;
   int rc = 0;
   if (auto st = s.manager.init(ctx, 0, cp); !st) {
@@ -344,6 +355,7 @@ int main(int argc, char** argv) {
     std::vector<llama_token> toks = ls::tokenize(s.vocab, text, true);
     if (a.max_tokens > 0 && static_cast<int>(toks.size()) > a.max_tokens) toks.resize(static_cast<std::size_t>(a.max_tokens));
     stream_tokens = static_cast<std::int64_t>(toks.size());
+    const int nll_from = a.nll_from >= 0 ? a.nll_from : a.cells;  // by default the tokens after the first fill
     std::vector<float> logits;
     for (std::size_t i = 0; i < toks.size() && rc == 0; i += static_cast<std::size_t>(a.chunk)) {
       const int m = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(a.chunk), toks.size() - i));
@@ -353,7 +365,7 @@ int main(int argc, char** argv) {
       }
       for (int j = 0; j < m; ++j) {  // logits of token i + j predict token i + j + 1
         const std::size_t next = i + static_cast<std::size_t>(j) + 1;
-        if (next >= toks.size() || next < static_cast<std::size_t>(a.cells)) continue;
+        if (next >= toks.size() || next < static_cast<std::size_t>(nll_from)) continue;
         nll_sum += nll_of(logits.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(s.n_vocab), s.n_vocab,
                           toks[next]);
         ++nll_count;
@@ -402,12 +414,12 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < replies.size(); ++i) rep += (i ? ", " : "") + json_string(replies[i]);
     rep += "]";
     std::printf(
-        "{\"ok\": %s, \"when_full\": \"%s\", \"n_ctx\": %d, \"n_keep\": %lld, \"target\": %.4f, \"renumber\": %s, "
+        "{\"ok\": %s, \"when_full\": \"%s\", \"n_ctx\": %d, \"n_keep\": %lld, \"target\": %.4f, \"renumber\": %s, \"window_share\": %.4f, \"paper\": %s, "
         "\"threads\": %d, \"text\": %s, \"replies\": %s, \"events\": %s, \"stream_tokens\": %lld, "
         "\"stream_nll\": %.6f, \"nll_tokens\": %lld, \"avg_cells\": %.2f, \"max_position\": %d, "
         "\"decode_ms\": %.3f, \"event_ms\": %.3f, \"tokens\": %lld, \"tokens_per_s\": %.3f}\n",
         rc == 0 ? "true" : "false", fl::to_string(cp.when_full), a.cells, static_cast<long long>(cp.n_keep), cp.target,
-        cp.renumber ? "true" : "false", a.threads, json_string(out_text).c_str(), rep.c_str(), ev.c_str(),
+        cp.renumber ? "true" : "false", cp.compress.options.window_share, a.paper ? "true" : "false", a.threads, json_string(out_text).c_str(), rep.c_str(), ev.c_str(),
         static_cast<long long>(stream_tokens), nll_count > 0 ? nll_sum / static_cast<double>(nll_count) : 0.0,
         static_cast<long long>(nll_count), s.cells_count > 0 ? s.cells_sum / static_cast<double>(s.cells_count) : 0.0,
         static_cast<int>(s.max_pos), s.decode_ms, s.manager.event_ms(), static_cast<long long>(s.tokens),

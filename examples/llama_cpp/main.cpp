@@ -127,11 +127,18 @@ std::string json_string(const std::string& s) {
   return o + "\"";
 }
 
-ggml_type cache_type(const std::string& name) {
-  return name == "f32"    ? GGML_TYPE_F32
-         : name == "bf16" ? GGML_TYPE_BF16
-         : name == "q8_0" ? GGML_TYPE_Q8_0
-                          : GGML_TYPE_F16;
+// The cache types the adapter handles; false for any other name.
+bool cache_type(const std::string& name, ggml_type* out) {
+  const struct {
+    const char* name;
+    ggml_type type;
+  } kTypes[] = {{"f16", GGML_TYPE_F16}, {"f32", GGML_TYPE_F32}, {"bf16", GGML_TYPE_BF16}, {"q8_0", GGML_TYPE_Q8_0}};
+  for (const auto& t : kTypes)
+    if (name == t.name) {
+      *out = t.type;
+      return true;
+    }
+  return false;
 }
 
 }  // namespace
@@ -139,6 +146,12 @@ ggml_type cache_type(const std::string& name) {
 int main(int argc, char** argv) {
   Args a;
   if (!parse_args(argc, argv, &a)) return 2;
+  ggml_type kv_type = GGML_TYPE_F16;
+  if (!cache_type(a.cache_type, &kv_type)) {
+    std::fprintf(stderr, "flashcache_llama: --cache-type %s: the adapter handles f16, f32, bf16 and q8_0\n",
+                 a.cache_type.c_str());
+    return 2;
+  }
   if (a.model.empty()) a.model = engine::find_default_model();
   if (a.model.empty()) {
     std::fprintf(stderr, "flashcache_llama: no model; %s\n", engine::model_install_hint().c_str());
@@ -156,7 +169,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  ls::init(a.quiet || a.json);
+  ls::init(a.quiet || a.json, /*watch_n_kv=*/true);  // n_kv_after is reported
   llama_model* model = llama_model_load_from_file(a.model.c_str(), ls::model_params(a.extra_bufts));
   if (model == nullptr) {
     std::fprintf(stderr, "flashcache_llama: cannot load %s\n", a.model.c_str());
@@ -188,7 +201,7 @@ int main(int argc, char** argv) {
   cp.n_ubatch = 512;
   cp.n_seq_max = 1;
   cp.n_threads = cp.n_threads_batch = a.threads;
-  cp.type_k = cp.type_v = cache_type(a.cache_type);
+  cp.type_k = cp.type_v = kv_type;
   cp.flash_attn_type = a.flash_attn == "on"    ? LLAMA_FLASH_ATTN_TYPE_ENABLED
                        : a.flash_attn == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
                                                : LLAMA_FLASH_ATTN_TYPE_AUTO;

@@ -47,9 +47,11 @@ inline void log_callback(ggml_log_level level, const char* text, void*) {
   if (level == GGML_LOG_LEVEL_ERROR || (!s.quiet && level == GGML_LOG_LEVEL_WARN)) std::fputs(text, stderr);
 }
 
-// Call once, before any context is made.
-inline void init(bool quiet) {
-  setenv("LLAMA_KV_CACHE_DEBUG", "1", 0);
+// Call once, before any context is made. watch_n_kv turns llama.cpp's cache
+// debug log on (a line per decode step, which n_kv is read from); programs that
+// do not report n_kv leave it off.
+inline void init(bool quiet, bool watch_n_kv = false) {
+  if (watch_n_kv) setenv("LLAMA_KV_CACHE_DEBUG", "1", 0);
   log_state().quiet = quiet;
   llama_log_set(log_callback, nullptr);
   llama_backend_init();

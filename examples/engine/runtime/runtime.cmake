@@ -4,9 +4,14 @@
 # target, the CLI's fuzz regression test, the llama.cpp example), whichever comes first:
 #   include(${PROJECT_SOURCE_DIR}/examples/engine/runtime/runtime.cmake)
 # Consumers include the headers as "runtime/gguf.hpp", "runtime/model.hpp", ...
+# flashcache_find_model: runtime/find_model.hpp alone (the default model's path), for programs
+# that need nothing else of the runtime.
 include_guard(GLOBAL)
 
 get_filename_component(_fc_engine_dir ${CMAKE_CURRENT_LIST_DIR} DIRECTORY)  # examples/engine
+add_library(flashcache_find_model INTERFACE)
+target_include_directories(flashcache_find_model INTERFACE ${_fc_engine_dir})
+target_compile_features(flashcache_find_model INTERFACE cxx_std_17)
 add_library(flashcache_engine_runtime INTERFACE)
 target_include_directories(flashcache_engine_runtime INTERFACE ${_fc_engine_dir})
 target_compile_features(flashcache_engine_runtime INTERFACE cxx_std_17)

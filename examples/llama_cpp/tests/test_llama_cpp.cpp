@@ -116,7 +116,7 @@ class LlamaCpp : public ::testing::Test {
   static void SetUpTestSuite() {
     const std::string path = engine::find_default_model();
     if (path.empty()) return;
-    ls::init(true);
+    ls::init(true, /*watch_n_kv=*/true);  // the tests read the highest used cell
     g_model = llama_model_load_from_file(path.c_str(), ls::model_params());
   }
   static void TearDownTestSuite() {

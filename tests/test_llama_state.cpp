@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "blob_builder.hpp"
+#include "llama_blob_builder.hpp"
 
 namespace fl = flashcache::llama;
 using blob_builder::Spec;
@@ -215,7 +215,10 @@ TEST(LlamaState, RefusesWhatItDoesNotHandle) {
   EXPECT_NE(refusal(blob_builder::build(neg)).find("position -1"), std::string::npos);
   Spec q4;
   q4.k_type = 2;
-  EXPECT_NE(refusal(blob_builder::build(q4)).find("ggml type 2"), std::string::npos);
+  EXPECT_NE(refusal(blob_builder::build(q4)).find("K of layer 0 is q4_0"), std::string::npos);  // named
+  Spec other;
+  other.k_type = 41;
+  EXPECT_NE(refusal(blob_builder::build(other)).find("ggml type 41"), std::string::npos);
   Spec tq8;
   tq8.v_trans = true;
   tq8.v_type = 8;
