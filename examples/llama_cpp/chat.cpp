@@ -19,14 +19,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "runtime/find_model.hpp"
 #include "session.hpp"
+#include "text_io.hpp"
 
 namespace fc = flashcache;
 namespace fl = flashcache::llama;
@@ -135,31 +134,8 @@ bool parse_args(int argc, char** argv, Args* a) {
   return true;
 }
 
-bool read_file(const std::string& path, std::string* out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return false;
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  *out = ss.str();
-  return true;
-}
-
-std::string json_string(const std::string& s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      o += buf;
-    } else {
-      o += static_cast<char>(c);
-    }
-  }
-  return o + "\"";
-}
+using text_io::json_string;
+using text_io::read_file;
 
 // -log p(token) under one row of logits.
 double nll_of(const float* logits, int n_vocab, llama_token token) {

@@ -13,13 +13,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "runtime/find_model.hpp"
 #include "session.hpp"
+#include "text_io.hpp"
 
 namespace fc = flashcache;
 namespace ls = llama_session;
@@ -101,31 +100,8 @@ bool parse_args(int argc, char** argv, Args* a) {
   return true;
 }
 
-bool read_file(const std::string& path, std::string* out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return false;
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  *out = ss.str();
-  return true;
-}
-
-std::string json_string(const std::string& s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      o += buf;
-    } else {
-      o += static_cast<char>(c);
-    }
-  }
-  return o + "\"";
-}
+using text_io::json_string;
+using text_io::read_file;
 
 // The cache types the adapter handles; false for any other name.
 bool cache_type(const std::string& name, ggml_type* out) {

@@ -30,10 +30,14 @@ inline double cos_pi_ratio(std::int64_t num, std::int64_t den) {
 }
 }  // namespace detail
 
+// A dense row-major matrix: the bases, coefficients and token tiles of the scorers.
+template <class Real>
+using RowMatrix = Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
 // First m rows of the orthonormal DCT-II matrix of length n (m x n).
 template <class Real>
-Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> dct_basis(std::int64_t n, std::int64_t m) {
-  Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> c(m, n);
+RowMatrix<Real> dct_basis(std::int64_t n, std::int64_t m) {
+  RowMatrix<Real> c(m, n);
   for (std::int64_t k = 0; k < m; ++k) {
     const double a = std::sqrt((k == 0 ? 1.0 : 2.0) / static_cast<double>(n));
     for (std::int64_t j = 0; j < n; ++j) c(k, j) = static_cast<Real>(a * detail::cos_pi_ratio((2 * j + 1) * k, 2 * n));

@@ -38,8 +38,8 @@ class BlockedResidual {
     const std::int64_t rows = std::min(block, n), most_m = lowpass_cutoff(rows, gamma);
     // A base chosen by energy needs every coefficient of the block.
     const std::int64_t coeff_rows = kind == Base::lowpass ? most_m : rows;
-    Block* const buffers[3] = {&block_k_, &block_v_, &base_};
-    for (Block* b : buffers)
+    Matrix* const buffers[3] = {&block_k_, &block_v_, &base_};
+    for (Matrix* b : buffers)
       if (b->rows() != rows || b->cols() != d) b->resize(rows, d);
     if (coeff_.rows() != coeff_rows || coeff_.cols() != d) coeff_.resize(coeff_rows, d);
     if (kind != Base::lowpass) {
@@ -50,7 +50,7 @@ class BlockedResidual {
     }
     for (std::int64_t b0 = 0; b0 < n; b0 += block) {
       const std::int64_t len = std::min(block, n - b0), m = lowpass_cutoff(len, gamma);
-      const Block& c = basis(len, kind == Base::lowpass ? m : len);  // m x len, or len x len
+      const Matrix& c = basis(len, kind == Base::lowpass ? m : len);  // m x len, or len x len
       for (std::int64_t t = 0; t < len; ++t) {
         const std::int64_t src = source[static_cast<std::size_t>(b0 + t)];
         for (std::int64_t j = 0; j < d; ++j) {
@@ -87,24 +87,24 @@ class BlockedResidual {
   }
 
  private:
-  using Block = Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using Matrix = RowMatrix<Real>;
 
-  const Block& basis(std::int64_t len, std::int64_t m) {
+  const Matrix& basis(std::int64_t len, std::int64_t m) {
     const std::int64_t key = len * (len + 1) + m;
     auto it = bases_.find(key);
     if (it == bases_.end()) it = bases_.emplace(key, dct_basis<Real>(len, m)).first;
     return it->second;
   }
 
-  Block block_k_, block_v_, coeff_, base_;
+  Matrix block_k_, block_v_, coeff_, base_;
   // Chosen bases: the chosen rows of a block's basis and coefficients, the
   // frequencies' energies (of the transform at hand, K or V) and which are
   // chosen (order_ is choose_base_frequencies' scratch).
-  Block chosen_basis_, chosen_coeff_;
+  Matrix chosen_basis_, chosen_coeff_;
   std::vector<Real> energy_;
   std::vector<std::uint8_t> chosen_;
   std::vector<std::int32_t> order_;
-  std::map<std::int64_t, Block> bases_;
+  std::map<std::int64_t, Matrix> bases_;
 };
 
 }  // namespace detail

@@ -35,10 +35,10 @@ class GridResidual {
                const GridSpan& g, const SpanTile& t, GridZone zone, double gamma, TokenResiduals<Real>* out) {
     const std::int64_t r0 = t.r0, tr = t.tr, c0 = t.c0, tc = t.tc;
     const std::int64_t len = tr * tc, d = k.head_dim;
-    const Block& b = basis(tr, tc, zone, gamma);  // m x len
+    const Matrix& b = basis(tr, tc, zone, gamma);  // m x len
     // Buffers only grow (rows used through topRows), so edge tiles and later
     // calls of the same shapes allocate nothing.
-    for (Block* x : {&tile_k_, &tile_v_, &tile_base_})
+    for (Matrix* x : {&tile_k_, &tile_v_, &tile_base_})
       if (x->rows() < len || x->cols() != d) x->resize(std::max<std::int64_t>(len, x->rows()), d);
     if (tile_coeff_.rows() < b.rows() || tile_coeff_.cols() != d)
       tile_coeff_.resize(std::max<std::int64_t>(b.rows(), tile_coeff_.rows()), d);
@@ -60,19 +60,19 @@ class GridResidual {
   }
 
  private:
-  using Block = Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using Matrix = RowMatrix<Real>;
 
   // The 2D low-pass basis of a tr x tc tile: one row per frequency (u, v) in
   // the zone, the outer product of the 1D DCT-II rows u and v (m x tr tc).
-  const Block& basis(std::int64_t tr, std::int64_t tc, GridZone zone, double gamma) {
+  const Matrix& basis(std::int64_t tr, std::int64_t tc, GridZone zone, double gamma) {
     const Key key{tr, tc, zone, gamma};
     auto it = bases_.find(key);
     if (it != bases_.end()) return it->second;
-    const Block row_basis = dct_basis<Real>(tr, tr), col_basis = dct_basis<Real>(tc, tc);
+    const Matrix row_basis = dct_basis<Real>(tr, tr), col_basis = dct_basis<Real>(tc, tc);
     std::int64_t m = 0;
     for (std::int64_t u = 0; u < tr; ++u)
       for (std::int64_t w = 0; w < tc; ++w) m += rules::in_grid_zone(zone, u, w, tr, tc, gamma);
-    Block b(m, tr * tc);
+    Matrix b(m, tr * tc);
     std::int64_t row = 0;
     for (std::int64_t u = 0; u < tr; ++u)
       for (std::int64_t w = 0; w < tc; ++w) {
@@ -85,8 +85,8 @@ class GridResidual {
   }
 
   using Key = std::tuple<std::int64_t, std::int64_t, GridZone, double>;
-  std::map<Key, Block> bases_;
-  Block tile_k_, tile_v_, tile_coeff_, tile_base_;
+  std::map<Key, Matrix> bases_;
+  Matrix tile_k_, tile_v_, tile_coeff_, tile_base_;
 };
 
 }  // namespace detail

@@ -36,10 +36,12 @@
 
 namespace flashcache::gpu::kernels {
 
-// Threads per CTA: one per column for the compiled head dims, 128 otherwise.
+// Threads per CTA: one per column for the compiled head dims, kBlockedGenericThreads
+// for the generic kernel (head dim 0).
+inline constexpr int kBlockedGenericThreads = 128;
 template <int kHeadDim>
 inline constexpr int blocked_threads() {
-  return kHeadDim > 0 ? kHeadDim : 128;
+  return kHeadDim > 0 ? kHeadDim : kBlockedGenericThreads;
 }
 
 // Shared-memory carve-up, computed the same way on host (sizing, checks) and device.

@@ -167,7 +167,7 @@ TEST(GpuCanImplement, RefusesBadOptions) {
   Options o = blocked();
   o.gamma = 0;
   expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), o), Errc::invalid_option, "gamma");
-  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), blocked(fcc::kMaxBlockSize + 1)), Errc::unsupported,
+  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), blocked(flashcache::rules::kMaxGpuBlockSize + 1)), Errc::unsupported,
                "block_size");
 }
 

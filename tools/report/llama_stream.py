@@ -77,7 +77,10 @@ def render(doc):
                  "over 1,024 and 2,048 cells): " +
                  "; ".join(f"target {c['target']:g}, window {c['window_share']:g}: {c['dev_fact_hits']}/5 facts, "
                            f"NLL {c['dev_mean_stream_nll']:.4f}" for c in choice["candidates"]) +
-                 f". Chosen: **{choice['chosen']['label']}**.")
+                 f". Chosen: **{choice['chosen']['label']}**" +
+                 ("" if any(c["dev_fact_hits"] >= 4 for c in choice["candidates"]) else
+                  " (no candidate found 4 of the 5 dev facts, so step 3 ranked all of them: the script's "
+                  "fallback)") + ".")
     for split in ("dev", "heldout"):
         rows = _by_split(doc["streams"], split)
         if not rows:

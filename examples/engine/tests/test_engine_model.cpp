@@ -230,6 +230,25 @@ TEST(EngineModel, FlashcacheDecodeEqualsAHandGatheredCache) {
   }
 }
 
+// Layers scored on several threads keep the same budgets and tokens as on one.
+TEST(EngineModel, CompressionThreadsKeepTheSameTokens) {
+  REQUIRE_MODEL();
+  const engine::KVCache& full = prefilled(*L).cache;
+  engine::CompressSettings s;
+  s.keep_ratio = 0.3;
+  engine::KVCache one = full;
+  const auto budgets = engine::compress_cache(one, s);
+  for (int threads : {2, 3}) {
+    s.threads = threads;
+    engine::KVCache many = full;
+    EXPECT_EQ(engine::compress_cache(many, s), budgets) << threads << " threads";
+    for (int l = 0; l < full.layers(); ++l)
+      for (int h = 0; h < full.kv_heads(); ++h)
+        for (std::int64_t j = 0; j < budgets[static_cast<std::size_t>(l)]; ++j)
+          ASSERT_EQ(many.position(l, h, j), one.position(l, h, j)) << threads << " threads, layer " << l;
+  }
+}
+
 // Query tails gathered during a chunked prefill (PromptTails as the forward pass's observer)
 // are the tails of the whole prompt's queries at once, recomputed here from a second forward
 // pass that keeps every layer's queries; compressing with them changes what is kept.

@@ -1,20 +1,18 @@
 // The llama.cpp adapter as a context manager (flashcache/llama/context.hpp) and
 // compaction beside other sequences, inside llama.cpp on SmolLM2-135M. Skips
 // with an install hint without llama.cpp or the model.
-#include <gtest/gtest.h>
+#include "llama_test_model.hpp"
 
 #if !FLASHCACHE_HAVE_LLAMA
 
-TEST(LlamaContext, NeedsLlamaCpp) {
-  GTEST_SKIP() << "llama.cpp not found at configure time: CMAKE_ARGS=-DLLAVA_BUILD=OFF python3 -m pip install "
-                  "llama-cpp-python==0.3.36, then configure again (examples/llama_cpp/README.md)";
-}
+TEST(LlamaContext, NeedsLlamaCpp) { GTEST_SKIP() << FLASHCACHE_LLAMA_INSTALL_HINT; }
 
 #else
 
 #include <flashcache/llama.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -28,7 +26,7 @@ namespace ls = llama_session;
 
 namespace {
 
-llama_model* g_model = nullptr;
+using llama_test::g_model;
 
 // Running text of about `sentences` x 22 tokens, different per seed.
 std::vector<llama_token> text_tokens(int sentences, int seed = 0) {
@@ -83,22 +81,7 @@ std::vector<fl::RoomEvent> stream(Ctx& c, fl::ContextManager& cm, const std::vec
   return events;
 }
 
-class LlamaContext : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    const std::string path = engine::find_default_model();
-    if (path.empty()) return;
-    ls::init(true);
-    g_model = llama_model_load_from_file(path.c_str(), ls::model_params());
-  }
-  static void TearDownTestSuite() {
-    if (g_model != nullptr) llama_model_free(g_model);
-    g_model = nullptr;
-  }
-  void SetUp() override {
-    if (g_model == nullptr) GTEST_SKIP() << "no SmolLM2 GGUF: " << engine::model_install_hint();
-  }
-};
+class LlamaContext : public llama_test::ModelTest {};
 
 }  // namespace
 
@@ -124,10 +107,11 @@ TEST_F(LlamaContext, FlashcacheKeepsTheFirstCellsAndPositionsBelowTheCap) {
   const std::vector<fl::RoomEvent> events = stream(c, cm, toks, 64, &max_pos);
   ASSERT_GE(events.size(), 2u);
   EXPECT_LT(max_pos, 512);
+  const std::int64_t target = std::llround(p.target * 512);
   for (const fl::RoomEvent& e : events) {
     EXPECT_EQ(e.policy, fl::WhenFull::flashcache);
-    EXPECT_EQ(e.cells_after, 256);  // round(0.5 x 512)
-    EXPECT_EQ(e.pos_max_after, 255);
+    EXPECT_EQ(e.cells_after, target);
+    EXPECT_EQ(e.pos_max_after, target - 1);
   }
   // The count from positions is the state's count; positions are consecutive from 0.
   const std::vector<std::uint8_t> now = state_of(c, 0);
@@ -161,9 +145,9 @@ TEST_F(LlamaContext, ASecondEventBeforeTheDecodeIsRefused) {
   fl::RoomEvent ev;
   ASSERT_TRUE(cm.make_room(64, &pos, &ev).ok());
   ASSERT_EQ(ev.policy, fl::WhenFull::flashcache);
-  EXPECT_EQ(pos, 256);
+  EXPECT_EQ(pos, std::llround(fl::context_default_params().target * 512));
   const std::vector<std::uint8_t> before = state_of(c, 0);
-  const fc::Status s = cm.make_room(300, &pos);  // 256 + 300 > 512: room again, but the shift is pending
+  const fc::Status s = cm.make_room(300, &pos);  // 384 + 300 > 512: room again, but the shift is pending
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("llama_decode"), std::string::npos) << s.message();
   EXPECT_EQ(state_of(c, 0), before);
@@ -235,6 +219,37 @@ TEST_F(LlamaContext, RefusalsChangeNothing) {
   EXPECT_FALSE(full.ok());
   EXPECT_NE(full.message().find("context is full"), std::string::npos) << full.message();
   EXPECT_EQ(state_of(c, 0), before);
+}
+
+// The compressor's own refusals by name, the sequence untouched: de-rotation, and a
+// cache type it does not read (q4_0 keys).
+TEST_F(LlamaContext, CompressorRefusalsChangeNothing) {
+  const std::vector<llama_token> toks = text_tokens(12);
+  {
+    Ctx c;
+    make_ctx(&c, 512);
+    ASSERT_EQ(ls::decode(c.ctx, toks.data(), static_cast<int>(toks.size()), 0, 0, false), 0);
+    const std::vector<std::uint8_t> before = state_of(c, 0);
+    fl::CompressParams p = fl::compress_default_params();
+    p.options.rope.derotate = true;
+    const fc::Status s = fl::compress_sequence(c.ctx, 0, p, nullptr);
+    EXPECT_NE(s.message().find("de-rotation"), std::string::npos) << s.message();
+    EXPECT_EQ(state_of(c, 0), before);
+  }
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = 512;
+  cp.n_batch = cp.n_ubatch = 256;
+  cp.n_threads = cp.n_threads_batch = 1;
+  cp.type_k = GGML_TYPE_Q4_0;
+  cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+  Ctx q;
+  q.ctx = llama_init_from_model(g_model, cp);
+  ASSERT_NE(q.ctx, nullptr);
+  ASSERT_EQ(ls::decode(q.ctx, toks.data(), static_cast<int>(toks.size()), 0, 0, false), 0);
+  const std::vector<std::uint8_t> before = state_of(q, 0);
+  const fc::Status s = fl::compress_sequence(q.ctx, 0, fl::compress_default_params(), nullptr);
+  EXPECT_NE(s.message().find("q4_0"), std::string::npos) << s.message();
+  EXPECT_EQ(state_of(q, 0), before);
 }
 
 // Separate streams (kv_unified = false), 2 to 4 sequences: each compressed on

@@ -1,14 +1,11 @@
 // flashcache/llama.hpp inside llama.cpp (llama-cpp-python 0.3.36) on SmolLM2-135M:
 // compaction through the public API, checked against llama.cpp's own logits.
 // Skips with an install hint without llama.cpp or the model.
-#include <gtest/gtest.h>
+#include "llama_test_model.hpp"
 
 #if !FLASHCACHE_HAVE_LLAMA
 
-TEST(LlamaCpp, NeedsLlamaCpp) {
-  GTEST_SKIP() << "llama.cpp not found at configure time: CMAKE_ARGS=-DLLAVA_BUILD=OFF python3 -m pip install "
-                  "llama-cpp-python==0.3.36, then configure again (examples/llama_cpp/README.md)";
-}
+TEST(LlamaCpp, NeedsLlamaCpp) { GTEST_SKIP() << FLASHCACHE_LLAMA_INSTALL_HINT; }
 
 #else
 
@@ -31,7 +28,7 @@ namespace ls = llama_session;
 
 namespace {
 
-llama_model* g_model = nullptr;
+using llama_test::g_model;
 
 // A prompt of a few hundred tokens with some structure (repeats, numbers, prose).
 std::string test_prompt() {
@@ -111,22 +108,7 @@ std::vector<std::uint8_t> state_of(Ctx& c) {
   return b;
 }
 
-class LlamaCpp : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    const std::string path = engine::find_default_model();
-    if (path.empty()) return;
-    ls::init(true, /*watch_n_kv=*/true);  // the tests read the highest used cell
-    g_model = llama_model_load_from_file(path.c_str(), ls::model_params());
-  }
-  static void TearDownTestSuite() {
-    if (g_model != nullptr) llama_model_free(g_model);
-    g_model = nullptr;
-  }
-  void SetUp() override {
-    if (g_model == nullptr) GTEST_SKIP() << "no SmolLM2 GGUF: " << engine::model_install_hint();
-  }
-};
+class LlamaCpp : public llama_test::ModelTest {};
 
 const CacheKind kKinds[] = {
     {GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED, "f16, flash attention (V rows)", -1},

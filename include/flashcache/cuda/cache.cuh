@@ -50,6 +50,8 @@ struct Cache {
   const std::uint8_t* protect = nullptr;
 
   bool paged() const { return pages.indices != nullptr; }
+  // Where sequence s's rows start: its pages when paged, its tokens when dense.
+  const std::int32_t* sequence_indptr() const { return paged() ? pages.indptr : indptr; }
 
   // The common layouts, every other field at its default. `tokens` rows of
   // each layer's buffer hold the batch, packed in order; `indptr` ([sequences

@@ -40,7 +40,7 @@ kernels::RowMap row_map(const Cache<T>& c) {
   kernels::RowMap r;
   r.head_stride = c.head_stride;
   r.token_stride = c.token_stride;
-  r.indptr = c.paged() ? c.pages.indptr : c.indptr;
+  r.indptr = c.sequence_indptr();
   if (c.paged()) {
     r.page_indices = c.pages.indices;
     r.page_size = c.pages.page_size;

@@ -67,15 +67,25 @@ inline Status parse_when_full(const std::string& name, WhenFull* out) {
   return make_error(Errc::invalid_option, "when-full policy '", name, "' (flashcache, shift, streaming or none)");
 }
 
+// The score a running context is compacted with: the library's, with the recent
+// window at 9/10 of the kept cells (Options::window_share): on running text the
+// newest tokens are worth more than the outliers (bench/stream/RULE.md).
+inline CompressParams when_full_compress_params() {
+  CompressParams c = compress_default_params();
+  c.options.window_share = 0.9;
+  return c;
+}
+
 struct ContextParams {
   WhenFull when_full = WhenFull::flashcache;
   std::int64_t n_cells = 0;  // the cap: cells the sequence may hold; 0: llama_n_ctx_seq(ctx)
-  // flashcache: the sequence is compacted to round(target * cap) cells, fewer when
-  // the new ones need it. Chosen on dev streams (bench/RESULTS.md, "Long chats").
-  double target = 0.5;
+  // flashcache: the sequence is compacted to round(target * cap) cells, fewer when the
+  // new ones need it. 3/4 and the window share above were chosen on a dev stream by
+  // bench/stream/RULE.md ("Long texts through a bounded llama.cpp context" in bench/RESULTS.md).
+  double target = 0.75;
   std::int64_t n_keep = 4;  // the first n_keep positions always stay (the system prompt; llama.cpp's --keep)
   bool renumber = true;     // flashcache: kept cells get consecutive positions (needs llama_memory_can_shift)
-  CompressParams compress;  // flashcache: the score and threads (the budget is the manager's)
+  CompressParams compress = when_full_compress_params();  // the score and threads (the budget is the manager's)
 };
 inline ContextParams context_default_params() { return ContextParams{}; }
 

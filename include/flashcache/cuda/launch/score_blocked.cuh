@@ -9,10 +9,11 @@ namespace flashcache::gpu::detail {
 // Tile width of the blocked kernel for a block size.
 inline int blocked_tile(std::int64_t block_size) { return block_size <= 64 ? 64 : 128; }
 
+// kernels::blocked_threads<D>() of the kernel a head dim runs (D = 0 when it has none of its own).
 inline int blocked_thread_count(std::int64_t head_dim) {
   for (int d : kCompiledHeadDims)
     if (d == head_dim) return d;
-  return 128;
+  return kernels::kBlockedGenericThreads;
 }
 
 inline std::int64_t blocked_smem_bytes(std::int64_t head_dim, std::int64_t elem_bytes, const Options& opt) {
@@ -25,7 +26,7 @@ inline std::int64_t blocked_smem_bytes(std::int64_t head_dim, std::int64_t elem_
 template <class T, int kHeadDim, int kTile>
 Status launch_blocked_for(const kernels::BlockedParams<T>& p, dim3 grid, std::int64_t smem, cudaStream_t stream) {
   auto kernel = kernels::score_blocked_kernel<T, kHeadDim, kTile>;
-  if (smem > 48 * 1024)
+  if (smem > kDefaultDynamicSmemBytes)
     FLASHCACHE_RETURN_IF_ERROR(
         cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                     "raising the blocked kernel's shared memory"));

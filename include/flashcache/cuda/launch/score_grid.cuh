@@ -102,7 +102,7 @@ Status score_grids(const RunContext<T>& run, cudaStream_t stream) {
   p.grid_protected = ws.grid_protected();
   p.status = run.status;
   auto kernel = kernels::score_grid_kernel<T>;
-  if (g.smem > 48 * 1024)
+  if (g.smem > kDefaultDynamicSmemBytes)
     FLASHCACHE_RETURN_IF_ERROR(
         cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem)),
                     "raising the grid kernel's shared memory"));

@@ -13,7 +13,7 @@ Status build_sequence_table(const RunContext<T>& run, cudaStream_t stream) {
   p.sequences = c.sequences;
   p.capacity = c.capacity;
   p.tile = run.ws.layout().tile;
-  p.indptr = c.paged() ? c.pages.indptr : c.indptr;
+  p.indptr = c.sequence_indptr();
   if (c.paged()) {
     p.page_indices = c.pages.indices;
     p.last_page_len = c.pages.last_page_len;
