@@ -141,8 +141,8 @@ inline std::string architecture(const llama_model* model) {
 
 }  // namespace detail
 
-// The checks that need no state: what the model and context are.
-inline Status check_supported(llama_context* ctx, llama_seq_id seq) {
+// What the model and context are, before any sequence is looked at.
+inline Status check_supported_context(llama_context* ctx) {
   if (ctx == nullptr) return make_error(Errc::invalid_option, "llama: null context");
   FLASHCACHE_RETURN_IF_ERROR(check_llama_version());
   const llama_model* model = llama_get_model(ctx);
@@ -165,6 +165,12 @@ inline Status check_supported(llama_context* ctx, llama_seq_id seq) {
     return make_error(Errc::unsupported, "llama: ", arch,
                       " keeps an indexer cache beside its KV cache (DSA / MSA sparse attention)");
   if (llama_get_memory(ctx) == nullptr) return make_error(Errc::unsupported, "llama: context without memory");
+  return Status::success();
+}
+
+// The checks that need no state: the context, and a sequence of it with cells.
+inline Status check_supported(llama_context* ctx, llama_seq_id seq) {
+  FLASHCACHE_RETURN_IF_ERROR(check_supported_context(ctx));
   if (seq < 0 || static_cast<std::uint32_t>(seq) >= llama_n_seq_max(ctx))
     return make_error(Errc::invalid_option, "llama: sequence ", seq, " outside [0, ", llama_n_seq_max(ctx), ")");
   if (llama_memory_seq_pos_min(llama_get_memory(ctx), seq) < 0)

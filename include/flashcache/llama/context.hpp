@@ -129,7 +129,7 @@ class ContextManager {
                         p.when_full == WhenFull::flashcache ? " with renumbering" : "",
                         " moves positions, but this memory cannot shift them (llama_memory_can_shift)");
     if (p.when_full == WhenFull::flashcache) {
-      FLASHCACHE_RETURN_IF_ERROR(check_supported_model(ctx));
+      FLASHCACHE_RETURN_IF_ERROR(check_supported_context(ctx));
       CompressParams c = p.compress;
       c.budget = Budget::ratio(p.target);
       if (c.options.query != QueryInput::none || c.queries != nullptr)
@@ -210,13 +210,6 @@ class ContextManager {
   const ContextParams& params() const { return p_; }
 
  private:
-  static Status check_supported_model(llama_context* ctx) {
-    FLASHCACHE_RETURN_IF_ERROR(check_llama_version());
-    const llama_model* model = llama_get_model(ctx);
-    if (model == nullptr) return make_error(Errc::invalid_option, "llama: context without a model");
-    return Status::success();
-  }
-
   // flashcache: compact to the target, the first n_keep and the newest turn kept.
   Status compact(std::int64_t have, std::int64_t n_new, RoomEvent* ev) {
     llama_memory_t mem = llama_get_memory(ctx_);
