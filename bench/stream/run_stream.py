@@ -11,7 +11,8 @@ Streams: the first max_tokens tokens of each text (stream_split.json) through 1,
 evicting what the next 128-token chunk needs; also at 3/4 of the cells, about shift's
 average), FlashCache when full (the RULE.md candidates: targets 1/2 and 3/4 with window
 shares 1/2, 3/4 and 9/10, renumbered; beside them the paper's score and positions kept) and
-the full cache. Facts: a 6-digit code planted at five depths into a filler of at least three
+the full cache; stage 3, FlashCache with query tails (--query-tail) at the chosen target, window
+shares 9/10 and 3/4. Facts: a 6-digit code planted at five depths into a filler of at least three
 times 1,024 cells, asked at the end. Finished runs are kept in --work/rows.jsonl, so an
 interrupted run resumes where it stopped.
 """
@@ -42,6 +43,8 @@ def policy_args(row):
             args.append("--no-renumber")
         if row.get("paper"):
             args.append("--paper")
+        if row.get("query_tail"):
+            args.append("--query-tail")
     return args
 
 
@@ -92,7 +95,7 @@ def label(row):
         return row["policy"]
     name = "flashcache paper" if row.get("paper") else "flashcache"
     return (f"{name} target {row['target']:g}, window {row.get('window_share', 0.5):g}" +
-            ("" if row.get("renumber", True) else ", positions kept"))
+            ("" if row.get("renumber", True) else ", positions kept") + (", query tail" if row.get("query_tail") else ""))
 
 
 def fc_row(target, window_share, **extra):
@@ -100,6 +103,7 @@ def fc_row(target, window_share, **extra):
 
 
 CANDIDATES = [(t, w) for t in (0.5, 0.75) for w in (0.5, 0.75, 0.9)]  # RULE.md, stages 1 and 2
+TAIL_CANDIDATES = [0.9, 0.75]  # RULE.md stage 3: window shares with query tails, at the chosen target
 
 
 def side_rows():
@@ -203,6 +207,22 @@ def run_streams(args, cache, split_doc, split, rows, log):
     return out
 
 
+def choose_tail(dev, dev_facts, target):
+    """RULE.md stage 3: at least 4 of 5 dev facts (else all), then the lowest mean dev stream NLL;
+    ties within 0.005 to 9/10."""
+    cands = []
+    for w in TAIL_CANDIDATES:
+        lab = label(fc_row(target, w, query_tail=True))
+        hits = sum(r["hit"] for r in dev_facts if r["label"] == lab)
+        nll = [r["stream_nll"] for r in dev if r["label"] == lab]
+        cands.append({"target": target, "window_share": w, "label": lab, "dev_fact_hits": hits,
+                      "dev_mean_stream_nll": sum(nll) / len(nll)})
+    ok = [c for c in cands if c["dev_fact_hits"] >= 4] or cands
+    best = min(c["dev_mean_stream_nll"] for c in ok)
+    chosen = next(c for c in ok if c["dev_mean_stream_nll"] <= best + 0.005)  # TAIL_CANDIDATES lists 9/10 first
+    return cands, chosen
+
+
 def choose(dev, dev_facts):
     """RULE.md: at least 4 of 5 dev facts, then the lowest mean dev stream NLL over both sizes;
     ties within 0.005 to the smaller target, then the smaller window share."""
@@ -255,6 +275,18 @@ def main():
     held_facts = run_facts(args, cache, split_doc, "heldout",
                            [pick, {"policy": "shift"}, {"policy": "streaming"},
                             {"policy": "streaming", "cap_share": 0.75}, {"policy": "full"}], tok, log)
+    # Stage 3 (RULE.md): query tails at the chosen target, dev then held-out once.
+    tail_rows = [fc_row(chosen["target"], w, query_tail=True) for w in TAIL_CANDIDATES]
+    dev_tail = run_streams(args, cache, split_doc, "dev", tail_rows, log)
+    dev_tail_facts = run_facts(args, cache, split_doc, "dev", tail_rows, tok, log)
+    tail_cands, tail_chosen = choose_tail(dev_tail, dev_tail_facts, chosen["target"])
+    log(f"chosen with tails {tail_chosen['label']}: {tail_cands}")
+    tail_pick = fc_row(chosen["target"], tail_chosen["window_share"], query_tail=True)
+    held_tail = run_streams(args, cache, split_doc, "heldout", [tail_pick], log)
+    held_tail_facts = run_facts(args, cache, split_doc, "heldout", [tail_pick], tok, log)
+    dev, dev_facts = dev + [r for r in dev_tail if r["label"] != "full"], dev_facts + dev_tail_facts
+    held, held_facts = held + [r for r in held_tail if r["label"] != "full"], held_facts + held_tail_facts
+
     doc = {
         "command": "python3 bench/stream/run_stream.py --chat build/examples/llama_cpp/flashcache_chat",
         "date": started,
@@ -264,6 +296,7 @@ def main():
         "model": os.path.basename(args.model), "threads": args.threads, "chunk": CHUNK,
         "split": "bench/stream/stream_split.json", "rule": "bench/stream/RULE.md",
         "choice": {"candidates": cands, "chosen": chosen},
+        "tail_choice": {"candidates": tail_cands, "chosen": tail_chosen},
         "streams": dev + held, "facts": dev_facts + held_facts,
     }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

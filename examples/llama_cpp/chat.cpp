@@ -36,7 +36,7 @@ namespace {
 const char* kUsage =
     "usage: flashcache_chat [-m MODEL.gguf] [-c CELLS] [-n N] [-t THREADS] [--keep N] [--temp T] [--top-p P]\n"
     "         [--seed S] [--when-full flashcache|shift|streaming|none] [--target SHARE] [--no-renumber]\n"
-    "         [--window-share SHARE] [--paper]\n"
+    "         [--window-share SHARE] [--paper | --query-tail]\n"
     "         [-s SYSTEM] [-f FILE [-b CHUNK] [--max-tokens N] [--nll-from TOKEN]] [--json] [--quiet]\n"
     "  without -f: a chat, one user turn per line of standard input\n";
 
@@ -47,7 +47,7 @@ struct Args {
   double temp = 0.0, top_p = 1.0, target = -1, window_share = -1;
   unsigned seed = 0;
   std::string when_full = "flashcache";
-  bool renumber = true, json = false, quiet = false, paper = false;
+  bool renumber = true, json = false, quiet = false, paper = false, query_tail = false;
 };
 
 bool parse_args(int argc, char** argv, Args* a) {
@@ -67,6 +67,10 @@ bool parse_args(int argc, char** argv, Args* a) {
     }
     if (k == "--paper") {
       a->paper = true;
+      continue;
+    }
+    if (k == "--query-tail") {
+      a->query_tail = true;
       continue;
     }
     if (k == "-h" || k == "--help") {
@@ -127,6 +131,10 @@ bool parse_args(int argc, char** argv, Args* a) {
       return false;
     }
   }
+  if (a->paper && a->query_tail) {
+    std::fprintf(stderr, "flashcache_chat: --paper is the paper's query-free score; --query-tail adds queries\n");
+    return false;
+  }
   if (a->cells < 16 || a->threads < 1 || a->chunk < 1 || a->max_tokens < 0) {
     std::fprintf(stderr, "flashcache_chat: -c at least 16, -t and -b at least 1, --max-tokens not negative\n");
     return false;
@@ -168,13 +176,15 @@ struct Session {
       return false;
     }
     if (ev.policy != fl::WhenFull::none) {
-      char buf[320];
+      char buf[384];
       std::snprintf(buf, sizeof buf,
                     "{\"policy\": \"%s\", \"at_token\": %lld, \"cells_before\": %lld, \"cells_after\": %lld, "
-                    "\"pos_max_after\": %d, \"ms\": %.3f, \"decode_ms_before\": %.3f}",
+                    "\"pos_max_after\": %d, \"ms\": %.3f, \"score_ms\": %.3f, \"query_tails\": %s, "
+                    "\"decode_ms_before\": %.3f}",
                     fl::to_string(ev.policy), static_cast<long long>(tokens),
                     static_cast<long long>(ev.cells_before), static_cast<long long>(ev.cells_after),
-                    static_cast<int>(ev.pos_max_after), ev.ms, decode_ms);
+                    static_cast<int>(ev.pos_max_after), ev.ms, ev.compaction.score_ms,
+                    ev.compaction.query_tails ? "true" : "false", decode_ms);
       events.emplace_back(buf);
     }
     const std::int64_t cells_before = manager.cells();
@@ -290,6 +300,11 @@ int main(int argc, char** argv) {
   lp.n_batch = lp.n_ubatch = static_cast<uint32_t>(std::min(a.chunk, a.cells));
   lp.n_seq_max = 1;
   lp.n_threads = lp.n_threads_batch = a.threads;
+  fl::QueryCapture capture;  // --query-tail: the queries decoded since the last compaction
+  if (a.query_tail) {
+    lp.cb_eval = fl::QueryCapture::eval;
+    lp.cb_eval_user_data = &capture;
+  }
   llama_context* ctx = llama_init_from_model(model, lp);
   if (ctx == nullptr) {
     std::fprintf(stderr, "flashcache_chat: cannot make a context of %d cells\n", a.cells);
@@ -314,6 +329,10 @@ int main(int argc, char** argv) {
   cp.renumber = a.renumber;
   if (a.paper) cp.compress.options = fc::Options::paper();  // the paper's score (positions still renumbered)
   if (a.window_share >= 0) cp.compress.options.window_share = a.window_share;
+  if (a.query_tail) {
+    cp.compress.options = fc::Options::with_query_tail(cp.compress.options);
+    cp.queries = &capture;
+  }
   cp.compress.n_threads = a.threads;
   int rc = 0;
   if (auto st = s.manager.init(ctx, 0, cp); !st) {
@@ -390,12 +409,12 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < replies.size(); ++i) rep += (i ? ", " : "") + json_string(replies[i]);
     rep += "]";
     std::printf(
-        "{\"ok\": %s, \"when_full\": \"%s\", \"n_ctx\": %d, \"n_keep\": %lld, \"target\": %.4f, \"renumber\": %s, \"window_share\": %.4f, \"paper\": %s, "
+        "{\"ok\": %s, \"when_full\": \"%s\", \"n_ctx\": %d, \"n_keep\": %lld, \"target\": %.4f, \"renumber\": %s, \"window_share\": %.4f, \"paper\": %s, \"query_tail\": %s, "
         "\"threads\": %d, \"text\": %s, \"replies\": %s, \"events\": %s, \"stream_tokens\": %lld, "
         "\"stream_nll\": %.6f, \"nll_tokens\": %lld, \"avg_cells\": %.2f, \"max_position\": %d, "
         "\"decode_ms\": %.3f, \"event_ms\": %.3f, \"tokens\": %lld, \"tokens_per_s\": %.3f}\n",
         rc == 0 ? "true" : "false", fl::to_string(cp.when_full), a.cells, static_cast<long long>(cp.n_keep), cp.target,
-        cp.renumber ? "true" : "false", cp.compress.options.window_share, a.paper ? "true" : "false", a.threads, json_string(out_text).c_str(), rep.c_str(), ev.c_str(),
+        cp.renumber ? "true" : "false", cp.compress.options.window_share, a.paper ? "true" : "false", a.query_tail ? "true" : "false", a.threads, json_string(out_text).c_str(), rep.c_str(), ev.c_str(),
         static_cast<long long>(stream_tokens), nll_count > 0 ? nll_sum / static_cast<double>(nll_count) : 0.0,
         static_cast<long long>(nll_count), s.cells_count > 0 ? s.cells_sum / static_cast<double>(s.cells_count) : 0.0,
         static_cast<int>(s.max_pos), s.decode_ms, s.manager.event_ms(), static_cast<long long>(s.tokens),

@@ -45,7 +45,9 @@
 // Query tails (Options::with_query_tail()): a QueryCapture (llama/queries.hpp)
 // takes the prompt's last queries during its prefill through cb_eval, and the
 // compression scores with them against the state's keys. It needs the sequence
-// as prefilled (positions 0..N-1) and a K cache of f32, f16 or bf16.
+// as prefilled (positions 0..N-1) and a K cache of f32, f16 or bf16. A capture
+// that follows a running sequence (QueryCapture::follow, as ContextManager
+// does) needs the cells at consecutive positions lo..hi and its last query at hi.
 //
 // Threads: the layers are scored in parallel on CompressParams::n_threads
 // (0: the context's llama_n_threads), by a pool the compressor keeps; the kept
@@ -390,7 +392,12 @@ class SequenceCompressor {
       if (queries != nullptr) {  // the captured queries against this layer's keys, in position order
         x.tails.assign(static_cast<std::size_t>(heads) * n, 0.0f);
         const TailView<float> out{x.tails.data(), heads, static_cast<std::int64_t>(n)};
-        status = x.tail.add(queries->layer(static_cast<int>(l)), queries->first_position(), k, nullptr, out);
+        const QueryWindow& w = queries->window(static_cast<int>(l));
+        const std::int64_t lo = s.pos[static_cast<std::size_t>(order_[0])];  // key index = position - lo
+        for (int i = 0; i < w.pieces() && status.ok(); ++i) {
+          const QueryPiece piece = w.piece(i);
+          status = x.tail.add(piece.q, piece.first - lo, k, nullptr, out);
+        }
         if (!status.ok()) return;
         tails = out;
       }
@@ -434,24 +441,36 @@ class SequenceCompressor {
     return make_error(failed.code(), failed.message(), "; the original state is restored");
   }
 
-  // Captured queries fit this sequence: complete, the same prompt (cells at
-  // positions 0..N-1, as prefilled), a cache whose keys are stored as computed.
+  // Captured queries fit this sequence: complete and of its positions. After
+  // begin(), the same prompt (cells at positions 0..N-1, as prefilled); after
+  // follow(), cells at consecutive positions whose last is the last query's.
   static Status check_queries(const QueryCapture& q, const SeqState& s, std::int64_t heads, std::int64_t dim) {
     FLASHCACHE_RETURN_IF_ERROR(q.status());
-    if (!q.complete() || q.layers() != static_cast<int>(s.layers.size()))
-      return make_error(Errc::invalid_option, "llama: the QueryCapture saw ", q.tokens_seen(), " tokens in ",
-                        q.layers(), " layers since begin() for a ", q.prompt_tokens(),
-                        "-token prompt: begin() it right before the prompt is decoded, and compress with query tails "
-                        "once, right after the prefill");
     const auto mm = std::minmax_element(s.pos.begin(), s.pos.end());
-    if (static_cast<std::int64_t>(s.cell_count) != q.prompt_tokens() || *mm.first != 0 ||
-        *mm.second != static_cast<llama_pos>(s.cell_count) - 1)
-      return make_error(Errc::invalid_option, "llama: the captured queries are of a ", q.prompt_tokens(),
-                        "-token prompt, but the sequence holds ", s.cell_count, " cells at positions [", *mm.first,
-                        ", ", *mm.second, "]: compress with query tails once, right after the prefill");
-    const KVView<const float> q0 = q.layer(0);
-    if (q0.head_dim != dim || q0.heads % heads != 0)
-      return make_error(Errc::unsupported, "llama: captured queries of ", q0.heads, " heads of ", q0.head_dim,
+    const bool consecutive = static_cast<std::int64_t>(*mm.second) - *mm.first + 1 == s.cell_count;
+    if (q.running()) {
+      if (!q.complete() || q.layers() != static_cast<int>(s.layers.size()) || q.end_position() != *mm.second + 1)
+        return make_error(Errc::invalid_option, "llama: the QueryCapture followed ", q.tokens_seen(), " tokens in ",
+                          q.layers(), " layers from position ", q.end_position() - q.tokens_seen(),
+                          ", but the sequence's last position is ", *mm.second, " in ", s.layers.size(),
+                          " layers: the context decoded something the capture did not follow");
+      if (!consecutive || q.first_position() < *mm.first)
+        return make_error(Errc::invalid_option, "llama: query tails need the cells at consecutive positions (the "
+                          "sequence holds ", s.cell_count, " cells at [", *mm.first, ", ", *mm.second, "])");
+    } else {
+      if (!q.complete() || q.layers() != static_cast<int>(s.layers.size()))
+        return make_error(Errc::invalid_option, "llama: the QueryCapture saw ", q.tokens_seen(), " tokens in ",
+                          q.layers(), " layers since begin() for a ", q.prompt_tokens(),
+                          "-token prompt: begin() it right before the prompt is decoded, and compress with query "
+                          "tails once, right after the prefill");
+      if (static_cast<std::int64_t>(s.cell_count) != q.prompt_tokens() || *mm.first != 0 || !consecutive)
+        return make_error(Errc::invalid_option, "llama: the captured queries are of a ", q.prompt_tokens(),
+                          "-token prompt, but the sequence holds ", s.cell_count, " cells at positions [", *mm.first,
+                          ", ", *mm.second, "]: compress with query tails once, right after the prefill");
+    }
+    const QueryWindow& q0 = q.window(0);
+    if (q0.kept() > 0 && (q0.head_dim() != dim || q0.heads() % heads != 0))
+      return make_error(Errc::unsupported, "llama: captured queries of ", q0.heads(), " heads of ", q0.head_dim(),
                         " for ", heads, " KV heads of ", dim);
     if (s.layers[0].k_type == static_cast<std::int32_t>(GgmlType::q8_0))
       return make_error(Errc::unsupported,

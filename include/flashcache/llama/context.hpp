@@ -86,6 +86,12 @@ struct ContextParams {
   std::int64_t n_keep = 4;  // the first n_keep positions always stay (the system prompt; llama.cpp's --keep)
   bool renumber = true;     // flashcache: kept cells get consecutive positions (needs llama_memory_can_shift)
   CompressParams compress = when_full_compress_params();  // the score and threads (the budget is the manager's)
+  // flashcache with query tails (compress.options = Options::with_query_tail(...)): the
+  // QueryCapture wired to the context's cb_eval. The manager follows the sequence with it
+  // (QueryCapture::follow at init and after each compaction), so each compaction scores
+  // with the queries decoded since the last; it needs renumbering, and the context must
+  // decode this sequence only. Null: the query-free score.
+  QueryCapture* queries = nullptr;
 };
 inline ContextParams context_default_params() { return ContextParams{}; }
 
@@ -132,12 +138,25 @@ class ContextManager {
       FLASHCACHE_RETURN_IF_ERROR(check_supported_context(ctx));
       CompressParams c = p.compress;
       c.budget = Budget::ratio(p.target);
-      if (c.options.query != QueryInput::none || c.queries != nullptr)
-        return make_error(Errc::unsupported, "llama: query tails in a ContextManager (they need the prompt as "
-                                             "prefilled; the manager compacts a running context)");
+      if (c.queries != nullptr)
+        return make_error(Errc::invalid_option, "llama: ContextParams::compress.queries is the manager's: give the "
+                                                "capture as ContextParams::queries");
+      if (c.options.query != QueryInput::none && p.queries == nullptr)
+        return make_error(Errc::invalid_option, "llama: query tails in a ContextManager need ContextParams::queries "
+                                                "(a QueryCapture on the context's cb_eval)");
+      c.queries = p.queries;
       FLASHCACHE_RETURN_IF_ERROR(check_compress_params(c));
+      if (p.queries != nullptr && !p.renumber)
+        return make_error(Errc::invalid_option, "llama: query tails in a ContextManager need renumber (the tails "
+                                                "read the cells at consecutive positions)");
+    } else if (p.queries != nullptr) {
+      return make_error(Errc::invalid_option, "llama: ContextParams::queries with when-full ",
+                        to_string(p.when_full), ": query tails score flashcache's compactions only");
     }
     const llama_pos lo = llama_memory_seq_pos_min(mem, seq), hi = llama_memory_seq_pos_max(mem, seq);
+    if (p.queries != nullptr) {
+      p.queries->follow(hi + 1);  // the next token decoded is the sequence's next position
+    }
     ctx_ = ctx;
     seq_ = seq;
     p_ = p;
@@ -223,12 +242,13 @@ class ContextManager {
                         " leave no room for ", n_new, " new cells in ", cap_, " (protect_from a later position)");
     keep = std::max(keep, kept_anyway);
     CompressParams c = p_.compress;
+    c.queries = p_.queries;
     c.budget = Budget::tokens(keep);
     c.options.sink = std::max(c.options.sink, p_.n_keep);
     c.options.window = std::max(c.options.window, turn);
     FLASHCACHE_RETURN_IF_ERROR(compressor_.compress(ctx_, seq_, c, &ev->compaction));
     ev->cells_after = ev->compaction.cells_after;
-    if (!p_.renumber) return Status::success();
+    if (!p_.renumber) return Status::success();  // (query tails need renumbering: init says so)
     // Runs of consecutive kept positions, each moved down to follow the last, in
     // ascending order: a run's new positions are below every later run's old ones.
     const std::vector<llama_pos>& kept = compressor_.kept_positions();
@@ -242,6 +262,8 @@ class ContextManager {
       i = j;
     }
     if (protect_from_ >= 0 && turn > 0) protect_from_ = next - static_cast<llama_pos>(turn);
+    // The queries so far are in the old frame: the next compaction reads those decoded from here.
+    if (p_.queries != nullptr) p_.queries->follow(next);
     pending_ = true;
     return Status::success();
   }

@@ -22,6 +22,13 @@
 // compression (compress() refuses a count other than the prompt's). The tails
 // assume llama.cpp's default logit scale 1/sqrt(head_dim) without softcapping:
 // the adapter refuses models whose metadata sets another.
+//
+// A running sequence (a ContextManager compacting whenever the context fills):
+// follow(first) instead of begin(), and the capture keeps the last queries of
+// whatever is decoded from position `first` on (a QueryWindow per layer). The
+// manager calls it at init and after each compaction, whose renumbering leaves
+// older queries in another frame than the keys. The context must decode that
+// sequence only: each Qcur row counts as the sequence's next position.
 #include <llama.h>
 
 #include <cstdint>
@@ -31,6 +38,7 @@
 
 #include "flashcache/error.hpp"
 #include "flashcache/query_tail.hpp"
+#include "flashcache/query_window.hpp"
 #include "flashcache/view.hpp"
 
 namespace flashcache {
@@ -41,14 +49,22 @@ class QueryCapture {
   // Keeps the queries of positions [prompt_tokens - count, prompt_tokens) of
   // the next prompt (all of them when count >= prompt_tokens); forgets the last.
   void begin(std::int64_t prompt_tokens, std::int64_t count = kTailLastQueries) {
+    running_ = false;
     prompt_ = prompt_tokens < 0 ? 0 : prompt_tokens;
-    first_ = count < prompt_ ? prompt_ - count : 0;
-    seen_.clear();
-    q_.clear();
-    heads_ = dim_ = 0;
-    status_ = prompt_tokens < 0 || count < 0
-                  ? make_error(Errc::invalid_option, "llama: QueryCapture::begin(", prompt_tokens, ", ", count, ")")
-                  : Status::success();
+    const std::int64_t first = count < prompt_ ? prompt_ - count : 0;
+    start(0, first, prompt_ - first);
+    if (prompt_tokens < 0 || count < 0)
+      status_ = make_error(Errc::invalid_option, "llama: QueryCapture::begin(", prompt_tokens, ", ", count, ")");
+  }
+
+  // Keeps the last `count` queries of the tokens decoded from position `first`
+  // on, one after another, with no end: a running sequence (ContextManager).
+  void follow(std::int64_t first, std::int64_t count = kTailLastQueries) {
+    running_ = true;
+    prompt_ = 0;
+    start(first < 0 ? 0 : first, first < 0 ? 0 : first, count < 0 ? 0 : count);
+    if (first < 0 || count < 0)
+      status_ = make_error(Errc::invalid_option, "llama: QueryCapture::follow(", first, ", ", count, ")");
   }
 
   // llama_context_params::cb_eval, with cb_eval_user_data = the QueryCapture.
@@ -61,27 +77,45 @@ class QueryCapture {
 
   // The first problem met while capturing (a type, shape or count off), or success.
   const Status& status() const { return status_; }
+  bool running() const { return running_; }       // follow(), not begin()
   std::int64_t prompt_tokens() const { return prompt_; }
-  std::int64_t first_position() const { return first_; }
+  std::int64_t first_position() const { return windows_.empty() ? first_ : windows_[0].first_kept(); }
   int layers() const { return static_cast<int>(seen_.size()); }
   // Every layer saw exactly the prompt's tokens since begin(), and at least one
   // layer exists: fewer means the prefill is not done, more that something else
   // was decoded before or after it (its positions would not be the cells').
+  // After follow(): every layer saw the same tokens.
   bool complete() const {
     if (seen_.empty()) return false;
     for (std::int64_t s : seen_)
-      if (s != prompt_) return false;
+      if (s != (running_ ? seen_[0] : prompt_)) return false;
     return true;
   }
-  // Tokens layer 0 saw since begin() (the others see the same).
+  // Tokens layer 0 saw since begin() or follow() (the others see the same).
   std::int64_t tokens_seen() const { return seen_.empty() ? 0 : seen_[0]; }
-  // Layer l's kept queries: positions first_position().., [query heads][kept][head_dim].
+  // One past the position of the last token seen.
+  std::int64_t end_position() const { return origin_ + tokens_seen(); }
+  // Layer l's kept queries, oldest first, as runs of consecutive positions.
+  const QueryWindow& window(int l) const { return windows_[static_cast<std::size_t>(l)]; }
+  // After begin(): layer l's kept queries, positions first_position()..,
+  // [query heads][kept][head_dim] (one run: a prompt's window never wraps).
   KVView<const float> layer(int l) const {
-    const std::vector<float>& q = q_[static_cast<std::size_t>(l)];
-    return {q.data(), heads_, prompt_ - first_, dim_, dim_, heads_ * dim_};
+    const QueryWindow& w = window(l);
+    return w.pieces() == 0 ? KVView<const float>{} : w.piece(0).q;
   }
 
  private:
+  // Positions from `origin` are counted; those from `first` on are kept, the last `count`.
+  void start(std::int64_t origin, std::int64_t first, std::int64_t count) {
+    origin_ = origin;
+    first_ = first;
+    count_ = count;
+    heads_ = dim_ = 0;
+    seen_.clear();
+    for (QueryWindow& w : windows_) w.reset(first_, count_);
+    status_ = Status::success();
+  }
+
   // The layer of a post-RoPE "Qcur-<l>" node, else -1.
   static int queries_layer(const ggml_tensor* t) {
     if (t == nullptr || t->op != GGML_OP_ROPE || std::strncmp(t->name, "Qcur-", 5) != 0) return -1;
@@ -91,9 +125,11 @@ class QueryCapture {
   }
 
   void reach(int layer) {
-    if (seen_.size() <= static_cast<std::size_t>(layer)) {
-      seen_.resize(static_cast<std::size_t>(layer) + 1, 0);
-      q_.resize(static_cast<std::size_t>(layer) + 1);
+    if (seen_.size() <= static_cast<std::size_t>(layer)) seen_.resize(static_cast<std::size_t>(layer) + 1, 0);
+    if (windows_.size() <= static_cast<std::size_t>(layer)) {
+      const std::size_t had = windows_.size();
+      windows_.resize(static_cast<std::size_t>(layer) + 1);
+      for (std::size_t w = had; w < windows_.size(); ++w) windows_[w].reset(first_, count_);
     }
   }
 
@@ -102,8 +138,8 @@ class QueryCapture {
   bool wants(int layer, const ggml_tensor* t) {
     reach(layer);
     std::int64_t& seen = seen_[static_cast<std::size_t>(layer)];
-    const std::int64_t n = t->ne[2];
-    if (!status_.ok() || seen >= prompt_ || seen + n <= first_) {
+    const std::int64_t n = t->ne[2], pos = origin_ + seen;
+    if (!status_.ok() || (!running_ && (seen >= prompt_ || pos + n <= first_))) {
       seen += n;
       return false;
     }
@@ -113,32 +149,34 @@ class QueryCapture {
   // The node computed: copy its kept rows (one per token: n_head x head_dim floats).
   bool take(int layer, const ggml_tensor* t) {
     std::int64_t& seen = seen_[static_cast<std::size_t>(layer)];
+    QueryWindow& w = windows_[static_cast<std::size_t>(layer)];
     const std::int64_t d = t->ne[0], h = t->ne[1], n = t->ne[2];
     if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t) || t->ne[3] != 1) {
       status_ =
           make_error(Errc::unsupported, "llama: ", t->name, " is not a contiguous float [d][heads][tokens] tensor");
-    } else if ((heads_ != 0 && (h != heads_ || d != dim_))) {
+    } else if ((heads_ != 0 && (h != heads_ || d != dim_)) || !w.shape(h, d)) {
       status_ = make_error(Errc::unsupported, "llama: ", t->name, " has ", h, " heads of ", d, ", layer 0 ", heads_,
                            " of ", dim_);
     } else {
       heads_ = h;
       dim_ = d;
-      std::vector<float>& q = q_[static_cast<std::size_t>(layer)];
-      q.resize(static_cast<std::size_t>((prompt_ - first_) * h * d));
       for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t pos = seen + r;
-        if (pos < first_ || pos >= prompt_) continue;
-        ggml_backend_tensor_get(t, q.data() + (pos - first_) * h * d, static_cast<std::size_t>(r) * t->nb[2],
-                                static_cast<std::size_t>(h * d) * sizeof(float));
+        const std::int64_t pos = origin_ + seen + r;
+        if (pos < first_ || (!running_ && pos >= prompt_)) continue;
+        float* row = w.append();  // the window's next position is pos: rows arrive in order from first_
+        if (row != nullptr)
+          ggml_backend_tensor_get(t, row, static_cast<std::size_t>(r) * t->nb[2],
+                                  static_cast<std::size_t>(h * d) * sizeof(float));
       }
     }
     seen += n;
     return true;  // false would stop llama.cpp's compute
   }
 
-  std::int64_t prompt_ = 0, first_ = 0, heads_ = 0, dim_ = 0;
+  bool running_ = false;
+  std::int64_t prompt_ = 0, origin_ = 0, first_ = 0, count_ = 0, heads_ = 0, dim_ = 0;
   std::vector<std::int64_t> seen_;     // tokens each layer's node has seen
-  std::vector<std::vector<float>> q_;  // [layer][kept][heads][dim]
+  std::vector<QueryWindow> windows_;   // [layer]: the kept queries
   Status status_;
 };
 
