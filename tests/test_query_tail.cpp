@@ -4,6 +4,7 @@
 #include <flashcache/flashcache.hpp>
 #include <flashcache/policies/baselines.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -354,3 +355,65 @@ TEST(QueryTailScore, PolicyKeepsTheKeyOneQueryNeeds) {
 }
 
 }  // namespace
+
+// The last queries of a running sequence (query_window.hpp): rows pushed from an origin
+// through several wraps of the ring come back as at most two runs of consecutive
+// positions, the newest `capacity` in order, and their tails are the naive ones of
+// exactly those queries.
+TEST(QueryWindow, KeepsTheLastRowsAsRunsOfPositions) {
+  const Prompt p(6, 2, 157, 7, 29u);
+  for (const std::int64_t capacity : {45, 1, 137, 300}) {
+    fc::QueryWindow w;
+    const std::int64_t origin = 20;
+    w.reset(origin, capacity);
+    for (std::int64_t pos = origin; pos < p.n; ++pos) {
+      ASSERT_TRUE(w.shape(p.hq, p.d));
+      float* row = w.append();
+      ASSERT_NE(row, nullptr);
+      for (std::int64_t g = 0; g < p.hq; ++g)
+        for (std::int64_t c = 0; c < p.d; ++c) row[g * p.d + c] = p.q[static_cast<std::size_t>((g * p.n + pos) * p.d + c)];
+    }
+    const std::int64_t kept = std::min(capacity, p.n - origin);
+    ASSERT_EQ(w.end_position(), p.n);
+    ASSERT_EQ(w.kept(), kept);
+    ASSERT_EQ(w.first_kept(), p.n - kept);
+    ASSERT_LE(w.pieces(), 2);
+    std::int64_t next = p.n - kept;
+    std::vector<float> tails(static_cast<std::size_t>(p.hk * p.n), 0.0f);
+    fc::TailAccumulator acc;
+    for (int i = 0; i < w.pieces(); ++i) {
+      const fc::QueryPiece piece = w.piece(i);
+      ASSERT_EQ(piece.first, next) << "capacity " << capacity << " piece " << i;
+      for (std::int64_t r = 0; r < piece.q.tokens; ++r)
+        for (std::int64_t g = 0; g < p.hq; ++g)
+          for (std::int64_t c = 0; c < p.d; ++c)
+            ASSERT_EQ(piece.q(g, r, c), p.q[static_cast<std::size_t>((g * p.n + piece.first + r) * p.d + c)]);
+      ASSERT_TRUE(acc.add(piece.q, piece.first, p.kv(), nullptr, {tails.data(), p.hk, p.n}, exact()).ok());
+      next += piece.q.tokens;
+    }
+    ASSERT_EQ(next, p.n);
+    expect_near_tails(tails, naive_tails(p.q, p.hq, p.k, p.hk, p.n, p.d, 1, p.n - kept));
+  }
+}
+
+// A window of no rows counts positions and keeps none; reset forgets; another shape is
+// refused while rows of the first are kept, taken after a reset.
+TEST(QueryWindow, EmptyResetAndShape) {
+  fc::QueryWindow w;
+  w.reset(5, 0);
+  ASSERT_TRUE(w.shape(2, 4));
+  EXPECT_EQ(w.append(), nullptr);
+  EXPECT_EQ(w.end_position(), 6);
+  EXPECT_EQ(w.kept(), 0);
+  EXPECT_EQ(w.pieces(), 0);
+  w.reset(0, 3);
+  ASSERT_TRUE(w.shape(2, 4));
+  ASSERT_NE(w.append(), nullptr);
+  EXPECT_FALSE(w.shape(3, 4));
+  EXPECT_TRUE(w.shape(2, 4));
+  w.reset(9, 3);
+  EXPECT_EQ(w.kept(), 0);
+  EXPECT_EQ(w.first_kept(), 9);
+  EXPECT_TRUE(w.shape(3, 4));
+  EXPECT_EQ(w.pieces(), 0);
+}

@@ -32,6 +32,7 @@
 #include "mask.hpp"
 #include "options.hpp"
 #include "plan.hpp"
+#include "query_window.hpp"
 #include "score.hpp"
 #include "select.hpp"
 #include "shared_keep.hpp"

@@ -45,8 +45,13 @@ struct Ctx {
   llama_memory_t mem() const { return llama_get_memory(ctx); }
 };
 
-void make_ctx(Ctx* c, uint32_t n_ctx, uint32_t n_seq = 1, bool unified = false, int threads = 1) {
+void make_ctx(Ctx* c, uint32_t n_ctx, uint32_t n_seq = 1, bool unified = false, int threads = 1,
+              fl::QueryCapture* capture = nullptr) {
   llama_context_params cp = llama_context_default_params();
+  if (capture != nullptr) {
+    cp.cb_eval = fl::QueryCapture::eval;
+    cp.cb_eval_user_data = capture;
+  }
   cp.n_ctx = n_ctx;
   cp.n_batch = cp.n_ubatch = 256;
   cp.n_seq_max = n_seq;
@@ -207,6 +212,20 @@ TEST_F(LlamaContext, RefusalsChangeNothing) {
   q = p;
   q.compress.options = fc::Options::with_query_tail();
   refused(q, "query tails");
+  fl::QueryCapture capture;
+  q.queries = &capture;
+  q.renumber = false;
+  refused(q, "need renumber");
+  q = p;
+  q.queries = &capture;
+  refused(q, "Options::query is none");
+  q.compress.options = fc::Options::with_query_tail();
+  q.compress.queries = &capture;
+  refused(q, "the manager's");
+  q = p;
+  q.when_full = fl::WhenFull::shift;
+  q.queries = &capture;
+  refused(q, "flashcache's compactions only");
   q = p;
   q.compress.options.rope.derotate = true;
   refused(q, "de-rotation");
@@ -324,6 +343,82 @@ TEST_F(LlamaContext, ThreadsKeepTheSameCells) {
     else
       EXPECT_EQ(comp.kept_positions(), first) << threads << " threads";
   }
+}
+
+// Query tails in a running context. The capture follows the sequence: before any
+// renumbering its kept queries are, bit for bit, those a plain prefill of the same
+// tokens in the same chunks gives. Each compaction scores with them (its kept cells
+// differ from the query-free manager's on the same tokens), and after the renumbering
+// the capture follows from the new next position. A capture out of step is refused
+// by name, the sequence unchanged.
+TEST_F(LlamaContext, QueryTailsFollowTheRunningSequence) {
+  const std::vector<llama_token> toks = text_tokens(70);
+  ASSERT_GT(toks.size(), 1200u);
+  fl::QueryCapture ref_capture;
+  Ctx ref;
+  make_ctx(&ref, 512, 1, false, 1, &ref_capture);
+  ref_capture.begin(512);
+  for (int i = 0; i < 512; i += 64) ASSERT_EQ(ls::decode(ref.ctx, toks.data() + i, 64, i, 0, false), 0);
+  ASSERT_TRUE(ref_capture.complete());
+
+  fl::QueryCapture capture;
+  Ctx c;
+  make_ctx(&c, 512, 1, false, 1, &capture);
+  fl::ContextManager cm;
+  fl::ContextParams p = fl::context_default_params();
+  p.queries = &capture;
+  p.compress.options = fc::Options::with_query_tail(p.compress.options);
+  ASSERT_TRUE(cm.init(c.ctx, 0, p).ok());
+  Ctx plain;
+  make_ctx(&plain, 512);
+  fl::ContextManager cm_plain;
+  ASSERT_TRUE(cm_plain.init(plain.ctx, 0, fl::context_default_params()).ok());
+  const std::vector<llama_token> head(toks.begin(), toks.begin() + 512);
+  llama_pos max_pos = -1;
+  EXPECT_TRUE(stream(c, cm, head, 64, &max_pos).empty());
+  EXPECT_TRUE(stream(plain, cm_plain, head, 64, &max_pos).empty());
+  ASSERT_TRUE(capture.status().ok()) << capture.status().message();
+  ASSERT_EQ(capture.end_position(), 512);
+  ASSERT_EQ(capture.layers(), llama_model_n_layer(g_model));
+  for (int l = 0; l < capture.layers(); ++l) {
+    const fc::QueryWindow& w = capture.window(l);
+    ASSERT_EQ(w.kept(), fc::kTailLastQueries);
+    ASSERT_EQ(w.first_kept(), 512 - fc::kTailLastQueries);
+    const fc::KVView<const float> want = ref_capture.layer(l);
+    for (int i = 0; i < w.pieces(); ++i) {
+      const fc::QueryPiece piece = w.piece(i);
+      for (std::int64_t r = 0; r < piece.q.tokens; ++r)
+        ASSERT_EQ(std::memcmp(piece.q.row(0, r), want.row(0, piece.first + r - ref_capture.first_position()),
+                              static_cast<std::size_t>(want.heads * want.head_dim) * sizeof(float)),
+                  0)
+            << "layer " << l << " position " << piece.first + r;
+    }
+  }
+
+  llama_pos pos = -1, pos_plain = -1;
+  fl::RoomEvent ev, ev_plain;
+  ASSERT_TRUE(cm.make_room(64, &pos, &ev).ok());
+  ASSERT_TRUE(cm_plain.make_room(64, &pos_plain, &ev_plain).ok());
+  ASSERT_EQ(ev.policy, fl::WhenFull::flashcache);
+  EXPECT_TRUE(ev.compaction.query_tails);
+  EXPECT_FALSE(ev_plain.compaction.query_tails);
+  EXPECT_EQ(pos, pos_plain);
+  EXPECT_NE(state_of(c, 0), state_of(plain, 0));  // the tails chose other cells
+  EXPECT_EQ(capture.end_position(), pos);
+  EXPECT_EQ(capture.tokens_seen(), 0);
+  ASSERT_EQ(ls::decode(c.ctx, toks.data() + 512, 64, pos, 0, false), 0);
+  const std::vector<llama_token> rest(toks.begin() + 576, toks.end());
+  const std::vector<fl::RoomEvent> events = stream(c, cm, rest, 64, &max_pos);
+  ASSERT_GE(events.size(), 2u);
+  for (const fl::RoomEvent& e : events) EXPECT_TRUE(e.compaction.query_tails);
+  EXPECT_LT(llama_memory_seq_pos_max(c.mem(), 0), 512);
+
+  capture.follow(0);  // out of step with the sequence
+  const std::vector<std::uint8_t> before = state_of(c, 0);
+  const fc::Status s = cm.make_room(512 - cm.cells() + 1, &pos);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("did not follow"), std::string::npos) << s.message();
+  EXPECT_EQ(state_of(c, 0), before);
 }
 
 #endif
