@@ -128,4 +128,23 @@ FLASHCACHE_INLINE bool block_size_ok(std::int64_t block_size, bool gpu) {
   return block_size >= kMinBlockSize && (!gpu || block_size <= kMaxGpuBlockSize);
 }
 
+// Query tails (QueryInput::tail): a head's residual scores and its keys' tails,
+// each over its mean on the rankable tokens (not always kept), mixed by sum or
+// by max; a term whose mean is 0 counts 0. The scales from the two sums over
+// the `rankable` tokens, then one rankable token's mixed score.
+struct TailMixScales {
+  double residual = 0.0;
+  double tail = 0.0;
+};
+FLASHCACHE_INLINE TailMixScales tail_mix_scales(double weight, double score_sum, double tail_sum, double rankable) {
+  TailMixScales s;
+  s.residual = score_sum > 0 ? (1.0 - weight) * rankable / score_sum : 0.0;
+  s.tail = tail_sum > 0 ? weight * rankable / tail_sum : 0.0;
+  return s;
+}
+FLASHCACHE_INLINE float mixed_tail_score(TailMixScales s, bool by_max, float score, float tail) {
+  const double r = s.residual * static_cast<double>(score), q = s.tail * static_cast<double>(tail);
+  return static_cast<float>(by_max ? (r < q ? q : r) : r + q);
+}
+
 }  // namespace flashcache::rules

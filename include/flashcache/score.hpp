@@ -91,20 +91,16 @@ struct LayerScores {
 // weights without scoring again.
 inline void mix_query_tail(double weight, TailMix mix, const float* tail, float* score, std::int64_t n) {
   double sum_r = 0, sum_t = 0;
-  std::int64_t finite = 0;
+  std::int64_t rankable = 0;
   for (std::int64_t t = 0; t < n; ++t)
-    if (std::isfinite(score[t])) {
+    if (!rules::always_kept_score(score[t])) {
       sum_r += static_cast<double>(score[t]);
       sum_t += static_cast<double>(tail[t]);
-      ++finite;
+      ++rankable;
     }
-  const double f = static_cast<double>(finite);
-  const double wr = sum_r > 0 ? (1.0 - weight) * f / sum_r : 0.0, wt = sum_t > 0 ? weight * f / sum_t : 0.0;
+  const rules::TailMixScales s = rules::tail_mix_scales(weight, sum_r, sum_t, static_cast<double>(rankable));
   for (std::int64_t t = 0; t < n; ++t)
-    if (std::isfinite(score[t])) {
-      const double r = wr * static_cast<double>(score[t]), q = wt * static_cast<double>(tail[t]);
-      score[t] = static_cast<float>(mix == TailMix::sum ? r + q : std::max(r, q));
-    }
+    if (!rules::always_kept_score(score[t])) score[t] = rules::mixed_tail_score(s, mix == TailMix::max, score[t], tail[t]);
 }
 
 // Scores layers one after another and keeps its transforms, bases and

@@ -85,12 +85,17 @@ TEST(GpuCanImplement, RefusesLayerCounts) {
   expect_error(fcc::can_implement(g.cache, Budget::ratio(0.2), blocked()), Errc::unsupported, "layers");
 }
 
-// Query tails are CPU only for now: refused by name, before any work.
-TEST(GpuCanImplement, RefusesQueryTails) {
+// Query tails: Cache::tails given exactly when Options::query asks for them.
+TEST(GpuCanImplement, QueryTailsNeedTheCachesTails) {
   DenseFixture f(1, 2, 16, 64);
-  Options opt = blocked();
-  opt.query = flashcache::QueryInput::tail;
-  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::unsupported, "query tail");
+  Options opt = Options::with_query_tail(blocked());
+  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::invalid_option, "Cache::tails is null");
+  f.cache.tails = fake<const float>(0x20000000u);
+  EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.2), opt).ok());
+  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), blocked()), Errc::invalid_option,
+               "Options::query is none");
+  f.cache.tails = fake<const float>(0x20000002u);
+  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::invalid_shape, "aligned");
 }
 
 TEST(GpuCanImplement, RefusesNullPointersAndShapes) {

@@ -48,6 +48,11 @@ struct Cache {
   // head and layer (the GPU form of the CPU's ProtectMask, mask.hpp). It must
   // cover every token the batch holds; `capacity` bytes always do.
   const std::uint8_t* protect = nullptr;
+  // Options::query = tail: the keys' tails (query_tail.hpp), a device array of
+  // floats [layers][heads][capacity], token t of sequence b at t + the tokens of
+  // sequences 0..b-1 as in the scores; null otherwise. An engine raises them
+  // during prefill from each chunk's queries (query_tails_async, query_tails.cuh).
+  const float* tails = nullptr;
 
   bool paged() const { return pages.indices != nullptr; }
   // Where sequence s's rows start: its pages when paged, its tokens when dense.

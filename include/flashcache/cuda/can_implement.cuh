@@ -27,9 +27,6 @@ inline Status options(const Options& opt) {
     return make_error(Errc::unsupported, "normalize_terms: the GPU scores K and V unweighted only (CPU only)");
   if (opt.rope.derotate)
     return make_error(Errc::unsupported, "rope.derotate: the GPU scores keys as cached only (CPU only)");
-  if (opt.query != QueryInput::none)
-    return make_error(Errc::unsupported, "query ", to_string(opt.query),
-                      ": the GPU scores do not read query tails yet (CPU only, query_tail.hpp)");
   // A base chosen by energy needs a block's whole spectrum; the blocked kernel
   // keeps only the m low rows of its DCT basis in shared memory.
   if (opt.base != Base::lowpass && opt.transform == Transform::blocked)
@@ -144,6 +141,22 @@ Status grids(const Cache<T>& c, const Options& opt, const GlobalTransform* globa
   return detail::size_grid_launch(c.head_dim, opt, detail::max_shared_bytes(), &launch);
 }
 
+// Query tails: given exactly when Options::query asks for them, 4-byte aligned.
+template <class T>
+Status queries(const Cache<T>& c, const Options& opt) {
+  if (opt.query == QueryInput::none) {
+    if (c.tails != nullptr)
+      return make_error(Errc::invalid_option, "Cache::tails given but Options::query is none");
+    return Status::success();
+  }
+  if (c.tails == nullptr && c.capacity > 0)
+    return make_error(Errc::invalid_option, "Options::query is ", to_string(opt.query),
+                      " but Cache::tails is null (the keys' tails, [layers][heads][capacity] floats)");
+  if (reinterpret_cast<std::uintptr_t>(c.tails) % alignof(float) != 0)
+    return make_error(Errc::invalid_shape, "Cache::tails must be 4-byte aligned");
+  return Status::success();
+}
+
 // Where the results go: a dense output, in-place compaction, the kept indices.
 template <class T>
 Status outputs(const Cache<T>& c, const Options& opt, const Outputs<T>& out) {
@@ -180,8 +193,8 @@ Status outputs(const Cache<T>& c, const Options& opt, const Outputs<T>& out) {
 }  // namespace checks
 
 // Everything that can be checked without running: options, the cache, the
-// budget's range, the transform (and its global), the image spans and the
-// outputs, in that order.
+// budget's range, the transform (and its global), the image spans, the query
+// tails and the outputs, in that order.
 template <class T>
 Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out = {},
                      const GlobalTransform* global = nullptr) {
@@ -191,6 +204,7 @@ Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt
   FLASHCACHE_RETURN_IF_ERROR(checks::budget(budget, c.capacity));
   FLASHCACHE_RETURN_IF_ERROR(checks::transform(c, opt, global));
   FLASHCACHE_RETURN_IF_ERROR(checks::grids(c, opt, global));
+  FLASHCACHE_RETURN_IF_ERROR(checks::queries(c, opt));
   return checks::outputs(c, opt, out);
 }
 

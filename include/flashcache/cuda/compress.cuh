@@ -17,7 +17,9 @@
 // bad page id, a budget below the protected set of one sequence) is recorded
 // in the workspace; device_status() waits for the stream and reports it.
 // compress() is the convenience wrapper: allocate, run, wait, report. The
-// tensor-parallel pair score_async / select_async: tensor_parallel.cuh.
+// tensor-parallel pair score_async / select_async: tensor_parallel.cuh. Query tails
+// (Options::query = tail, Cache::tails) are raised during prefill by
+// query_tails_async: query_tails.cuh.
 //
 // Where things are: the checks in can_implement.cuh, the stage order in
 // run.cuh, one launch header per kernel file in launch/ (each filling its
@@ -31,6 +33,7 @@
 #include "flashcache/cuda/can_implement.cuh"
 #include "flashcache/cuda/global_transform.cuh"
 #include "flashcache/cuda/limits.cuh"
+#include "flashcache/cuda/query_tails.cuh"
 #include "flashcache/cuda/run.cuh"
 #include "flashcache/cuda/status.cuh"
 #include "flashcache/cuda/tensor_parallel.cuh"

@@ -4,6 +4,7 @@
 //   0   sequence table         launch/sequence_table.cuh
 //   1   scores                 launch/score_blocked.cuh | launch/score_global.cuh, launch/score_grid.cuh
 //   1b  energy sums, R_l       launch/energy.cuh
+//   1c  query tails mixed in   launch/mix_tails.cuh (Options::query = tail)
 //   2   budgets                launch/allocate.cuh
 //   3   selection              launch/select.cuh
 //   4   gather | compaction    launch/gather.cuh | launch/compact_paged.cuh
@@ -17,6 +18,7 @@
 #include "flashcache/cuda/launch/compact_paged.cuh"
 #include "flashcache/cuda/launch/energy.cuh"
 #include "flashcache/cuda/launch/gather.cuh"
+#include "flashcache/cuda/launch/mix_tails.cuh"
 #include "flashcache/cuda/launch/score_blocked.cuh"
 #include "flashcache/cuda/launch/score_global.cuh"
 #include "flashcache/cuda/launch/score_grid.cuh"
@@ -58,7 +60,8 @@ Status checked_layout(const Cache<T>& c, const Budget& budget, const Options& op
   return Status::success();
 }
 
-// Stages 0-1b: the sequence table, scores, per-(layer, sequence) energy sums and protected counts.
+// Stages 0-1c: the sequence table, scores, per-(layer, sequence) energy sums and protected counts,
+// and the query tails mixed into the scores.
 template <class T>
 Status enqueue_scores(const RunContext<T>& run, const Outputs<T>& out, cudaStream_t stream, const GlobalTransform* global) {
   // Before anything is enqueued: the transform serves one stream and workspace (global_transform.cuh).
@@ -70,7 +73,9 @@ Status enqueue_scores(const RunContext<T>& run, const Outputs<T>& out, cudaStrea
   else
     FLASHCACHE_RETURN_IF_ERROR(score_blocked(run, stream));
   if (!run.opt.grids.empty()) FLASHCACHE_RETURN_IF_ERROR(score_grids(run, stream));
-  return sum_energy(run, out.energy_ratio, stream);
+  FLASHCACHE_RETURN_IF_ERROR(sum_energy(run, out.energy_ratio, stream));
+  if (run.opt.query == QueryInput::tail && run.cache.capacity > 0) FLASHCACHE_RETURN_IF_ERROR(mix_tails(run, stream));
+  return Status::success();
 }
 
 // Stages 2-4: budgets from the energy sums, selection, gather / compaction.
