@@ -18,6 +18,9 @@
 // {1, 16} x tokens {8K, 32K, 64K}, on the full cache and on a compressed one
 // at keep 0.2 and 0.1 (a dense cache of round(keep * tokens) rows): what the
 // attention step alone gains, beside the KV bytes it reads (and saves).
+//
+// Query tails (query_tails.cuh) over one layer of the same model: the last 256
+// queries of a prompt of 8K and 64K tokens against its keys, with FLOPs.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -328,6 +331,56 @@ std::vector<Result> bench_decode(const cudaDeviceProp& prop) {
   return results;
 }
 
+// Query tails (query_tails_async) over one layer: the chosen feed, the last 256
+// queries of a prompt of `tokens` (28 query heads over 4 KV heads, bf16), as an
+// engine raises them once per prompt. FLOPs: 2 x 28 x 256 x tokens x 128 (each
+// fed query against nearly every key); bytes: K read once, Q and the tails.
+std::vector<Result> bench_tails() {
+  namespace fl = flashcache;
+  std::vector<Result> results;
+  const std::int64_t queries = fl::kTailLastQueries;
+  for (std::int64_t tokens : {std::int64_t{8192}, std::int64_t{65536}}) {
+    const std::int64_t k_elems = tokens * kHeads * kHeadDim, q_elems = queries * kQueryHeads * kHeadDim;
+    std::uint16_t *k = nullptr, *q = nullptr;
+    float *lse = nullptr, *tails = nullptr;
+    BENCH_CHECK(cudaMalloc(&k, static_cast<std::size_t>(k_elems) * 2));
+    BENCH_CHECK(cudaMalloc(&q, static_cast<std::size_t>(q_elems) * 2));
+    BENCH_CHECK(cudaMalloc(&lse, static_cast<std::size_t>(kQueryHeads * queries) * sizeof(float)));
+    BENCH_CHECK(cudaMalloc(&tails, static_cast<std::size_t>(kHeads * tokens) * sizeof(float)));
+    fill_kernel<<<1024, 256>>>(k, k_elems, 11u);
+    fill_kernel<<<256, 256>>>(q, q_elems, 12u);
+    BENCH_CHECK(cudaGetLastError());
+    std::vector<float> lse_host(static_cast<std::size_t>(kQueryHeads * queries), 12.0f);
+    BENCH_CHECK(cudaMemcpy(lse, lse_host.data(), lse_host.size() * sizeof(float), cudaMemcpyHostToDevice));
+    const auto* kb = reinterpret_cast<const bfloat16_t*>(k);
+    const auto* qb = reinterpret_cast<const bfloat16_t*>(q);
+    const fl::KVView<const bfloat16_t> qv = fl::nhd(qb, fl::Tokens(queries), fl::Heads(kQueryHeads), fl::HeadDim(kHeadDim));
+    const fl::KVView<const bfloat16_t> kv = fl::nhd(kb, fl::Tokens(tokens), fl::Heads(kHeads), fl::HeadDim(kHeadDim));
+    const fl::TailView<float> tv{tails, kHeads, tokens};
+    const fl::QueryTailOptions o = fl::last_queries(tokens);
+    auto run = [&] {
+      const fl::Status st = fcc::query_tails_async(qv, tokens - queries, kv, lse, tv, o, nullptr);
+      if (!st.ok()) {
+        std::fprintf(stderr, "query tails: %s\n", st.message().c_str());
+        std::exit(1);
+      }
+    };
+    BENCH_CHECK(cudaMemset(tails, 0, static_cast<std::size_t>(kHeads * tokens) * sizeof(float)));
+    const double ms = time_ms(run, 2, 10);
+    const double flops = 2.0 * kQueryHeads * static_cast<double>(queries) * static_cast<double>(tokens) * kHeadDim;
+    const double bytes = 2.0 * static_cast<double>(k_elems + q_elems) + 4.0 * static_cast<double>(kHeads * tokens);
+    char extra[256];
+    std::snprintf(extra, sizeof extra, ", \"queries\": %lld, \"flops\": %.0f, \"flops_per_second\": %.6e",
+                  static_cast<long long>(queries), flops, flops / (ms * 1e-3));
+    results.push_back({"query_tails/layer", tokens, ms, bytes, extra});
+    BENCH_CHECK(cudaFree(k));
+    BENCH_CHECK(cudaFree(q));
+    BENCH_CHECK(cudaFree(lse));
+    BENCH_CHECK(cudaFree(tails));
+  }
+  return results;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -345,6 +398,10 @@ int main(int argc, char** argv) {
   }
   {
     const std::vector<Result> r = bench_decode(prop);
+    all.insert(all.end(), r.begin(), r.end());
+  }
+  {
+    const std::vector<Result> r = bench_tails();
     all.insert(all.end(), r.begin(), r.end());
   }
   std::string json =

@@ -20,4 +20,18 @@ template Status instantiate<bfloat16_t>(const Cache<bfloat16_t>&, const Budget&,
                                         const Outputs<bfloat16_t>&, void*, std::size_t, cudaStream_t,
                                         const GlobalTransform*);
 
+// The query tails' kernel, launched by the engine during prefill, not by compress_async.
+template <class T>
+Status instantiate_tails(KVView<const T> q, std::int64_t first, KVView<const T> k, const float* lse,
+                         TailView<float> tails, const QueryTailOptions& o, cudaStream_t s) {
+  return query_tails_async(q, first, k, lse, tails, o, s);
+}
+
+template Status instantiate_tails<float>(KVView<const float>, std::int64_t, KVView<const float>, const float*,
+                                         TailView<float>, const QueryTailOptions&, cudaStream_t);
+template Status instantiate_tails<half_t>(KVView<const half_t>, std::int64_t, KVView<const half_t>, const float*,
+                                          TailView<float>, const QueryTailOptions&, cudaStream_t);
+template Status instantiate_tails<bfloat16_t>(KVView<const bfloat16_t>, std::int64_t, KVView<const bfloat16_t>,
+                                              const float*, TailView<float>, const QueryTailOptions&, cudaStream_t);
+
 }  // namespace flashcache::gpu::static_report
