@@ -2,7 +2,8 @@
 (bench/results/llama_stream.json, written by bench/stream/run_stream.py): streamed NLL per
 policy at 1,024 and 2,048 cells with the average cells each kept, early-fact recall, the
 when-full default's choice on dev, and each compression's time against the decode time
-since the previous one. Every number comes from the JSON."""
+since the previous one; the query-tail rows of RULE.md's stage 3 beside them. Every number
+comes from the JSON."""
 
 
 def _by_split(rows, split):
@@ -71,7 +72,7 @@ def render(doc):
              "streaming is StreamingLLM (sink 4, evicting what the next chunk needs; \"3/4 of the cells\": its "
              "cap cut to give about shift's average cells), flashcache compacts to the target share of the "
              "cells when full, the window share of the kept cells being the newest (positions renumbered "
-             "unless kept; \"paper\": `Options::paper()`'s score). Average cells: the cells in the cache per "
+             "unless kept; \"paper\": `Options::paper()`'s score; \"query tail\": `--query-tail`). Average cells: the cells in the cache per "
              "decoded token.", ""]
     lines.append("**Choice on dev** (RULE.md: at least 4 of 5 dev facts, then the lowest mean dev stream NLL "
                  "over 1,024 and 2,048 cells): " +
@@ -81,6 +82,15 @@ def render(doc):
                  ("" if any(c["dev_fact_hits"] >= 4 for c in choice["candidates"]) else
                   " (no candidate found 4 of the 5 dev facts, so step 3 ranked all of them: the script's "
                   "fallback)") + ".")
+    tail = doc.get("tail_choice")
+    if tail:
+        lines.append("")
+        lines.append("**Query tails on dev** (RULE.md stage 3: `--query-tail`, the queries decoded since the "
+                     "previous compaction, at the chosen target; at least 4 of 5 dev facts, then the lowest mean "
+                     "dev stream NLL, a tie within 0.005 to 9/10): " +
+                     "; ".join(f"window {c['window_share']:g}: {c['dev_fact_hits']}/5 facts, "
+                               f"NLL {c['dev_mean_stream_nll']:.4f}" for c in tail["candidates"]) +
+                     f". Chosen: **{tail['chosen']['label']}**.")
     for split in ("dev", "heldout"):
         rows = _by_split(doc["streams"], split)
         if not rows:
