@@ -221,9 +221,11 @@ void BM_ScoreSmolLayer(benchmark::State& state) {
     benchmark::DoNotOptimize(scores.score.data());
   }
 }
+// Smooth and awkward prompt lengths (issue 29): 3,678 = 2 x 3 x 613 and the primes 4,099 and
+// 8,191 send the global transform through Bluestein's algorithm.
 void TailArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"tokens"})->Unit(benchmark::kMillisecond);
-  for (std::int64_t n : {2048, 4096, 8192}) b->Args({n});
+  for (std::int64_t n : {2048, 3678, 4096, 4099, 8191, 8192, 16384}) b->Args({n});
 }
 BENCHMARK(BM_QueryTail)->Apply(TailArgs);
 BENCHMARK(BM_ScoreSmolLayer)->Apply(TailArgs);

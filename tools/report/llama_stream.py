@@ -74,6 +74,10 @@ def render(doc):
              "cells when full, the window share of the kept cells being the newest (positions renumbered "
              "unless kept; \"paper\": `Options::paper()`'s score; \"query tail\": `--query-tail`). Average cells: the cells in the cache per "
              "decoded token.", ""]
+    for stage, note in doc.get("stages", {}).items():
+        lines.append(f"Stage {stage}: {note}.")
+    if doc.get("stages"):
+        lines.append("")
     lines.append("**Choice on dev** (RULE.md: at least 4 of 5 dev facts, then the lowest mean dev stream NLL "
                  "over 1,024 and 2,048 cells): " +
                  "; ".join(f"target {c['target']:g}, window {c['window_share']:g}: {c['dev_fact_hits']}/5 facts, "

@@ -12,6 +12,7 @@ Each section comes from its own JSON, written by the run that measured it:
   engine.json   examples/engine (its benchmark)             -> engine.py
   llama_cpp.json  examples/llama_cpp/bench.sh             -> llama_cpp.py
   llama_stream.json  bench/stream/run_stream.py           -> llama_stream.py
+  cpu_simd.json  bench/run_simd.sh                          -> cpu_simd.py
   static_sm90.json  bench/gpu/static_report.sh              -> static_gpu.py
 A missing JSON leaves its section out; numbers are never typed in by hand.
 """
@@ -51,6 +52,7 @@ def main():
                                    ("engine.json", "engine", "render"),
                                    ("llama_cpp.json", "llama_cpp", "render"),
                                    ("llama_stream.json", "llama_stream", "render"),
+                                   ("cpu_simd.json", "cpu_simd", "render"),
                                    ("static_sm90.json", "static_gpu", "render")):
         path = os.path.join(RESULTS, name)
         if os.path.exists(path) and os.path.exists(os.path.join(HERE, module + ".py")):
