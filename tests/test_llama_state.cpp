@@ -47,7 +47,7 @@ TEST(LlamaState, ParsesEveryLayout) {
       ASSERT_EQ(s.layers.size(), 2u);
       EXPECT_EQ(s.layers[1].k_embd, 8u);
       EXPECT_EQ(s.layers[1].v_embd, 8u);
-      EXPECT_EQ(s.layers[0].k_type, type);
+      EXPECT_EQ(s.layers[0].k_type, static_cast<fl::GgmlType>(type));
       EXPECT_EQ(s.size, b.size());
       EXPECT_EQ(s.kv_bytes(), 2u * 4u * 2u * 8u * blob_builder::elem_bytes(type));
       EXPECT_EQ(fl::seq_state_size(s, 4), b.size());

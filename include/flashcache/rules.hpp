@@ -128,6 +128,13 @@ FLASHCACHE_INLINE bool block_size_ok(std::int64_t block_size, bool gpu) {
   return block_size >= kMinBlockSize && (!gpu || block_size <= kMaxGpuBlockSize);
 }
 
+// The top-score order of a selection: the higher score first, a tie to the lower
+// token index. A strict weak order on distinct indices, so nth_element picks the
+// same set on every platform (the GPU's radix select keeps the same ties).
+FLASHCACHE_INLINE bool ranks_above(float score_a, std::int32_t a, float score_b, std::int32_t b) {
+  return score_a > score_b || (score_a == score_b && a < b);
+}
+
 // Query tails (QueryInput::tail): a head's residual scores and its keys' tails,
 // each over its mean on the rankable tokens (not always kept), mixed by sum or
 // by max; a term whose mean is 0 counts 0. The scales from the two sums over

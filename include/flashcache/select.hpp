@@ -237,12 +237,8 @@ inline Status select_tokens(ScoreView s, std::int64_t budget, const Options& opt
     candidates.clear();
     for (std::int64_t t = 0; t < n; ++t)
       if (!keep[static_cast<std::size_t>(t)]) candidates.push_back(static_cast<std::int32_t>(t));
-    // Highest score first, ties to the lower index: a strict weak order, so
-    // nth_element picks the same set on every platform.
     const auto rest = static_cast<std::ptrdiff_t>(budget - taken);
-    auto higher = [score](std::int32_t a, std::int32_t b) {
-      return score[a] > score[b] || (score[a] == score[b] && a < b);
-    };
+    auto higher = [score](std::int32_t a, std::int32_t b) { return rules::ranks_above(score[a], a, score[b], b); };
     if (rest > 0 && rest < static_cast<std::ptrdiff_t>(candidates.size()))
       std::nth_element(candidates.begin(), candidates.begin() + rest, candidates.end(), higher);
     for (std::ptrdiff_t i = 0; i < rest; ++i)

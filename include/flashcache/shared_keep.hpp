@@ -282,9 +282,7 @@ inline Status select_shared_tokens(const ScoreView* layers, std::int64_t layer_c
       for (std::int64_t t = 0; t < n; ++t)
         if (!forced[t]) c.push_back(static_cast<std::int32_t>(t));
       const auto top = static_cast<std::ptrdiff_t>(std::min<std::int64_t>(budget, static_cast<std::int64_t>(c.size())));
-      auto higher = [score](std::int32_t a, std::int32_t b) {
-        return score[a] > score[b] || (score[a] == score[b] && a < b);
-      };
+      auto higher = [score](std::int32_t a, std::int32_t b) { return rules::ranks_above(score[a], a, score[b], b); };
       if (top > 0 && top < static_cast<std::ptrdiff_t>(c.size()))
         std::nth_element(c.begin(), c.begin() + top, c.end(), higher);
       for (std::ptrdiff_t i = 0; i < top; ++i) primary[c[static_cast<std::size_t>(i)]] += 1.0;

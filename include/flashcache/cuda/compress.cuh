@@ -58,12 +58,11 @@ template <class T>
 Status compress_async(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
                       void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
                       const GlobalTransform* global = nullptr) {
-  WorkspaceLayout layout;
-  FLASHCACHE_RETURN_IF_ERROR(detail::checked_layout(c, budget, opt, out, workspace, workspace_bytes, global, &layout));
-  const Workspace ws(workspace, layout);
-  const detail::RunContext<T> run(c, opt, ws);
-  FLASHCACHE_RETURN_IF_ERROR(detail::enqueue_scores(run, out, stream, global));
-  return detail::enqueue_selection(run, budget, out, stream);
+  return detail::prepared_run(c, budget, opt, out, workspace, workspace_bytes, global,
+                              [&](const detail::RunContext<T>& run) {
+                                FLASHCACHE_RETURN_IF_ERROR(detail::enqueue_scores(run, out, stream, global));
+                                return detail::enqueue_selection(run, budget, out, stream);
+                              });
 }
 
 // Waits for `stream` and reports what the last run on `workspace` found on the device.

@@ -60,6 +60,18 @@ Status checked_layout(const Cache<T>& c, const Budget& budget, const Options& op
   return Status::success();
 }
 
+// What every run path does first, once: the checks, the workspace layout and the
+// RunContext; then `stages(run)` enqueues the stages that path runs.
+template <class T, class Stages>
+Status prepared_run(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
+                    void* workspace, std::size_t workspace_bytes, const GlobalTransform* global, Stages&& stages) {
+  WorkspaceLayout layout;
+  FLASHCACHE_RETURN_IF_ERROR(checked_layout(c, budget, opt, out, workspace, workspace_bytes, global, &layout));
+  const Workspace ws(workspace, layout);
+  const RunContext<T> run(c, opt, ws);
+  return stages(run);
+}
+
 // Stages 0-1c: the sequence table, scores, per-(layer, sequence) energy sums and protected counts,
 // and the query tails mixed into the scores.
 template <class T>

@@ -36,10 +36,10 @@ Status energy_sums(const Cache<T>& c, const Options& opt, void* workspace, const
 template <class T>
 Status score_async(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out, void* workspace,
                    std::size_t workspace_bytes, cudaStream_t stream, const GlobalTransform* global = nullptr) {
-  WorkspaceLayout layout;
-  FLASHCACHE_RETURN_IF_ERROR(detail::checked_layout(c, budget, opt, out, workspace, workspace_bytes, global, &layout));
-  const Workspace ws(workspace, layout);
-  return detail::enqueue_scores(detail::RunContext<T>(c, opt, ws), out, stream, global);
+  return detail::prepared_run(c, budget, opt, out, workspace, workspace_bytes, global,
+                              [&](const detail::RunContext<T>& run) {
+                                return detail::enqueue_scores(run, out, stream, global);
+                              });
 }
 
 // Phase 2, after the sums were reduced over the ranks: R_l from the sums,
@@ -47,12 +47,11 @@ Status score_async(const Cache<T>& c, const Budget& budget, const Options& opt, 
 template <class T>
 Status select_async(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out, void* workspace,
                     std::size_t workspace_bytes, cudaStream_t stream, const GlobalTransform* global = nullptr) {
-  WorkspaceLayout layout;
-  FLASHCACHE_RETURN_IF_ERROR(detail::checked_layout(c, budget, opt, out, workspace, workspace_bytes, global, &layout));
-  const Workspace ws(workspace, layout);
-  const detail::RunContext<T> run(c, opt, ws);
-  FLASHCACHE_RETURN_IF_ERROR(detail::energy_ratios(run, out.energy_ratio, stream));
-  return detail::enqueue_selection(run, budget, out, stream);
+  return detail::prepared_run(c, budget, opt, out, workspace, workspace_bytes, global,
+                              [&](const detail::RunContext<T>& run) {
+                                FLASHCACHE_RETURN_IF_ERROR(detail::energy_ratios(run, out.energy_ratio, stream));
+                                return detail::enqueue_selection(run, budget, out, stream);
+                              });
 }
 
 }  // namespace flashcache::gpu

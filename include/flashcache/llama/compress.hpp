@@ -472,7 +472,7 @@ class SequenceCompressor {
     if (q0.kept() > 0 && (q0.head_dim() != dim || q0.heads() % heads != 0))
       return make_error(Errc::unsupported, "llama: captured queries of ", q0.heads(), " heads of ", q0.head_dim(),
                         " for ", heads, " KV heads of ", dim);
-    if (s.layers[0].k_type == static_cast<std::int32_t>(GgmlType::q8_0))
+    if (s.layers[0].k_type == GgmlType::q8_0)
       return make_error(Errc::unsupported,
                         "llama: query tails with a q8_0 K cache (its keys are stored Hadamard-rotated, the "
                         "queries are not)");

@@ -61,8 +61,8 @@ enum class GgmlType : std::int32_t {
 inline constexpr std::int64_t kQ8Block = 32;       // elements per q8_0 block
 inline constexpr std::int64_t kQ8BlockBytes = 34;  // f16 scale + 32 int8
 
-inline bool is_known_type(std::int32_t t) {
-  switch (static_cast<GgmlType>(t)) {
+inline bool is_known_type(GgmlType t) {
+  switch (t) {
     case GgmlType::f32:
     case GgmlType::f16:
     case GgmlType::q8_0:
@@ -73,8 +73,8 @@ inline bool is_known_type(std::int32_t t) {
   }
 }
 
-inline std::string type_name(std::int32_t t) {
-  switch (static_cast<GgmlType>(t)) {
+inline std::string type_name(GgmlType t) {
+  switch (t) {
     case GgmlType::f32:
       return "f32";
     case GgmlType::f16:
@@ -94,12 +94,12 @@ inline std::string type_name(std::int32_t t) {
     case GgmlType::bf16:
       return "bf16";
   }
-  return "ggml type " + std::to_string(t);
+  return "ggml type " + std::to_string(static_cast<std::int32_t>(t));
 }
 
 // Elements in a row of `bytes` bytes of type t, or 0 when that is not whole elements (blocks).
-inline std::uint64_t row_elements(std::int32_t t, std::uint64_t bytes) {
-  switch (static_cast<GgmlType>(t)) {
+inline std::uint64_t row_elements(GgmlType t, std::uint64_t bytes) {
+  switch (t) {
     case GgmlType::f32:
       return bytes % 4 == 0 ? bytes / 4 : 0;
     case GgmlType::f16:
@@ -113,19 +113,17 @@ inline std::uint64_t row_elements(std::int32_t t, std::uint64_t bytes) {
 }
 
 // Bytes of one element of a plain (not block-quantized) type, 0 otherwise.
-inline std::uint32_t element_bytes(std::int32_t t) {
-  return t == static_cast<std::int32_t>(GgmlType::f32) ? 4u
-         : (t == static_cast<std::int32_t>(GgmlType::f16) || t == static_cast<std::int32_t>(GgmlType::bf16)) ? 2u
-                                                                                                             : 0u;
+inline std::uint32_t element_bytes(GgmlType t) {
+  return t == GgmlType::f32 ? 4u : (t == GgmlType::f16 || t == GgmlType::bf16) ? 2u : 0u;
 }
 
 // One layer's K and V sections, as offsets into the blob.
 struct LayerState {
-  std::int32_t k_type = 0;
+  GgmlType k_type = GgmlType::f32;  // as stored: any int32, named or not (is_known_type)
   std::uint64_t k_row_bytes = 0;  // one cell's K row
   std::uint64_t k_embd = 0;       // elements per K row (heads x head_dim)
   std::size_t k_offset = 0;       // first K row
-  std::int32_t v_type = 0;
+  GgmlType v_type = GgmlType::f32;
   std::uint64_t v_row_bytes = 0;   // v_trans 0: one cell's V row
   std::uint32_t v_elem_bytes = 0;  // v_trans 1: one element
   std::uint64_t v_embd = 0;        // elements per cell

@@ -11,8 +11,8 @@ namespace flashcache {
 namespace llama {
 
 // Converts `n` elements of type t at src to float.
-inline void to_float_row(std::int32_t t, const std::uint8_t* src, std::uint64_t n, float* dst) {
-  switch (static_cast<GgmlType>(t)) {
+inline void to_float_row(GgmlType t, const std::uint8_t* src, std::uint64_t n, float* dst) {
+  switch (t) {
     case GgmlType::f32:
       std::memcpy(dst, src, static_cast<std::size_t>(n) * 4);
       return;
