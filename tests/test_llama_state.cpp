@@ -107,20 +107,20 @@ TEST(LlamaState, CellsInPositionOrder) {
 TEST(LlamaState, ConvertsF16Bf16AndQ8) {
   const std::uint16_t h[2] = {0x3c00, 0xc000};  // 1, -2
   float out[32];
-  fl::to_float_row(1, reinterpret_cast<const std::uint8_t*>(h), 2, out);
+  fl::to_float_row(fl::GgmlType::f16, reinterpret_cast<const std::uint8_t*>(h), 2, out);
   EXPECT_EQ(out[0], 1.0f);
   EXPECT_EQ(out[1], -2.0f);
   const std::uint16_t bf[1] = {0x4040};  // 3
-  fl::to_float_row(30, reinterpret_cast<const std::uint8_t*>(bf), 1, out);
+  fl::to_float_row(fl::GgmlType::bf16, reinterpret_cast<const std::uint8_t*>(bf), 1, out);
   EXPECT_EQ(out[0], 3.0f);
   std::uint8_t q[34];
   const std::uint16_t d = 0x3800;  // 0.5
   std::memcpy(q, &d, 2);
   for (int i = 0; i < 32; ++i) q[2 + i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(i - 16));
-  fl::to_float_row(8, q, 32, out);
+  fl::to_float_row(fl::GgmlType::q8_0, q, 32, out);
   for (int i = 0; i < 32; ++i) EXPECT_EQ(out[i], 0.5f * static_cast<float>(i - 16));
-  EXPECT_EQ(fl::row_elements(8, 34 * 6), 192u);
-  EXPECT_EQ(fl::row_elements(8, 35), 0u);
+  EXPECT_EQ(fl::row_elements(fl::GgmlType::q8_0, 34 * 6), 192u);
+  EXPECT_EQ(fl::row_elements(fl::GgmlType::q8_0, 35), 0u);
 }
 
 TEST(LlamaState, RefusesTruncatedBlobsByName) {

@@ -207,37 +207,32 @@ def run_streams(args, cache, split_doc, split, rows, log):
     return out
 
 
-def choose_tail(dev, dev_facts, target):
-    """RULE.md stage 3: at least 4 of 5 dev facts (else all), then the lowest mean dev stream NLL;
-    ties within 0.005 to 9/10."""
+def rank(rows, dev, dev_facts):
+    """RULE.md steps 2 and 3 for candidate rows: each one's dev fact hits and mean dev stream NLL
+    over both sizes; then those with at least 4 of 5 dev facts (all when none has) whose NLL is
+    within 0.005 of the best among them."""
     cands = []
-    for w in TAIL_CANDIDATES:
-        lab = label(fc_row(target, w, query_tail=True))
+    for row in rows:
+        lab = label(row)
         hits = sum(r["hit"] for r in dev_facts if r["label"] == lab)
         nll = [r["stream_nll"] for r in dev if r["label"] == lab]
-        cands.append({"target": target, "window_share": w, "label": lab, "dev_fact_hits": hits,
-                      "dev_mean_stream_nll": sum(nll) / len(nll)})
+        cands.append({"target": row["target"], "window_share": row["window_share"], "label": lab,
+                      "dev_fact_hits": hits, "dev_mean_stream_nll": sum(nll) / len(nll)})
     ok = [c for c in cands if c["dev_fact_hits"] >= 4] or cands
     best = min(c["dev_mean_stream_nll"] for c in ok)
-    chosen = next(c for c in ok if c["dev_mean_stream_nll"] <= best + 0.005)  # TAIL_CANDIDATES lists 9/10 first
-    return cands, chosen
+    return cands, [c for c in ok if c["dev_mean_stream_nll"] <= best + 0.005]
 
 
 def choose(dev, dev_facts):
-    """RULE.md: at least 4 of 5 dev facts, then the lowest mean dev stream NLL over both sizes;
-    ties within 0.005 to the smaller target, then the smaller window share."""
-    cands = []
-    for t, w in CANDIDATES:
-        lab = label(fc_row(t, w))
-        hits = sum(r["hit"] for r in dev_facts if r["label"] == lab)
-        nll = [r["stream_nll"] for r in dev if r["label"] == lab]
-        cands.append({"target": t, "window_share": w, "label": lab, "dev_fact_hits": hits,
-                      "dev_mean_stream_nll": sum(nll) / len(nll)})
-    ok = [c for c in cands if c["dev_fact_hits"] >= 4] or cands
-    best = min(c["dev_mean_stream_nll"] for c in ok)
-    chosen = min((c for c in ok if c["dev_mean_stream_nll"] <= best + 0.005),
-                 key=lambda c: (c["target"], c["window_share"]))
-    return cands, chosen
+    """Stages 1 and 2: a tie goes to the smaller target, then the smaller window share."""
+    cands, tied = rank([fc_row(t, w) for t, w in CANDIDATES], dev, dev_facts)
+    return cands, min(tied, key=lambda c: (c["target"], c["window_share"]))
+
+
+def choose_tail(dev, dev_facts, target):
+    """Stage 3 (query tails at the chosen target): a tie goes to 9/10, the larger share."""
+    cands, tied = rank([fc_row(target, w, query_tail=True) for w in TAIL_CANDIDATES], dev, dev_facts)
+    return cands, max(tied, key=lambda c: c["window_share"])
 
 
 def main():

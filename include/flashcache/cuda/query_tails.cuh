@@ -14,7 +14,10 @@
 // (required: the device does not recompute it), tails one layer's [KV heads][>= first + chunk].
 // Chunks and query heads merge by atomic maxima, so their order does not
 // matter and the result does not change from run to run. Allocates nothing,
-// never synchronises.
+// never synchronises. In a batch, sequence b's tails are `tails_l` plus its
+// packed offset, with `tokens` = capacity (the row stride of Cache::tails). K
+// is one view of the sequence's keys at positions 0..: a paged cache's keys
+// must be given as such a view (the kernel does not walk page tables).
 #include <cuda_runtime.h>
 
 #include <cmath>
