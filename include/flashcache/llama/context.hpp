@@ -10,6 +10,8 @@
 //               after it, just as many as the new ones need;
 //   none        refuse, as llama.cpp does when its context is full.
 // shift and streaming renumber the kept cells, as llama.cpp's shift does.
+// flashcache may score with query tails (ContextParams::queries): the queries
+// decoded since the last compaction, captured through cb_eval (llama/queries.hpp).
 //
 //   flashcache::llama::ContextManager cm;
 //   flashcache::llama::ContextParams p = flashcache::llama::context_default_params();
