@@ -75,7 +75,7 @@ else
   if timeout 120 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_PREFIX_PATH="$DEPS" -DFLASHCACHE_BUILD_CLI=OFF >>"$LOG" 2>&1; then
     say "build (-j$JOBS)"
-    gpu_targets="test_gpu_host test_gpu_two_units test_gpu_defects test_gpu_f32 test_gpu_f16 test_gpu_bf16 test_gpu_decode flashcache_bench_gpu flashcache_cuda_example"
+    gpu_targets="test_gpu_host test_gpu_two_units test_gpu_defects test_gpu_f32 test_gpu_f16 test_gpu_bf16 test_gpu_decode test_gpu_query_tails flashcache_bench_gpu flashcache_cuda_example"
     if timeout 360 cmake --build "$BUILD" -j"$JOBS" >>"$LOG" 2>&1; then
       RESULT[build]="cmake: everything"
     elif timeout 240 cmake --build "$BUILD" -j"$JOBS" --target $gpu_targets >>"$LOG" 2>&1; then
@@ -94,7 +94,7 @@ else
     "${NVCC[@]}" "$ROOT/bench/gpu/bench_gpu.cu" -o "$BIN/bench/gpu/flashcache_bench_gpu" -lcufft >>"$LOG" 2>&1 & pids+=($!)
     "${NVCC[@]}" "$ROOT/examples/cuda/compress_gpu.cu" -o "$BIN/examples/cuda/flashcache_cuda_example" -lcufft >>"$LOG" 2>&1 & pids+=($!)
     if [[ -d $DEPS/include/gtest && -d $DEPS/include/eigen3 ]]; then
-      for t in host f32 f16 bf16 decode defects two_units; do
+      for t in host f32 f16 bf16 decode defects query_tails two_units; do
         src=("$ROOT/tests/gpu/test_gpu_$t.cu")
         [[ $t == two_units ]] && src=("$ROOT/tests/gpu/two_units_a.cu" "$ROOT/tests/gpu/two_units_b.cu")
         "${NVCC[@]}" -I"$ROOT/tests" -I"$DEPS/include" -I"$DEPS/include/eigen3" "${src[@]}" \
@@ -116,7 +116,7 @@ echo "build: ${RESULT[build]}"
 if [[ $TESTS_BUILT == 1 ]]; then
   say "GPU tests"
   pass=0; fail=0
-  for t in host two_units defects f32 f16 bf16 decode; do
+  for t in host two_units defects f32 f16 bf16 decode query_tails; do
     exe=$BIN/tests/gpu/test_gpu_$t
     if [[ ! -x $exe ]]; then echo "missing $exe"; fail=$((fail + 1)); continue; fi
     if timeout 240 "$exe" --gtest_brief=1 --gtest_output="json:$OUT_DIR/gpu_tests_$t.json" >>"$LOG" 2>&1; then
@@ -145,7 +145,8 @@ if command -v compute-sanitizer >/dev/null && [[ -x $BIN/tests/gpu/test_gpu_bf16
                 "synccheck|bf16|*BudgetsNoneAllAndCounts*:*PagedCachesCompactInPlace*" \
                 "synccheck|defects|GpuDefects.NonFiniteRowsAtBlockStartsMatchTheCpu" \
                 "initcheck|bf16|*BudgetsNoneAllAndCounts*:*GlobalScoresAwkwardLengths*" \
-                "initcheck|defects|GpuDefects.NonFiniteRowsAtBlockStartsMatchTheCpu:GpuDefects.ZeroLength*"; do
+                "initcheck|defects|GpuDefects.NonFiniteRowsAtBlockStartsMatchTheCpu:GpuDefects.ZeroLength*" \
+                "memcheck|query_tails|GpuQueryTails.*" "racecheck|query_tails|GpuQueryTails.*"; do
       IFS='|' read -r tool which filter <<<"$spec"
       exe=$BIN/tests/gpu/test_gpu_$which
       key=${tool}_$which
