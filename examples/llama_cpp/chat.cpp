@@ -26,6 +26,7 @@
 #include "runtime/find_model.hpp"
 #include "session.hpp"
 #include "text_io.hpp"
+#include "token_nll.hpp"
 
 namespace fc = flashcache;
 namespace fl = flashcache::llama;
@@ -144,14 +145,6 @@ bool parse_args(int argc, char** argv, Args* a) {
 
 using text_io::json_string;
 using text_io::read_file;
-
-// -log p(token) under one row of logits.
-double nll_of(const float* logits, int n_vocab, llama_token token) {
-  const float mx = *std::max_element(logits, logits + n_vocab);
-  double sum = 0;
-  for (int i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
-  return std::log(sum) - static_cast<double>(logits[token] - mx);
-}
 
 // The sequence, its context manager and what happened: decodes go through here.
 struct Session {
@@ -361,8 +354,8 @@ int main(int argc, char** argv) {
       for (int j = 0; j < m; ++j) {  // logits of token i + j predict token i + j + 1
         const std::size_t next = i + static_cast<std::size_t>(j) + 1;
         if (next >= toks.size() || next < static_cast<std::size_t>(nll_from)) continue;
-        nll_sum += nll_of(logits.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(s.n_vocab), s.n_vocab,
-                          toks[next]);
+        const float* row = logits.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(s.n_vocab);
+        nll_sum += token_nll::of(row, s.n_vocab, toks[next]);
         ++nll_count;
       }
     }

@@ -19,6 +19,7 @@
 #include "runtime/find_model.hpp"
 #include "session.hpp"
 #include "text_io.hpp"
+#include "token_nll.hpp"
 
 namespace fc = flashcache;
 namespace ls = llama_session;
@@ -250,11 +251,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     for (std::size_t i = 1; i < cont.size(); ++i) {
-      const float* l = cl.data() + (i - 1) * static_cast<std::size_t>(n_vocab);
-      const float mx = *std::max_element(l, l + n_vocab);
-      double z = 0;
-      for (int j = 0; j < n_vocab; ++j) z += std::exp(static_cast<double>(l[j] - mx));
-      nll += std::log(z) + mx - l[cont[i]];
+      nll += token_nll::of(cl.data() + (i - 1) * static_cast<std::size_t>(n_vocab), n_vocab, cont[i]);
       ++nll_tokens;
     }
     nll /= nll_tokens;
