@@ -34,6 +34,7 @@ THREADS = {
     "energy_kernel": 128, "allocate_kernel": 256, "select_kernel": 256, "gather_kernel": 256,
     "compact_paged_kernel": 256, "page_owner_kernel": 256, "score_grid_kernel": 256, "base_sample_kernel": 256,
     "base_energy_kernel": 256, "base_choose_kernel": 256, "chosen_base_kernel": 256,
+    "mix_tails_kernel": 256, "query_tails_kernel": 128,
 }
 ELEMENT_BYTES = {"float": 4, "flashcache::half_t": 2, "flashcache::bfloat16_t": 2}
 
@@ -147,6 +148,9 @@ def describe(k, gamma):
         k["dynamic_shared_note"] = "block_size %d, gamma %g, head_dim %d" % (tile, gamma, d)
     if base == "compact_paged_kernel":
         dynamic = 32 * 1024  # kCompactStageBytes
+    if base == "query_tails_kernel":  # query_tails_smem_bytes: 32 keys (rows padded by one) and 8 queries
+        dynamic = (32 * (128 + 1) + 8 * 128) * 4
+        k["dynamic_shared_note"] = "head_dim 128 (launched by query_tails_async, not by compress_async)"
     if base == "score_grid_kernel":
         dynamic, width = grid_smem(8, 8, 128, gamma)
         k["dynamic_shared_note"] = "8 x 8 tiles, triangle zone, gamma %g, head_dim 128 (%d columns a chunk)" % (

@@ -23,7 +23,8 @@ def render(doc):
         "## GPU kernels, static view (sm_90, no GPU)",
         "",
         "From `bench/gpu/static_report.sh` (%s): ptxas resource usage of every kernel instantiation "
-        "`compress_async` launches, and the CTAs per SM it allows on sm_90 (registers, warps, shared memory "
+        "`compress_async` launches (and `query_tails_async`, at head dim 128), and the CTAs per SM it "
+        "allows on sm_90 (registers, warps, shared memory "
         "with 1 KB reserved per CTA, at most 32 CTAs). Dynamic shared memory of the blocked scorer is for "
         "`block_size` equal to its tile and gamma %g. **Not measured:** no GPU ran this." % (
             doc.get("compiler", "nvcc"), c["gamma"]),
