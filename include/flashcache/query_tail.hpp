@@ -109,6 +109,28 @@ Status check_tails(TailView<T> tails, std::int64_t heads, std::int64_t tokens, c
   return Status::success();
 }
 
+// One chunk of queries, positions [first, first + q.tokens), against its keys and
+// tails: what TailAccumulator::add and the GPU's query_tails_async both check
+// (`who` opens the messages). An empty chunk passes.
+template <class T>
+Status check_tail_chunk(KVView<const T> q, std::int64_t first, KVView<const T> k, TailView<float> tails,
+                        const char* who) {
+  FLASHCACHE_RETURN_IF_ERROR(check_view(q, "Q"));
+  FLASHCACHE_RETURN_IF_ERROR(check_view(k, "K"));
+  if (first < 0) return make_error(Errc::invalid_shape, who, ": first position ", first, " is negative");
+  if (q.empty()) return Status::success();
+  const std::int64_t end = first + q.tokens;
+  if (k.heads == 0 || q.heads % k.heads != 0)
+    return make_error(Errc::invalid_shape, who, ": ", q.heads, " query heads are not a multiple of ", k.heads,
+                      " KV heads");
+  if (k.head_dim != q.head_dim)
+    return make_error(Errc::invalid_shape, who, ": Q head_dim ", q.head_dim, " but K head_dim ", k.head_dim);
+  if (k.tokens < end)
+    return make_error(Errc::invalid_shape, who, ": queries reach position ", end - 1, " but K holds ", k.tokens,
+                      " tokens (a query sees the keys up to its own position)");
+  return check_tails(tails, k.heads, end, who);
+}
+
 // into[h][j] = max(into[h][j], from[h][j]): two accumulations of the same layer.
 inline Status merge_tails(TailView<const float> from, TailView<float> into) {
   if (from.heads != into.heads || from.tokens != into.tokens || (!from.empty() && (!from.data || !into.data)))
@@ -134,19 +156,9 @@ class TailAccumulator {
   Status add(KVView<const T> q, std::int64_t first, KVView<const T> k, const float* lse, TailView<float> tails,
              const QueryTailOptions& opt = {}) {
     FLASHCACHE_RETURN_IF_ERROR(check_tail_options(opt));
-    FLASHCACHE_RETURN_IF_ERROR(check_view(q, "Q"));
-    FLASHCACHE_RETURN_IF_ERROR(check_view(k, "K"));
-    if (first < 0) return make_error(Errc::invalid_shape, "tail: first position ", first, " is negative");
+    FLASHCACHE_RETURN_IF_ERROR(check_tail_chunk(q, first, k, tails, "tail"));
     if (q.empty()) return Status::success();
     const std::int64_t end = first + q.tokens, d = q.head_dim;
-    if (k.heads == 0 || q.heads % k.heads != 0)
-      return make_error(Errc::invalid_shape, "tail: ", q.heads, " query heads are not a multiple of ", k.heads,
-                        " KV heads");
-    if (k.head_dim != d) return make_error(Errc::invalid_shape, "tail: Q head_dim ", d, " but K head_dim ", k.head_dim);
-    if (k.tokens < end)
-      return make_error(Errc::invalid_shape, "tail: queries reach position ", end - 1, " but K holds ", k.tokens,
-                        " tokens (a query sees the keys up to its own position)");
-    FLASHCACHE_RETURN_IF_ERROR(check_tails(tails, k.heads, end, "tail"));
     if (lse != nullptr)  // the fed rows' only: a row left out may hold anything
       for (std::int64_t i = 0; i < q.heads * q.tokens; ++i)
         if (fed(first + i % q.tokens, opt) && !std::isfinite(lse[i]))

@@ -51,7 +51,6 @@ class QueryWindow {
     return slot < 0 ? nullptr : rows_.data() + slot * heads_ * dim_;
   }
 
-  std::int64_t origin() const { return origin_; }
   std::int64_t end_position() const { return end_; }  // one past the last row pushed
   std::int64_t kept() const { return std::min(end_ - origin_, capacity_); }
   std::int64_t first_kept() const { return end_ - kept(); }

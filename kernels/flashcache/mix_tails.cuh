@@ -14,8 +14,7 @@
 
 namespace flashcache::gpu::kernels {
 
-struct MixTailsParams {
-  int sequences = 0;
+struct MixTailsParams {  // the grid is (sequence, head, layer)
   std::int64_t capacity = 0;
   SeqTable seq;
   double weight = 0.5;         // Options::tail_weight

@@ -31,32 +31,22 @@
 
 namespace flashcache::gpu {
 
-// Everything checkable on the host, the CPU accumulator's checks and the kernel's limits.
+// Everything checkable on the host: the CPU accumulator's checks (check_tail_chunk) and the kernel's limits.
 template <class T>
 Status can_implement_query_tails(KVView<const T> q, std::int64_t first, KVView<const T> k, const float* lse,
                                  TailView<float> tails, const QueryTailOptions& opt) {
   static_assert(detail::is_element_v<T>, "flashcache::gpu: elements are float, half_t or bfloat16_t");
   FLASHCACHE_RETURN_IF_ERROR(check_tail_options(opt));
-  FLASHCACHE_RETURN_IF_ERROR(check_view(q, "Q"));
-  FLASHCACHE_RETURN_IF_ERROR(check_view(k, "K"));
-  if (first < 0) return make_error(Errc::invalid_shape, "query tails: first position ", first, " is negative");
+  FLASHCACHE_RETURN_IF_ERROR(check_tail_chunk(q, first, k, tails, "query tails"));
   if (q.empty()) return Status::success();
-  if (k.heads == 0 || q.heads % k.heads != 0)
-    return make_error(Errc::invalid_shape, "query tails: ", q.heads, " query heads are not a multiple of ", k.heads,
-                      " KV heads");
+  // The kernel's own limits.
   if (q.heads > 65535) return make_error(Errc::unsupported, "query tails: ", q.heads, " query heads (at most 65535)");
-  if (k.head_dim != q.head_dim)
-    return make_error(Errc::invalid_shape, "query tails: Q head_dim ", q.head_dim, " but K head_dim ", k.head_dim);
   if (q.head_dim > kernels::kTailMaxHeadDim)
     return make_error(Errc::unsupported, "query tails: head_dim ", q.head_dim, " (the kernel takes up to ",
                       kernels::kTailMaxHeadDim, ")");
-  const std::int64_t end = first + q.tokens;
-  if (k.tokens < end)
-    return make_error(Errc::invalid_shape, "query tails: queries reach position ", end - 1, " but K holds ", k.tokens,
-                      " tokens");
-  if (end > std::int64_t{2147483647} - kernels::kTailKeys)
-    return make_error(Errc::unsupported, "query tails: ", end, " positions (the kernel indexes them in 2^31)");
-  FLASHCACHE_RETURN_IF_ERROR(check_tails(tails, k.heads, end, "query tails"));
+  if (first + q.tokens > std::int64_t{2147483647} - kernels::kTailKeys)
+    return make_error(Errc::unsupported, "query tails: ", first + q.tokens,
+                      " positions (the kernel indexes them in 2^31)");
   if (lse == nullptr)
     return make_error(Errc::invalid_option, "query tails on the GPU need the queries' lse (FlashAttention's "
                                             "softmax_lse, [query heads][chunk] floats)");

@@ -9,7 +9,6 @@ namespace flashcache::gpu::detail {
 template <class T>
 Status mix_tails(const RunContext<T>& run, cudaStream_t stream) {
   kernels::MixTailsParams p;
-  p.sequences = run.cache.sequences;
   p.capacity = run.cache.capacity;
   p.seq = run.layers.seq;
   p.weight = run.opt.tail_weight;
