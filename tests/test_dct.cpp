@@ -132,6 +132,32 @@ TEST(Fft, BluesteinIsChosenForLargePrimeFactors) {
   EXPECT_TRUE((fc::PanelFft<float, 1>(2 * 1009).uses_bluestein()));
 }
 
+// The convolution covers 2n - 1 points, is 5-smooth, and is no power of two where a
+// smooth length is cheaper: 4099 would need 16384 points as a power of two.
+TEST(Fft, BluesteinConvolvesOverACheapSmoothLength) {
+  for (std::int64_t n : {37, 613, 1031, 4099, 8191}) {
+    const std::int64_t m = fc::PanelFft<float, 1>(n).convolution_length();
+    EXPECT_GE(m, 2 * n - 1) << n;
+    std::int64_t rest = m;
+    for (std::int64_t p : {2, 3, 5})
+      while (rest % p == 0) rest /= p;
+    EXPECT_EQ(rest, 1) << n << " convolves over " << m;
+  }
+  EXPECT_LT((fc::PanelFft<float, 1>(4099).convolution_length()), 16384);
+  EXPECT_EQ((fc::PanelFft<float, 1>(1024).convolution_length()), 0);
+}
+
+// 3678 = 6 x 613 and 1025 = 25 x 41: only the large factor goes through Bluestein.
+TEST(Fft, OnlyTheLargeFactorGoesThroughBluestein) {
+  const fc::PanelFft<float, 1> a(3678), b(1025), prime(4099);
+  EXPECT_EQ(a.bluestein_factor(), 613);
+  EXPECT_EQ(a.convolution_length(), 0);
+  EXPECT_TRUE(a.uses_bluestein());
+  EXPECT_EQ(b.bluestein_factor(), 41);
+  EXPECT_EQ(prime.bluestein_factor(), 0);
+  EXPECT_GT(prime.convolution_length(), 0);
+}
+
 // Every lane of a panel FFT against the naive DFT, mixed radices and Bluestein.
 class FftSizes : public ::testing::TestWithParam<std::int64_t> {};
 
@@ -165,7 +191,9 @@ TEST_P(FftSizes, PanelMatchesNaiveDftInEveryLane) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Radices, FftSizes,
-                         ::testing::Values(1, 2, 3, 4, 5, 8, 12, 30, 49, 64, 210, 243, 31 * 2, 37, 101, 1024 + 1));
+                         ::testing::Values(1, 2, 3, 4, 5, 8, 12, 15, 30, 49, 64, 75, 210, 243, 375, 31 * 2, 37,
+                                           101, 613, 1024 + 1, 2 * 3 * 5 * 7 * 11, 2 * 1009, 6 * 613,
+                                           2 * 37 * 41));
 
 TEST(Dct, PanelLanesAreIndependentColumns) {
   constexpr int W = 5;

@@ -8,9 +8,14 @@
 // columns of K and V at once.
 //
 // Lengths made of the radices 2, 3, 4, 5, ..., 31 run as a mixed-radix Stockham
-// FFT (self-sorting, no bit reversal), O(n log n). A larger prime factor goes
-// through Bluestein's chirp-z identity: a circular convolution of power-of-two
-// length >= 2n - 1, so prime lengths such as 4099 stay O(n log n) too.
+// FFT (self-sorting, no bit reversal), O(n log n); radices 2, 3, 4 and 5 have
+// butterflies of their own, the others a generic p-point DFT. A larger prime
+// factor goes through Bluestein's chirp-z identity: a circular convolution of
+// length >= 2n - 1, so prime lengths such as 4099 stay O(n log n) too. That
+// length is the cheapest 2^a 3^b 5^c by the stage cost model below, not always
+// a power of two: 4099 convolves over 9216 points instead of 16384. A length
+// with small factors too (3678 = 6 x 613) sends only its large factor through
+// Bluestein, as the first Stockham stage, when the model says that is cheaper.
 #include <Eigen/Core>
 #include <algorithm>
 
@@ -42,6 +47,55 @@ inline std::vector<int> fft_radices(std::int64_t n, int max_prime) {
   return radices;
 }
 
+// The cost model that picks Bluestein's convolution length: per point and
+// stage, a butterfly's real flops plus 4 for the pass over the panel. It only
+// ranks lengths; it predicts no time.
+inline double stage_cost(int radix) {
+  switch (radix) {
+    case 2:
+      return 5.0 + 4.0;
+    case 3:
+      return 9.3 + 4.0;
+    case 4:
+      return 8.5 + 4.0;
+    case 5:
+      return 14.4 + 4.0;
+    default:  // the generic p-point DFT: p complex multiply-adds per point
+      return 8.0 * radix + 4.0;
+  }
+}
+
+// The cheapest 5-smooth length >= at_least by stage_cost (ties: the power of two).
+inline std::int64_t bluestein_length(std::int64_t at_least) {
+  std::int64_t best = next_pow2(at_least);
+  double best_cost = 0;
+  for (int p : fft_radices(best, 5)) best_cost += stage_cost(p);
+  best_cost *= static_cast<double>(best);
+  for (std::int64_t m = at_least; m < best; ++m) {
+    const std::vector<int> radices = fft_radices(m, 5);
+    if (radices.empty()) continue;
+    double cost = 0;
+    for (int p : radices) cost += stage_cost(p);
+    cost *= static_cast<double>(m);
+    if (cost < best_cost) best = m, best_cost = cost;
+  }
+  return best;
+}
+
+// The model's cost of a Stockham FFT over the radices.
+inline double stockham_cost(std::int64_t n, const std::vector<int>& radices) {
+  double cost = 0;
+  for (int p : radices) cost += stage_cost(p);
+  return cost * static_cast<double>(n);
+}
+
+// The model's cost of Bluestein at length n: two FFTs and three passes over
+// the convolution.
+inline double bluestein_cost(std::int64_t n) {
+  const std::int64_t m = bluestein_length(2 * n - 1);
+  return 2.0 * stockham_cost(m, fft_radices(m, 5)) + 12.0 * static_cast<double>(m);
+}
+
 // exp(-2 pi i num / den) with the angle reduced first, in double.
 inline void unit_root(std::int64_t num, std::int64_t den, double* re, double* im) {
   const double angle = -2.0 * M_PI * static_cast<double>(num % den) / static_cast<double>(den);
@@ -60,6 +114,23 @@ class PanelFft {
   explicit PanelFft(std::int64_t n) : n_(n) {
     if (n_ <= 1) return;
     radices_ = detail::fft_radices(n_, kMaxDirectPrime);
+    if (radices_.empty()) {
+      // n = small x large, the large part's prime factors all above kMaxDirectPrime.
+      std::int64_t large = n_;
+      for (std::int64_t p = 2; p <= kMaxDirectPrime; ++p)
+        while (large % p == 0) large /= p;
+      const std::int64_t small = n_ / large;
+      const std::vector<int> small_radices = detail::fft_radices(small, kMaxDirectPrime);
+      const double split = static_cast<double>(small) * detail::bluestein_cost(large) +
+                           detail::stockham_cost(n_, small_radices) + 8.0 * static_cast<double>(n_);
+      if (small > 1 && split < detail::bluestein_cost(n_)) {
+        large_ = std::make_unique<PanelFft>(large);
+        radices_ = small_radices;
+        radices_.insert(radices_.begin(), static_cast<int>(large));
+        gather_re_.resize(static_cast<std::size_t>(large * W));
+        gather_im_.resize(static_cast<std::size_t>(large * W));
+      }
+    }
     if (!radices_.empty()) {
       choose_stages(n_);
       work_re_.resize(static_cast<std::size_t>(n_ * W));
@@ -67,7 +138,7 @@ class PanelFft {
       return;
     }
     // Bluestein: X[k] = c*[k] sum_j (x[j] c*[j]) c[k - j], chirp c[j] = exp(i pi j^2 / n).
-    m_ = detail::next_pow2(2 * n_ - 1);
+    m_ = detail::bluestein_length(2 * n_ - 1);
     inner_ = std::make_unique<PanelFft>(m_);
     chirp_re_.resize(static_cast<std::size_t>(n_));
     chirp_im_.resize(static_cast<std::size_t>(n_));
@@ -99,7 +170,12 @@ class PanelFft {
   }
 
   std::int64_t size() const { return n_; }
-  bool uses_bluestein() const { return m_ > 0; }
+  // Bluestein runs: over the whole length, or over its large factor as the first stage.
+  bool uses_bluestein() const { return m_ > 0 || large_ != nullptr; }
+  // Bluestein's convolution length over the whole length (0 when Stockham stages run).
+  std::int64_t convolution_length() const { return m_; }
+  // The large factor the first Stockham stage sends through Bluestein (0: none).
+  std::int64_t bluestein_factor() const { return large_ ? large_->size() : 0; }
 
   // In place: X[k] = sum_j x[j] exp(-2 pi i j k / n) per lane, unscaled.
   void forward(Real* re, Real* im) {
@@ -139,6 +215,11 @@ class PanelFft {
       const std::int64_t next = span * p;
       classes /= p;
       Stage s{p, span, classes, tw_re_.size(), root_re_.size()};
+      if (p > kMaxDirectPrime) {  // the Bluestein stage: first, so span 1 and no twiddles
+        stages_.push_back(s);
+        span = next;
+        continue;
+      }
       for (std::int64_t k = 0; k < span; ++k)
         for (int q = 1; q < p; ++q) {
           double re, im;
@@ -172,7 +253,17 @@ class PanelFft {
         case 2:
           radix2(st, src_re, src_im, dst_re, dst_im);
           break;
+        case 3:
+          radix3(st, src_re, src_im, dst_re, dst_im);
+          break;
+        case 5:
+          radix5(st, src_re, src_im, dst_re, dst_im);
+          break;
         default:
+          if (st.radix > kMaxDirectPrime) {
+            large_stage(st, src_re, src_im, dst_re, dst_im);
+            break;
+          }
           generic(st, src_re, src_im, dst_re, dst_im);
           break;
       }
@@ -247,6 +338,110 @@ class PanelFft {
     }
   }
 
+  // Radix 3: with w = exp(-2 pi i / 3) = -1/2 - i s, s = sqrt(3)/2, and d = a1 - a2,
+  //   Y0 = a0 + a1 + a2,  Y1 = a0 - (a1 + a2) / 2 - i s d,  Y2 = a0 - (a1 + a2) / 2 + i s d.
+  void radix3(const Stage& st, const Real* FLASHCACHE_RESTRICT xr, const Real* FLASHCACHE_RESTRICT xi,
+              Real* FLASHCACHE_RESTRICT yr, Real* FLASHCACHE_RESTRICT yi) const {
+    using In = Eigen::Map<const Lanes>;
+    using Out = Eigen::Map<Lanes>;
+    const std::int64_t L = st.span, Rn = st.stride, R = Rn * 3;
+    const std::int64_t q = Rn * W, s = L * Rn * W;
+    const Real sin60 = static_cast<Real>(0.86602540378443864676);
+    for (std::int64_t k = 0; k < L; ++k) {
+      const std::size_t t = st.twiddle + static_cast<std::size_t>(2 * k);
+      const Real w1r = tw_re_[t], w1i = tw_im_[t], w2r = tw_re_[t + 1], w2i = tw_im_[t + 1];
+      for (std::int64_t r = 0; r < Rn; ++r) {
+        const Real* FLASHCACHE_RESTRICT ir = xr + (k * R + r) * W;
+        const Real* FLASHCACHE_RESTRICT ii = xi + (k * R + r) * W;
+        Real* FLASHCACHE_RESTRICT o_r = yr + (k * Rn + r) * W;
+        Real* FLASHCACHE_RESTRICT o_i = yi + (k * Rn + r) * W;
+        const Lanes a0r = In(ir), a0i = In(ii);
+        const Lanes b1r = In(ir + q), b1i = In(ii + q), b2r = In(ir + 2 * q), b2i = In(ii + 2 * q);
+        const Lanes a1r = b1r * w1r - b1i * w1i, a1i = b1r * w1i + b1i * w1r;
+        const Lanes a2r = b2r * w2r - b2i * w2i, a2i = b2r * w2i + b2i * w2r;
+        const Lanes sr = a1r + a2r, si = a1i + a2i, dr = (a1r - a2r) * sin60, di = (a1i - a2i) * sin60;
+        const Lanes hr = a0r - Real(0.5) * sr, hi = a0i - Real(0.5) * si;
+        Out{o_r} = a0r + sr;
+        Out{o_i} = a0i + si;
+        Out{o_r + s} = hr + di;  // -i s d = s di - i s dr
+        Out{o_i + s} = hi - dr;
+        Out{o_r + 2 * s} = hr - di;
+        Out{o_i + 2 * s} = hi + dr;
+      }
+    }
+  }
+
+  // Radix 5: with c_j = cos(2 pi j / 5), s_j = sin(2 pi j / 5), b = a1 + a4, b' = a2 + a3,
+  // d = a1 - a4, d' = a2 - a3:
+  //   Y0 = a0 + b + b',  Y1,4 = (a0 + c1 b + c2 b') -/+ i (s1 d + s2 d'),
+  //   Y2,3 = (a0 + c2 b + c1 b') -/+ i (s2 d - s1 d').
+  void radix5(const Stage& st, const Real* FLASHCACHE_RESTRICT xr, const Real* FLASHCACHE_RESTRICT xi,
+              Real* FLASHCACHE_RESTRICT yr, Real* FLASHCACHE_RESTRICT yi) const {
+    using In = Eigen::Map<const Lanes>;
+    using Out = Eigen::Map<Lanes>;
+    const std::int64_t L = st.span, Rn = st.stride, R = Rn * 5;
+    const std::int64_t q = Rn * W, s = L * Rn * W;
+    const Real c1 = static_cast<Real>(0.30901699437494742410), c2 = static_cast<Real>(-0.80901699437494742410);
+    const Real s1 = static_cast<Real>(0.95105651629515357212), s2 = static_cast<Real>(0.58778525229247312917);
+    for (std::int64_t k = 0; k < L; ++k) {
+      const std::size_t t = st.twiddle + static_cast<std::size_t>(4 * k);
+      for (std::int64_t r = 0; r < Rn; ++r) {
+        const Real* FLASHCACHE_RESTRICT ir = xr + (k * R + r) * W;
+        const Real* FLASHCACHE_RESTRICT ii = xi + (k * R + r) * W;
+        Real* FLASHCACHE_RESTRICT o_r = yr + (k * Rn + r) * W;
+        Real* FLASHCACHE_RESTRICT o_i = yi + (k * Rn + r) * W;
+        const auto twiddled = [&](int j, Lanes* re, Lanes* im) {
+          const Lanes br = In(ir + j * q), bi = In(ii + j * q);
+          const Real wr = tw_re_[t + static_cast<std::size_t>(j - 1)], wi = tw_im_[t + static_cast<std::size_t>(j - 1)];
+          *re = br * wr - bi * wi;
+          *im = br * wi + bi * wr;
+        };
+        Lanes a1r, a1i, a2r, a2i, a3r, a3i, a4r, a4i;
+        twiddled(1, &a1r, &a1i);
+        twiddled(2, &a2r, &a2i);
+        twiddled(3, &a3r, &a3i);
+        twiddled(4, &a4r, &a4i);
+        const Lanes a0r = In(ir), a0i = In(ii);
+        const Lanes br = a1r + a4r, bi = a1i + a4i, b2r = a2r + a3r, b2i = a2i + a3i;
+        const Lanes dr = a1r - a4r, di = a1i - a4i, d2r = a2r - a3r, d2i = a2i - a3i;
+        const Lanes t1r = a0r + c1 * br + c2 * b2r, t1i = a0i + c1 * bi + c2 * b2i;
+        const Lanes t2r = a0r + c2 * br + c1 * b2r, t2i = a0i + c2 * bi + c1 * b2i;
+        const Lanes u1r = s1 * dr + s2 * d2r, u1i = s1 * di + s2 * d2i;
+        const Lanes u2r = s2 * dr - s1 * d2r, u2i = s2 * di - s1 * d2i;
+        Out{o_r} = a0r + br + b2r;
+        Out{o_i} = a0i + bi + b2i;
+        Out{o_r + s} = t1r + u1i;  // -i u = u_i - i u_r
+        Out{o_i + s} = t1i - u1r;
+        Out{o_r + 4 * s} = t1r - u1i;
+        Out{o_i + 4 * s} = t1i + u1r;
+        Out{o_r + 2 * s} = t2r + u2i;
+        Out{o_i + 2 * s} = t2i - u2r;
+        Out{o_r + 3 * s} = t2r - u2i;
+        Out{o_i + 3 * s} = t2i + u2r;
+      }
+    }
+  }
+
+  // The first stage with the large factor p: span 1, so no twiddles, and
+  // residue class r's p inputs x[r + R' q] give its outputs y[r + R' s] at the
+  // same places. Each class is gathered into a p-point panel for Bluestein.
+  void large_stage(const Stage& st, const Real* xr, const Real* xi, Real* yr, Real* yi) {
+    const std::int64_t p = st.radix, Rn = st.stride;
+    for (std::int64_t r = 0; r < Rn; ++r) {
+      for (std::int64_t q = 0; q < p; ++q)
+        for (int w = 0; w < W; ++w) {
+          gather_re_[static_cast<std::size_t>(q * W + w)] = xr[(r + Rn * q) * W + w];
+          gather_im_[static_cast<std::size_t>(q * W + w)] = xi[(r + Rn * q) * W + w];
+        }
+      large_->forward(gather_re_.data(), gather_im_.data());
+      for (std::int64_t q = 0; q < p; ++q)
+        for (int w = 0; w < W; ++w) {
+          yr[(r + Rn * q) * W + w] = gather_re_[static_cast<std::size_t>(q * W + w)];
+          yi[(r + Rn * q) * W + w] = gather_im_[static_cast<std::size_t>(q * W + w)];
+        }
+    }
+  }
+
   void generic(const Stage& st, const Real* xr, const Real* xi, Real* yr, Real* yi) {
     const int p = st.radix;
     const std::int64_t L = st.span, Rn = st.stride, R = Rn * p;
@@ -281,9 +476,12 @@ class PanelFft {
       }
   }
 
+  // Three passes over the convolution beside its two forward FFTs: the
+  // inverse FFT is conj(fft(conj(y))), its conjugations folded into the filter
+  // product before it and the chirp product after it.
   void bluestein(Real* re, Real* im) {
-    std::fill(conv_re_.begin(), conv_re_.end(), Real(0));
-    std::fill(conv_im_.begin(), conv_im_.end(), Real(0));
+    std::fill(conv_re_.begin() + n_ * W, conv_re_.end(), Real(0));
+    std::fill(conv_im_.begin() + n_ * W, conv_im_.end(), Real(0));
     for (std::int64_t j = 0; j < n_; ++j) {  // a[j] = x[j] conj(c[j])
       const Real cr = chirp_re_[static_cast<std::size_t>(j)], ci = -chirp_im_[static_cast<std::size_t>(j)];
       for (int w = 0; w < W; ++w) {
@@ -298,17 +496,18 @@ class PanelFft {
       for (int w = 0; w < W; ++w) {
         const std::size_t i = static_cast<std::size_t>(j * W + w);
         const Real r = conv_re_[i] * fr - conv_im_[i] * fi;
-        conv_im_[i] = conv_re_[i] * fi + conv_im_[i] * fr;
+        conv_im_[i] = -(conv_re_[i] * fi + conv_im_[i] * fr);  // conj of the product
         conv_re_[i] = r;
       }
     }
-    inner_->inverse(conv_re_.data(), conv_im_.data());
+    inner_->forward(conv_re_.data(), conv_im_.data());  // conv = conj of this
     for (std::int64_t k = 0; k < n_; ++k) {  // X[k] = conj(c[k]) conv[k]
       const Real cr = chirp_re_[static_cast<std::size_t>(k)], ci = -chirp_im_[static_cast<std::size_t>(k)];
       for (int w = 0; w < W; ++w) {
         const std::size_t i = static_cast<std::size_t>(k * W + w);
-        re[i] = conv_re_[i] * cr - conv_im_[i] * ci;
-        im[i] = conv_re_[i] * ci + conv_im_[i] * cr;
+        const Real vr = conv_re_[i], vi = -conv_im_[i];
+        re[i] = vr * cr - vi * ci;
+        im[i] = vr * ci + vi * cr;
       }
     }
   }
@@ -318,7 +517,9 @@ class PanelFft {
   std::vector<int> radices_;
   std::vector<Stage> stages_;
   std::vector<Real> tw_re_, tw_im_, root_re_, root_im_, work_re_, work_im_, scratch_re_, scratch_im_;
-  std::unique_ptr<PanelFft> inner_;  // the power-of-two FFT behind Bluestein
+  std::unique_ptr<PanelFft> inner_;  // the smooth FFT behind Bluestein
+  std::unique_ptr<PanelFft> large_;  // the large factor's FFT (Bluestein) of the first stage
+  std::vector<Real> gather_re_, gather_im_;  // one residue class of the first stage
   std::vector<Real> chirp_re_, chirp_im_, filter_re_, filter_im_, conv_re_, conv_im_;
 };
 

@@ -53,23 +53,36 @@ class GlobalResidual {
   // Loads head-dim columns [c0, c0 + kLanes) of head h into the panels xk_ and
   // xv_ ([tokens][kLanes]; lanes past the head dim stay zero: they add nothing)
   // and adds their squares to the tokens' totals.
+  // The totals are summed in registers, lane by lane in order (the same
+  // floats as adding each square to memory, without its store-load chain).
   template <class T>
   void load_panel(KVView<const T> k, KVView<const T> v, std::int64_t h, const std::vector<std::int64_t>& source,
                   std::int64_t c0, TokenResiduals<Real>* out) {
     constexpr int W = kLanes;
     const int lanes = static_cast<int>(std::min<std::int64_t>(W, k.head_dim - c0));
+    Real* FLASHCACHE_RESTRICT total_k = out->total_k.data();
+    Real* FLASHCACHE_RESTRICT total_v = out->total_v.data();
     for (std::int64_t t = 0; t < k.tokens; ++t) {
       const std::int64_t src = source[static_cast<std::size_t>(t)];
-      Real* xk = xk_.data() + t * W;
-      Real* xv = xv_.data() + t * W;
-      for (int w = 0; w < W; ++w) {
-        xk[w] = w < lanes ? source_element<Real>(k, h, src, c0 + w) : Real(0);
-        xv[w] = w < lanes ? source_element<Real>(v, h, src, c0 + w) : Real(0);
+      Real* FLASHCACHE_RESTRICT xk = xk_.data() + t * W;
+      Real* FLASHCACHE_RESTRICT xv = xv_.data() + t * W;
+      if (src < 0) {
+        for (int w = 0; w < W; ++w) xk[w] = xv[w] = Real(0);
+      } else {
+        const T* FLASHCACHE_RESTRICT rk = k.row(h, src) + c0;
+        const T* FLASHCACHE_RESTRICT rv = v.row(h, src) + c0;
+        for (int w = 0; w < W; ++w) {
+          xk[w] = w < lanes ? static_cast<Real>(to_float(rk[w])) : Real(0);
+          xv[w] = w < lanes ? static_cast<Real>(to_float(rv[w])) : Real(0);
+        }
       }
+      Real sk = total_k[t], sv = total_v[t];
       for (int w = 0; w < W; ++w) {
-        out->total_k[static_cast<std::size_t>(t)] += xk[w] * xk[w];
-        out->total_v[static_cast<std::size_t>(t)] += xv[w] * xv[w];
+        sk += xk[w] * xk[w];
+        sv += xv[w] * xv[w];
       }
+      total_k[t] = sk;
+      total_v[t] = sv;
     }
   }
 
@@ -114,24 +127,29 @@ class GlobalResidual {
     chosen_v_.resize(static_cast<std::size_t>(n));
     choose_base_frequencies(kind, energy_k_.data(), n, m, &order_, chosen_k_.data());
     choose_base_frequencies(kind, energy_v_.data(), n, m, &order_, chosen_v_.data());
-    std::vector<Real>& rk = out->residual_k;
-    std::vector<Real>& rv = out->residual_v;
+    Real* FLASHCACHE_RESTRICT rk = out->residual_k.data();
+    Real* FLASHCACHE_RESTRICT rv = out->residual_v.data();
     for (std::int64_t p = 0; p < panels; ++p) {
       Real* sk = spectrum_k_.data() + p * n * W;
       Real* sv = spectrum_v_.data() + p * n * W;
-      for (std::int64_t f = 0; f < n; ++f)  // the residual's spectrum: the base's frequencies removed
-        for (int w = 0; w < W; ++w) {
-          if (chosen_k_[static_cast<std::size_t>(f)]) sk[f * W + w] = Real(0);
-          if (chosen_v_[static_cast<std::size_t>(f)]) sv[f * W + w] = Real(0);
-        }
+      for (std::int64_t f = 0; f < n; ++f) {  // the residual's spectrum: the base's frequencies removed
+        if (chosen_k_[static_cast<std::size_t>(f)])
+          for (int w = 0; w < W; ++w) sk[f * W + w] = Real(0);
+        if (chosen_v_[static_cast<std::size_t>(f)])
+          for (int w = 0; w < W; ++w) sv[f * W + w] = Real(0);
+      }
       dct.inverse(sk, sv, xk_.data(), xv_.data());
-      for (std::int64_t t = 0; t < n; ++t)
+      const Real* FLASHCACHE_RESTRICT xk = xk_.data();
+      const Real* FLASHCACHE_RESTRICT xv = xv_.data();
+      for (std::int64_t t = 0; t < n; ++t) {  // lane by lane in order, in registers (see load_panel)
+        Real ek = rk[t], ev = rv[t];
         for (int w = 0; w < W; ++w) {
-          rk[static_cast<std::size_t>(t)] +=
-              xk_[static_cast<std::size_t>(t * W + w)] * xk_[static_cast<std::size_t>(t * W + w)];
-          rv[static_cast<std::size_t>(t)] +=
-              xv_[static_cast<std::size_t>(t * W + w)] * xv_[static_cast<std::size_t>(t * W + w)];
+          ek += xk[t * W + w] * xk[t * W + w];
+          ev += xv[t * W + w] * xv[t * W + w];
         }
+        rk[t] = ek;
+        rv[t] = ev;
+      }
     }
   }
 
