@@ -104,6 +104,33 @@ TEST(LlamaState, CellsInPositionOrder) {
   EXPECT_EQ(fl::cells_by_position(s), (std::vector<std::int32_t>{3, 1, 0, 2}));
 }
 
+// Every 16-bit pattern, from an odd byte offset and in rows of awkward lengths,
+// converts bit for bit as the scalar half_t / bfloat16_t::to_float does.
+TEST(LlamaState, RowConversionMatchesTheScalarOneForEveryPattern) {
+  std::vector<std::uint8_t> bytes(2 * 65536 + 1);
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    const auto v = static_cast<std::uint16_t>(b);
+    std::memcpy(bytes.data() + 1 + 2 * b, &v, 2);
+  }
+  for (const fl::GgmlType type : {fl::GgmlType::f16, fl::GgmlType::bf16}) {
+    std::vector<float> out(65536 + 1, 7.0f);
+    std::uint64_t done = 0;
+    for (std::uint64_t len : {1u, 7u, 8u, 9u, 15u, 16u, 1000u}) {  // awkward rows first, then the rest in one
+      fl::to_float_row(type, bytes.data() + 1 + 2 * done, len, out.data() + done);
+      done += len;
+    }
+    fl::to_float_row(type, bytes.data() + 1 + 2 * done, 65536 - done, out.data() + done);
+    EXPECT_EQ(out[65536], 7.0f) << "wrote past the row";
+    int differ = 0;
+    for (std::uint32_t b = 0; b < 65536; ++b) {
+      const auto v = static_cast<std::uint16_t>(b);
+      const float want = type == fl::GgmlType::f16 ? flashcache::half_t::to_float(v) : flashcache::bfloat16_t::to_float(v);
+      differ += std::memcmp(&want, &out[b], 4) != 0;
+    }
+    EXPECT_EQ(differ, 0) << fl::type_name(type);
+  }
+}
+
 TEST(LlamaState, ConvertsF16Bf16AndQ8) {
   const std::uint16_t h[2] = {0x3c00, 0xc000};  // 1, -2
   float out[32];
