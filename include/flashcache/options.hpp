@@ -224,6 +224,15 @@ inline Status check_options(const Options& o) {
   return Status::success();
 }
 
+// Passed on by a call that has run check_options (and check_shared_options) on
+// the options it hands on, as std::adopt_lock tells a lock it is held: the
+// callee checks every other input but not those again, so that one call checks
+// each rule once (llama/compress.hpp scores L layers and selects once).
+struct AlreadyChecked {
+  explicit AlreadyChecked() = default;
+};
+inline constexpr AlreadyChecked already_checked{};
+
 // How many tokens to keep: an absolute count or a ratio of what is there.
 // For one layer it is the count per head. For compress_model it is per layer
 // (a ratio of each layer's tokens); Allocation::dynamic then moves budget

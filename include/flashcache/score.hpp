@@ -131,8 +131,15 @@ class Scorer {
   template <class T>
   Status score(KVView<const T> k, KVView<const T> v, TailView<const float> tails, const Options& opt, float* score,
                HeadEnergy* energy, std::int64_t* nonfinite = nullptr) {
-    FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
     FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
+    return this->score(k, v, tails, opt, score, energy, nonfinite, already_checked);
+  }
+
+  // The same from a caller that has checked opt (options.hpp: AlreadyChecked).
+  template <class T>
+  Status score(KVView<const T> k, KVView<const T> v, TailView<const float> tails, const Options& opt, float* score,
+               HeadEnergy* energy, std::int64_t* nonfinite, AlreadyChecked) {
+    FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
     FLASHCACHE_RETURN_IF_ERROR(check_query_input(opt, tails, k.heads, k.tokens));
     const std::int64_t heads = k.heads, n = k.tokens;
     if (nonfinite != nullptr) *nonfinite = 0;

@@ -201,11 +201,23 @@ inline std::int64_t shared_protected_count(const ScoreView* layers, std::int64_t
 // (layer, head), max_normalized takes the largest; votes: every head votes for
 // its `budget` highest scores among the tokens not always kept (ties to the
 // lower index), tokens rank by votes, then by mean_normalized.
+// With AlreadyChecked the caller has run check_options(opt) and
+// check_shared_options(shared); the form without it runs them.
+inline Status select_shared_tokens(const ScoreView* layers, std::int64_t layer_count, std::int64_t budget,
+                                   const Options& opt, ProtectMask mask, const SharedKeepOptions& shared,
+                                   SharedKeepWorkspace* ws, std::int32_t* kept, AlreadyChecked);
+
 inline Status select_shared_tokens(const ScoreView* layers, std::int64_t layer_count, std::int64_t budget,
                                    const Options& opt, ProtectMask mask, const SharedKeepOptions& shared,
                                    SharedKeepWorkspace* ws, std::int32_t* kept) {
   FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
   FLASHCACHE_RETURN_IF_ERROR(check_shared_options(shared));
+  return select_shared_tokens(layers, layer_count, budget, opt, mask, shared, ws, kept, already_checked);
+}
+
+inline Status select_shared_tokens(const ScoreView* layers, std::int64_t layer_count, std::int64_t budget,
+                                   const Options& opt, ProtectMask mask, const SharedKeepOptions& shared,
+                                   SharedKeepWorkspace* ws, std::int32_t* kept, AlreadyChecked) {
   if (shared.keep_set == KeepSet::per_head)
     return make_error(Errc::invalid_option, "keep set per_head has no shared set (select_tokens keeps one per head)");
   if (layer_count < 1 || layers == nullptr)

@@ -95,7 +95,8 @@ struct CompactionStats {
   bool v_trans = false;
   std::string k_type, v_type;
   int threads = 1;                                                 // scoring threads
-  double read_ms = 0, score_ms = 0, select_ms = 0, write_ms = 0;  // get_data + parse, score, select, rm + set_data + verify
+  // get_data + parse + checks; score; select; the kept cells' blob + rm + set_data + verify.
+  double read_ms = 0, score_ms = 0, select_ms = 0, write_ms = 0;
   double compress_ms = 0;                                          // all of it
   bool query_tails = false;  // scored with the prompt's query tails (Options::query = tail)
 };
@@ -313,15 +314,16 @@ class SequenceCompressor {
     } else {
       FLASHCACHE_RETURN_IF_ERROR(score_layers(s, st, o, p.queries));
       t2 = clock::now();
+      // check_compress_params checked the options and the shared ones.
       FLASHCACHE_RETURN_IF_ERROR(select_shared_tokens(views_.data(), st.layers, keep, o, ProtectMask{},
-                                                      shared_keep(p), &ws_, kept_.data()));
+                                                      shared_keep(p), &ws_, kept_.data(), already_checked));
     }
     st.score_ms = ms(t1, t2);
+    const auto t3 = clock::now();
+    st.select_ms = ms(t2, t3);
     cells_.resize(kept_.size());
     for (std::size_t i = 0; i < kept_.size(); ++i) cells_[i] = order_[static_cast<std::size_t>(kept_[i])];
     FLASHCACHE_RETURN_IF_ERROR(write_seq_state(blob_.data(), s, cells_.data(), static_cast<std::uint32_t>(keep), &out_));
-    const auto t3 = clock::now();
-    st.select_ms = ms(t2, t3);
 
     FLASHCACHE_RETURN_IF_ERROR(replace_sequence(ctx, seq, s, st.pos_max, keep));
     st.query_tails = p.queries != nullptr && keep < static_cast<std::int64_t>(n);  // scored with them
@@ -401,7 +403,7 @@ class SequenceCompressor {
         if (!status.ok()) return;
         tails = out;
       }
-      status = x.scorer.score(k, v, tails, o, score, x.energy.data());
+      status = x.scorer.score(k, v, tails, o, score, x.energy.data(), nullptr, already_checked);
       views_[static_cast<std::size_t>(l)] = ScoreView{score, heads, n};
     };
     pool_.run(layers, score_layer);
