@@ -10,16 +10,16 @@
 // text (and nll when --nll-file is given).
 #include <flashcache/llama.hpp>
 
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "measure.hpp"
+#include "run_report.hpp"
 #include "runtime/find_model.hpp"
 #include "session.hpp"
 #include "text_io.hpp"
-#include "token_nll.hpp"
 
 namespace fc = flashcache;
 namespace ls = llama_session;
@@ -101,7 +101,6 @@ bool parse_args(int argc, char** argv, Args* a) {
   return true;
 }
 
-using text_io::json_string;
 using text_io::read_file;
 
 // The cache types the adapter handles; false for any other name.
@@ -227,35 +226,17 @@ int main(int argc, char** argv) {
     compressed = true;
     compress_ms = st.compress_ms;
   }
-  if (!compressed) {  // the full cache's cells and bytes, from its state
-    std::vector<std::uint8_t> blob(llama_state_seq_get_size(ctx, 0));
-    fc::llama::SeqState full;
-    if (llama_state_seq_get_data(ctx, blob.data(), blob.size(), 0) == blob.size() &&
-        fc::llama::parse_seq_state(blob.data(), blob.size(), &full).ok()) {
-      st.kv_bytes_before = st.kv_bytes_after = full.kv_bytes();
-      st.v_trans = full.v_trans;
-    }
-  }
+  if (!compressed && measure::state_bytes(ctx, &st.kv_bytes_before, &st.v_trans))  // the full cache's bytes
+    st.kv_bytes_after = st.kv_bytes_before;
   const std::int64_t bound = compressed ? st.cells_after : n_prompt;  // the size recompression returns to
   llama_memory_t mem = llama_get_memory(ctx);
 
-  // Teacher-forced NLL of the continuation over the (compressed) cache: token i
-  // (i >= 1) from the logits after tokens 0..i-1; the continuation is then removed.
+  // The continuation's NLL over the (compressed) cache.
   double nll = 0;
   int nll_tokens = 0;
-  if (cont.size() >= 2) {
-    const llama_pos p0 = llama_memory_seq_pos_max(mem, 0) + 1;
-    std::vector<float> cl;
-    if (ls::decode(ctx, cont.data(), static_cast<int>(cont.size()) - 1, p0, 0, true, &cl) != 0) {
-      std::fprintf(stderr, "flashcache_llama: decoding the continuation failed\n");
-      return 1;
-    }
-    for (std::size_t i = 1; i < cont.size(); ++i) {
-      nll += token_nll::of(cl.data() + (i - 1) * static_cast<std::size_t>(n_vocab), n_vocab, cont[i]);
-      ++nll_tokens;
-    }
-    nll /= nll_tokens;
-    llama_memory_seq_rm(mem, 0, p0, -1);
+  if (measure::continuation_nll(ctx, cont, &nll, &nll_tokens) != 0) {
+    std::fprintf(stderr, "flashcache_llama: decoding the continuation failed\n");
+    return 1;
   }
 
   // Decode greedily; recompress when the sequence has grown recompress_every past the bound.
@@ -284,50 +265,37 @@ int main(int argc, char** argv) {
     }
     const llama_pos pos = llama_memory_seq_pos_max(mem, 0) + 1;
     t = ls::now_ms();
-    ls::log_state().used_max_p1 = -1;
-    if (ls::decode(ctx, &next, 1, pos, 0, false, &logits) != 0) {
+    const measure::Step step = measure::decode_watching(ctx, next, pos, &logits);
+    if (step.rc != 0) {
       std::fprintf(stderr, "flashcache_llama: decode failed at position %d\n", pos);
       return 1;
     }
     decode_ms += ls::now_ms() - t;
-    if (i == 0 && ls::log_state().used_max_p1 >= 0) {
-      used_after = ls::log_state().used_max_p1;
-      n_kv_after = ls::n_kv_of(used_after, 1, ls::log_state().size);
-    }
+    if (i == 0) used_after = step.used_before, n_kv_after = step.n_kv;
     next = ls::argmax(logits.data(), n_vocab);
   }
-  const double tok_s = generated.empty() || decode_ms <= 0 ? 0.0 : 1000.0 * generated.size() / decode_ms;
-
+  run_report::RunReport r;
+  r.prompt_tokens = n_prompt;
+  r.compressed = compressed;
+  r.stats = st;
+  r.n_kv_after = n_kv_after;
+  r.used_after = used_after;
+  r.n_ctx = llama_n_ctx(ctx);
+  r.prefill_ms = prefill_ms;
+  r.compress_ms = compress_ms;
+  r.recompressions = recompressions;
+  r.decode_tokens_per_s = generated.empty() || decode_ms <= 0 ? 0.0 : 1000.0 * generated.size() / decode_ms;
+  r.keep_ratio = a.keep_ratio;
+  r.threads = a.threads;
+  r.cache_type = a.cache_type;
+  r.tokens = generated.size();
+  r.nll = nll;
+  r.nll_tokens = nll_tokens;
+  r.text = out_text;
   if (a.json) {
-    std::printf(
-        "{\"prompt_tokens\": %d, \"cells_before\": %lld, \"cells_after\": %lld, \"n_kv_after\": %ld, "
-        "\"used_cells_before_first_decode\": %ld, \"n_ctx\": %u, \"prefill_ms\": %.3f, \"compress_ms\": %.3f, "
-        "\"recompressions\": %d, \"decode_tokens_per_s\": %.3f, \"kv_bytes_before\": %llu, "
-        "\"kv_bytes_after\": %llu, \"keep_ratio\": %g, \"threads\": %d, \"cache_type\": %s, \"v_trans\": %s, "
-        "\"query\": \"%s\", \"tokens\": %zu",
-        n_prompt, compressed ? static_cast<long long>(st.cells_before) : static_cast<long long>(n_prompt),
-        compressed ? static_cast<long long>(st.cells_after) : static_cast<long long>(n_prompt), n_kv_after, used_after,
-        llama_n_ctx(ctx), prefill_ms, compress_ms, recompressions, tok_s,
-        static_cast<unsigned long long>(st.kv_bytes_before), static_cast<unsigned long long>(st.kv_bytes_after),
-        a.keep_ratio, a.threads, json_string(a.cache_type).c_str(), st.v_trans ? "true" : "false",
-        st.query_tails ? "tail" : "none", generated.size());
-    if (nll_tokens > 0) std::printf(", \"nll\": %.6f, \"nll_tokens\": %d", nll, nll_tokens);
-    std::printf(", \"text\": %s}\n", json_string(out_text).c_str());
+    run_report::print_json(r);
   } else {
-    if (!a.quiet) {
-      if (compressed)
-        std::fprintf(stderr,
-                     "prompt %d tokens, prefill %.1f ms; compressed %lld -> %lld cells (%.1f ms, K %s, V %s%s), "
-                     "n_kv %ld\n",
-                     n_prompt, prefill_ms, static_cast<long long>(st.cells_before),
-                     static_cast<long long>(st.cells_after), compress_ms, st.k_type.c_str(), st.v_type.c_str(),
-                     st.v_trans ? " transposed" : "", n_kv_after);
-      else
-        std::fprintf(stderr, "prompt %d tokens, prefill %.1f ms; not compressed, n_kv %ld\n", n_prompt, prefill_ms,
-                     n_kv_after);
-      if (nll_tokens > 0) std::fprintf(stderr, "continuation NLL %.4f over %d tokens\n", nll, nll_tokens);
-      std::fprintf(stderr, "%zu tokens at %.1f tokens/s\n", generated.size(), tok_s);
-    }
+    if (!a.quiet) run_report::print_summary(r);
     std::printf("%s\n", out_text.c_str());
   }
   llama_free(ctx);
