@@ -14,6 +14,7 @@ Each section comes from its own JSON, written by the run that measured it:
   llama_stream.json  bench/stream/run_stream.py           -> llama_stream.py
   cpu_simd.json  bench/run_simd.sh                          -> cpu_simd.py
   llama_event_cost.json  bench/stream/event_cost.py         -> llama_event_cost.py
+  llama_cost.json  bench/run_llama_cost.sh                  -> llama_cost.py
   static_sm90.json  bench/gpu/static_report.sh              -> static_gpu.py
 A missing JSON leaves its section out; numbers are never typed in by hand.
 """
@@ -55,6 +56,7 @@ def main():
                                    ("llama_stream.json", "llama_stream", "render"),
                                    ("cpu_simd.json", "cpu_simd", "render"),
                                    ("llama_event_cost.json", "llama_event_cost", "render"),
+                                   ("llama_cost.json", "llama_cost", "render"),
                                    ("static_sm90.json", "static_gpu", "render")):
         path = os.path.join(RESULTS, name)
         if os.path.exists(path) and os.path.exists(os.path.join(HERE, module + ".py")):
