@@ -29,7 +29,10 @@ def run(chat, path, tail):
     return {"command": " ".join(os.path.relpath(c) if os.path.exists(c) else c for c in cmd),
             "stream_nll": d["stream_nll"], "events": len(d["events"]),
             "event_ms_median": med([e["ms"] for e in d["events"]]),
-            "score_ms_median": med([e["score_ms"] for e in d["events"]]),
+            **{f"{step}_ms_median": med([e[f"{step}_ms"] for e in d["events"]])
+               for step in ("read", "score", "select", "write")},
+            # the event beyond the compaction itself: llama_memory_seq_add's renumbering
+            "renumber_ms_median": med([e["ms"] - e["compress_ms"] for e in d["events"]]),
             "event_share_median": med(shares), "decode_ms": d["decode_ms"], "tokens_per_s": d["tokens_per_s"]}
 
 

@@ -169,15 +169,17 @@ struct Session {
       return false;
     }
     if (ev.policy != fl::WhenFull::none) {
-      char buf[384];
+      char buf[512];
+      const fl::CompactionStats& c = ev.compaction;
       std::snprintf(buf, sizeof buf,
                     "{\"policy\": \"%s\", \"at_token\": %lld, \"cells_before\": %lld, \"cells_after\": %lld, "
-                    "\"pos_max_after\": %d, \"ms\": %.3f, \"score_ms\": %.3f, \"query_tails\": %s, "
+                    "\"pos_max_after\": %d, \"ms\": %.3f, \"compress_ms\": %.3f, \"read_ms\": %.3f, "
+                    "\"score_ms\": %.3f, \"select_ms\": %.3f, \"write_ms\": %.3f, \"query_tails\": %s, "
                     "\"decode_ms_before\": %.3f}",
                     fl::to_string(ev.policy), static_cast<long long>(tokens),
                     static_cast<long long>(ev.cells_before), static_cast<long long>(ev.cells_after),
-                    static_cast<int>(ev.pos_max_after), ev.ms, ev.compaction.score_ms,
-                    ev.compaction.query_tails ? "true" : "false", decode_ms);
+                    static_cast<int>(ev.pos_max_after), ev.ms, c.compress_ms, c.read_ms, c.score_ms, c.select_ms,
+                    c.write_ms, c.query_tails ? "true" : "false", decode_ms);
       events.emplace_back(buf);
     }
     const std::int64_t cells_before = manager.cells();

@@ -11,10 +11,13 @@ def render(doc):
              "9/10 of the kept cells); `--query-tail` scores with the tails of the last 256 queries decoded since "
              "the previous compaction. Native: `FLASHCACHE_NATIVE=ON` (`-march=native -mno-avx512f`). Medians over "
              "the run's compactions.", "",
-             "| build | score | compactions | median ms | of it scoring | share of the decode time since the "
-             "previous one | streamed NLL |", "|---|---|---|---|---|---|---|"]
+             "| build | score | compactions | median ms | read | score | select | write | renumber | share of the "
+             "decode time since the previous one | streamed NLL |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    step = lambda r, k: f"{r[k]:.1f}" if k in r else "-"  # runs before the split have scoring only
     for r in doc["rows"]:
         lines.append(f"| {r['build']} | {r['score']} | {r['events']} | {r['event_ms_median']:.1f} | "
-                     f"{r['score_ms_median']:.1f} | {100 * r['event_share_median']:.2f}% | {r['stream_nll']:.4f} |")
+                     f"{step(r, 'read_ms_median')} | {r['score_ms_median']:.1f} | {step(r, 'select_ms_median')} | "
+                     f"{step(r, 'write_ms_median')} | {step(r, 'renumber_ms_median')} | "
+                     f"{100 * r['event_share_median']:.2f}% | {r['stream_nll']:.4f} |")
     lines.append("")
     return "\n".join(lines)
