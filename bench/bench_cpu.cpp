@@ -71,10 +71,8 @@ void set_bytes(benchmark::State& state, std::int64_t read, std::int64_t written)
   state.counters["bytes_moved"] = static_cast<double>(read + written);
 }
 
-// A copy of the layer's K and V: the bandwidth reference.
-void BM_Copy(benchmark::State& state) {
-  const ModelShape& m = shape_of(state.range(0));
-  const LayerData& l = layer(m.kv_heads, state.range(1), m.head_dim);
+// Copies the layer's K and V bytes each iteration: the bandwidth reference.
+void copy_layer(benchmark::State& state, const LayerData& l) {
   std::vector<fc::bfloat16_t> dk(l.k.size()), dv(l.v.size());
   for (auto _ : state) {
     std::memcpy(dk.data(), l.k.data(), l.k.size() * sizeof(fc::bfloat16_t));
@@ -84,6 +82,11 @@ void BM_Copy(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   set_bytes(state, l.bytes(), l.bytes());
+}
+
+void BM_Copy(benchmark::State& state) {
+  const ModelShape& m = shape_of(state.range(0));
+  copy_layer(state, layer(m.kv_heads, state.range(1), m.head_dim));
   state.SetLabel(m.name);
 }
 
@@ -221,6 +224,10 @@ void BM_ScoreSmolLayer(benchmark::State& state) {
     benchmark::DoNotOptimize(scores.score.data());
   }
 }
+// A copy of the same layer's K and V bytes: the floor any pass over the layer pays.
+void BM_CopySmolLayer(benchmark::State& state) {
+  copy_layer(state, layer(kSmol.kv_heads, state.range(0), kSmol.head_dim, kSmol.query_heads));
+}
 // Smooth and awkward prompt lengths (issue 29): 3,678 = 2 x 3 x 613 and the primes 4,099 and
 // 8,191 send the global transform through Bluestein's algorithm.
 void TailArgs(benchmark::internal::Benchmark* b) {
@@ -229,6 +236,7 @@ void TailArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_QueryTail)->Apply(TailArgs);
 BENCHMARK(BM_ScoreSmolLayer)->Apply(TailArgs);
+BENCHMARK(BM_CopySmolLayer)->Apply(TailArgs);
 
 void BM_Select(benchmark::State& state) {
   const std::int64_t n = state.range(0), heads = 4;

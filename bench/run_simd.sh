@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The chosen score's per-layer cost (issue 29: lengths and SIMD): one SmolLM2 layer's query tails
 # and query-free score at smooth and awkward prompt lengths (bench_cpu's BM_QueryTail and
-# BM_ScoreSmolLayer), from the generic x86-64 build and from FLASHCACHE_NATIVE=ON, in one run
-# (the two builds one after the other), into bench/results/cpu_simd.json; then bench/RESULTS.md.
+# BM_ScoreSmolLayer, beside BM_CopySmolLayer: a copy of the same bytes), from the generic x86-64
+# build and from FLASHCACHE_NATIVE=ON, in one run (the two builds one after the other), into
+# bench/results/cpu_simd.json; then bench/RESULTS.md.
 # Run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh
-filter='BM_QueryTail|BM_ScoreSmolLayer'
+filter='BM_QueryTail|BM_ScoreSmolLayer|BM_CopySmolLayer'
 flags=(-DFLASHCACHE_CUDA=OFF -DFLASHCACHE_BUILD_TESTS=OFF -DFLASHCACHE_BUILD_EXAMPLES=OFF -DFLASHCACHE_BUILD_CLI=OFF)
 cmake -S . -B build-simd-generic "${flags[@]}" -DFLASHCACHE_NATIVE=OFF >/dev/null
 cmake -S . -B build-simd-native "${flags[@]}" -DFLASHCACHE_NATIVE=ON >/dev/null
