@@ -4,7 +4,8 @@
 # at all when nothing is missing. The CUDA toolkit is optional and not installed here.
 set -euo pipefail
 
-packages=(cmake g++ make libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev)
+# Arguments name more packages to install the same way (e.g. the long-context harness's doc-debian python3.11-doc).
+packages=(cmake g++ make libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev "$@")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

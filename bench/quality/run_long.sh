@@ -20,17 +20,7 @@ BUILD_DIR="${BUILD_DIR:-build-quality-eval}"
 JOBS="${JOBS:-2}"
 
 if [ "${SKIP_INSTALL:-0}" != 1 ]; then
-  tools/install_deps.sh
-  missing=()
-  for p in doc-debian python3.11-doc; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if ((${#missing[@]})); then
-    sudo_cmd=()
-    [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-    "${sudo_cmd[@]}" apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  fi
+  tools/install_deps.sh doc-debian python3.11-doc
   python3 -m pip install -q -r tools/extract/requirements.txt
   python3 -m pip install -q --no-deps -r tools/extract/requirements-nodeps.txt
 fi
