@@ -21,23 +21,13 @@
 
 namespace flashcache::gpu::kernels {
 
-struct CompactParams {
-  void* k[kMaxLayers];
-  void* v[kMaxLayers];
-  RowMap rows;
-  int sequences = 0;
-  int head_dim = 0;
-  std::int64_t capacity = 0;
-  bool vector_ok = false;
+struct CompactParams : KeptRows {
   int stage_rows = 0;                         // rows (K and V) per chunk in shared memory
   const std::int32_t* budget = nullptr;       // [L][B]
-  const std::int32_t* kept = nullptr;         // [L][H][capacity]
-  const std::int32_t* kept_indptr = nullptr;  // [L][B+1]
   const std::int32_t* page_indptr = nullptr;  // [B+1]
   std::int64_t page_size = 0;
   std::int32_t* new_len = nullptr;      // [L][B]
   std::int32_t* pages_freed = nullptr;  // [L][B]
-  int* status = nullptr;
 };
 
 inline constexpr int kCompactThreads = 256;

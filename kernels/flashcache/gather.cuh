@@ -22,20 +22,25 @@ struct Element<4> {
   using type = unsigned int;
 };
 
-struct GatherParams {
-  const void* k[kMaxLayers];
-  const void* v[kMaxLayers];
-  void* k_out[kMaxLayers];
-  void* v_out[kMaxLayers];
+// What both stage-4 kernels read: every layer's K and V rows (gather reads
+// them, compact_paged moves them in place), the row map and the kept lists.
+struct KeptRows {
+  void* k[kMaxLayers];
+  void* v[kMaxLayers];
   RowMap rows;
   int sequences = 0;
   int head_dim = 0;
   std::int64_t capacity = 0;
-  std::int64_t out_head_stride = 0, out_token_stride = 0, out_capacity = 0;
-  bool vector_ok = false;
+  bool vector_ok = false;                     // 16-byte pieces: pointers and strides allow them
   const std::int32_t* kept = nullptr;         // [L][H][capacity]
   const std::int32_t* kept_indptr = nullptr;  // [L][B+1]
   int* status = nullptr;
+};
+
+struct GatherParams : KeptRows {
+  void* k_out[kMaxLayers];
+  void* v_out[kMaxLayers];
+  std::int64_t out_head_stride = 0, out_token_stride = 0, out_capacity = 0;
 };
 
 inline constexpr int kGatherThreads = 256;

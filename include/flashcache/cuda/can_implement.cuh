@@ -89,13 +89,12 @@ inline Status budget(const Budget& b, std::int64_t capacity) {
 // The transform: the blocked kernel's block size and shared memory, or the
 // global transform's global against the cache.
 template <class T>
-Status transform(const Cache<T>& c, const Options& opt, const GlobalTransform* global) {
+Status transform(const Cache<T>& c, const Options& opt, const GlobalTransform* global, std::int64_t limit) {
   if (opt.transform == Transform::blocked) {
     if (!rules::block_size_ok(opt.block_size, true))
       return make_error(Errc::unsupported, "block_size ", opt.block_size, ": the GPU blocked transform takes ",
                         rules::kMinBlockSize, " to ", rules::kMaxGpuBlockSize);
     const std::int64_t smem = detail::blocked_smem_bytes(c.head_dim, sizeof(T), opt);
-    const std::int64_t limit = detail::max_shared_bytes();
     if (smem > limit)
       return make_error(Errc::unsupported, "block_size ", opt.block_size, " with head_dim ", c.head_dim, " ",
                         to_string(dtype_of<T>::value), " needs ", smem, " bytes of shared memory > ", limit,
@@ -121,9 +120,10 @@ Status transform(const Cache<T>& c, const Options& opt, const GlobalTransform* g
 // Image spans: inside the capacity (and, with the global transform, whose global
 // knows the lengths, inside every sequence; with Transform::blocked the device
 // checks the lengths: grid_past_sequence), a tile count that fits an int, and
-// a 2D pass that fits the device's shared memory.
+// a 2D pass that fits the device's shared memory (`limit` bytes), sized into *launch.
 template <class T>
-Status grids(const Cache<T>& c, const Options& opt, const GlobalTransform* global) {
+Status grids(const Cache<T>& c, const Options& opt, const GlobalTransform* global, std::int64_t limit,
+             detail::GridLaunch* launch) {
   if (opt.grids.empty()) return Status::success();
   for (std::size_t i = 0; i < opt.grids.size(); ++i)
     if (opt.grids[i].end() > c.capacity)
@@ -137,8 +137,7 @@ Status grids(const Cache<T>& c, const Options& opt, const GlobalTransform* globa
   if (static_cast<std::int64_t>(c.sequences) * grid_tile_count(opt) > std::int64_t{2147483647})
     return make_error(Errc::unsupported, c.sequences, " sequences x ", grid_tile_count(opt),
                       " grid tiles: more than 2^31 - 1 tiles in one call; use a larger grid_tile");
-  detail::GridLaunch launch;
-  return detail::size_grid_launch(c.head_dim, opt, detail::max_shared_bytes(), &launch);
+  return detail::size_grid_launch(c.head_dim, opt, limit, launch);
 }
 
 // Query tails: given exactly when Options::query asks for them, 4-byte aligned.
@@ -192,20 +191,35 @@ Status outputs(const Cache<T>& c, const Options& opt, const Outputs<T>& out) {
 
 }  // namespace checks
 
+namespace detail {
+
+// The checks in can_implement's order, with what they work out that a run
+// needs again: the device's shared-memory limit (asked once per call) and the
+// 2D pass's launch.
+template <class T>
+Status check_call(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
+                  const GlobalTransform* global, CheckedCall* call) {
+  static_assert(is_element_v<T>, "flashcache::gpu: elements are float, half_t or bfloat16_t");
+  FLASHCACHE_RETURN_IF_ERROR(checks::options(opt));
+  FLASHCACHE_RETURN_IF_ERROR(checks::cache(c));
+  FLASHCACHE_RETURN_IF_ERROR(checks::budget(budget, c.capacity));
+  call->smem_limit = max_shared_bytes();
+  FLASHCACHE_RETURN_IF_ERROR(checks::transform(c, opt, global, call->smem_limit));
+  FLASHCACHE_RETURN_IF_ERROR(checks::grids(c, opt, global, call->smem_limit, &call->grid));
+  FLASHCACHE_RETURN_IF_ERROR(checks::queries(c, opt));
+  return checks::outputs(c, opt, out);
+}
+
+}  // namespace detail
+
 // Everything that can be checked without running: options, the cache, the
 // budget's range, the transform (and its global), the image spans, the query
 // tails and the outputs, in that order.
 template <class T>
 Status can_implement(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out = {},
                      const GlobalTransform* global = nullptr) {
-  static_assert(detail::is_element_v<T>, "flashcache::gpu: elements are float, half_t or bfloat16_t");
-  FLASHCACHE_RETURN_IF_ERROR(checks::options(opt));
-  FLASHCACHE_RETURN_IF_ERROR(checks::cache(c));
-  FLASHCACHE_RETURN_IF_ERROR(checks::budget(budget, c.capacity));
-  FLASHCACHE_RETURN_IF_ERROR(checks::transform(c, opt, global));
-  FLASHCACHE_RETURN_IF_ERROR(checks::grids(c, opt, global));
-  FLASHCACHE_RETURN_IF_ERROR(checks::queries(c, opt));
-  return checks::outputs(c, opt, out);
+  detail::CheckedCall call;
+  return detail::check_call(c, budget, opt, out, global, &call);
 }
 
 }  // namespace flashcache::gpu

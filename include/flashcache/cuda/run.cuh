@@ -51,8 +51,8 @@ namespace detail {
 template <class T>
 Status checked_layout(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
                       const void* workspace, std::size_t workspace_bytes, const GlobalTransform* global,
-                      WorkspaceLayout* layout) {
-  FLASHCACHE_RETURN_IF_ERROR(can_implement(c, budget, opt, out, global));
+                      CheckedCall* call, WorkspaceLayout* layout) {
+  FLASHCACHE_RETURN_IF_ERROR(check_call(c, budget, opt, out, global, call));
   FLASHCACHE_RETURN_IF_ERROR(workspace_layout(c, opt, global, layout));
   if (workspace == nullptr || workspace_bytes < layout->total)
     return make_error(Errc::invalid_shape, "workspace of ", workspace_bytes, " bytes < ", layout->total, " needed");
@@ -65,10 +65,11 @@ Status checked_layout(const Cache<T>& c, const Budget& budget, const Options& op
 template <class T, class Stages>
 Status prepared_run(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
                     void* workspace, std::size_t workspace_bytes, const GlobalTransform* global, Stages&& stages) {
+  CheckedCall call;
   WorkspaceLayout layout;
-  FLASHCACHE_RETURN_IF_ERROR(checked_layout(c, budget, opt, out, workspace, workspace_bytes, global, &layout));
+  FLASHCACHE_RETURN_IF_ERROR(checked_layout(c, budget, opt, out, workspace, workspace_bytes, global, &call, &layout));
   const Workspace ws(workspace, layout);
-  const RunContext<T> run(c, opt, ws);
+  const RunContext<T> run(c, opt, ws, call);
   return stages(run);
 }
 

@@ -19,6 +19,8 @@
 
 namespace flashcache::gpu::detail {
 
+struct CheckedCall;  // launch/score_grid.cuh: what a call's checks worked out
+
 template <class T>
 constexpr bool is_element_v = std::is_same_v<T, float> || std::is_same_v<T, half_t> || std::is_same_v<T, bfloat16_t>;
 
@@ -106,10 +108,11 @@ struct RunContext {
     static_cast<kernels::LayerRows<T>&>(*p) = layers;
   }
 
-  RunContext(const Cache<T>& cache_, const Options& opt_, const Workspace& ws_)
+  RunContext(const Cache<T>& cache_, const Options& opt_, const Workspace& ws_, const CheckedCall& checked_)
       : cache(cache_),
         opt(opt_),
         ws(ws_),
+        checked(&checked_),
         layers(layer_rows(cache_, ws_)),
         grids(grid_spans(opt_)),
         protect{opt_.sink, opt_.window, cache_.protect},
@@ -119,6 +122,7 @@ struct RunContext {
   const Cache<T>& cache;
   const Options& opt;
   const Workspace& ws;
+  const CheckedCall* checked;  // what the call's checks worked out (launch/score_grid.cuh)
   // K and V of each layer, the row map and the sequence table (written by
   // stage 0, launch/sequence_table.cuh, read by every later one): the first
   // fields of the per-layer passes' Params.

@@ -2,6 +2,7 @@
 // Stage 4b (kernels/flashcache/compact_paged.cuh): the kept rows moved forward
 // in place in a paged cache, once every page is known to belong to one sequence.
 #include "flashcache/compact_paged.cuh"
+#include "flashcache/cuda/launch/gather.cuh"  // kept_rows
 #include "flashcache/cuda/run_context.cuh"
 
 namespace flashcache::gpu::detail {
@@ -23,24 +24,13 @@ Status compact_in_place(const RunContext<T>& run, const Outputs<T>& out, const s
   kernels::page_owner_kernel<><<<kernels::kPageOwnerCtas, kernels::kPageOwnerThreads, 0, stream>>>(owners);
   FLASHCACHE_RETURN_IF_ERROR(launched("page_owner_kernel"));
   kernels::CompactParams p{};
-  for (int l = 0; l < c.layers; ++l) {
-    p.k[l] = c.k[l];
-    p.v[l] = c.v[l];
-  }
-  p.rows = run.layers.rows;
-  p.sequences = c.sequences;
-  p.head_dim = static_cast<int>(c.head_dim);
-  p.capacity = c.capacity;
-  p.vector_ok = run.vector_ok;
+  static_cast<kernels::KeptRows&>(p) = kept_rows(run, kept, kept_indptr);
   p.stage_rows = static_cast<int>(kernels::kCompactStageBytes / (2 * c.head_dim * static_cast<std::int64_t>(sizeof(T))));
   p.budget = ws.budget();
-  p.kept = kept;
-  p.kept_indptr = kept_indptr;
   p.page_indptr = c.pages.indptr;
   p.page_size = c.pages.page_size;
   p.new_len = out.new_len;
   p.pages_freed = out.pages_freed;
-  p.status = run.status;
   const dim3 grid(static_cast<unsigned>(c.sequences), static_cast<unsigned>(c.heads),
                   static_cast<unsigned>(c.layers));
   if constexpr (sizeof(T) == 2)

@@ -76,13 +76,19 @@ inline Status size_grid_launch(std::int64_t head_dim, const Options& opt, std::i
   return Status::success();
 }
 
+// What a call's checks (can_implement.cuh) worked out for its run: the device's
+// shared-memory limit and the 2D pass's launch (sized only with image spans).
+struct CheckedCall {
+  std::int64_t smem_limit = 0;
+  GridLaunch grid;
+};
+
 template <class T>
 Status score_grids(const RunContext<T>& run, cudaStream_t stream) {
   const Cache<T>& c = run.cache;
   const Options& opt = run.opt;
   const Workspace& ws = run.ws;
-  GridLaunch g;
-  FLASHCACHE_RETURN_IF_ERROR(size_grid_launch(c.head_dim, opt, max_shared_bytes(), &g));
+  const GridLaunch& g = run.checked->grid;  // sized by the call's checks
   kernels::GridParams<T> p{};
   run.set_layer_rows(&p);
   p.grids = g.spans;
