@@ -18,6 +18,9 @@ namespace flashcache::gpu::kernels {
 
 // Most layers one call handles: per-layer pointers travel as kernel parameters.
 inline constexpr int kMaxLayers = 128;
+// Dynamic shared memory a kernel may take without opting in
+// (cudaFuncAttributeMaxDynamicSharedMemorySize): CUDA's default on every device.
+inline constexpr std::int64_t kDefaultDynamicSmemBytes = 48 * 1024;
 
 __host__ __device__ constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 

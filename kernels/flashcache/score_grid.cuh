@@ -39,7 +39,7 @@ namespace flashcache::gpu::kernels {
 inline constexpr int kGridThreads = 256;
 // The host picks the widest column chunk (at most kGridMaxWidth) whose shared
 // memory stays under this, so that several CTAs share an SM without opting in.
-inline constexpr std::int64_t kGridPreferredSmem = 48 * 1024;
+inline constexpr std::int64_t kGridPreferredSmem = kDefaultDynamicSmemBytes;
 inline constexpr int kGridMaxWidth = 64;
 
 // Shared-memory carve-up for the largest tile of a call, computed the same way

@@ -17,9 +17,8 @@ inline constexpr int kMaxGridSpans = kernels::kMaxGridSpans;
 // Shared memory a CTA may use after opting in, when no device can be asked:
 // sm_90's (H100/H200). With a device, can_implement() asks it.
 inline constexpr std::int64_t kMaxSharedBytes = 227 * 1024;
-// Dynamic shared memory a kernel may take without opting in
-// (cudaFuncAttributeMaxDynamicSharedMemorySize): CUDA's default on every device.
-inline constexpr std::int64_t kDefaultDynamicSmemBytes = 48 * 1024;
+// Dynamic shared memory a kernel may take without opting in (kernels/flashcache/common.cuh).
+inline constexpr std::int64_t kDefaultDynamicSmemBytes = kernels::kDefaultDynamicSmemBytes;
 
 // Head dims with a kernel of their own; any other head dim takes the generic
 // one (head dim 0 in the kernels' template arguments). The one list.
