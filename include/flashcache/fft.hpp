@@ -254,10 +254,10 @@ class PanelFft {
           radix2(st, src_re, src_im, dst_re, dst_im);
           break;
         case 3:
-          radix3(st, src_re, src_im, dst_re, dst_im);
+          radix_odd<3>(st, src_re, src_im, dst_re, dst_im);
           break;
         case 5:
-          radix5(st, src_re, src_im, dst_re, dst_im);
+          radix_odd<5>(st, src_re, src_im, dst_re, dst_im);
           break;
         default:
           if (st.radix > kMaxDirectPrime) {
@@ -338,86 +338,68 @@ class PanelFft {
     }
   }
 
-  // Radix 3: with w = exp(-2 pi i / 3) = -1/2 - i s, s = sqrt(3)/2, and d = a1 - a2,
-  //   Y0 = a0 + a1 + a2,  Y1 = a0 - (a1 + a2) / 2 - i s d,  Y2 = a0 - (a1 + a2) / 2 + i s d.
-  void radix3(const Stage& st, const Real* FLASHCACHE_RESTRICT xr, const Real* FLASHCACHE_RESTRICT xi,
-              Real* FLASHCACHE_RESTRICT yr, Real* FLASHCACHE_RESTRICT yi) const {
+  // Radices 3 and 5 share their loops; each twiddles its inputs a_1..a_{P-1}, then:
+  //  3: with w = exp(-2 pi i / 3) = -1/2 - i s, s = sqrt(3)/2, and d = a1 - a2,
+  //     Y0 = a0 + a1 + a2,  Y1 = a0 - (a1 + a2) / 2 - i s d,  Y2 = a0 - (a1 + a2) / 2 + i s d;
+  //  5: with c_j = cos(2 pi j / 5), s_j = sin(2 pi j / 5), b = a1 + a4, b' = a2 + a3,
+  //     d = a1 - a4, d' = a2 - a3:
+  //     Y0 = a0 + b + b',  Y1,4 = (a0 + c1 b + c2 b') -/+ i (s1 d + s2 d'),
+  //     Y2,3 = (a0 + c2 b + c1 b') -/+ i (s2 d - s1 d').
+  template <int P>
+  void radix_odd(const Stage& st, const Real* FLASHCACHE_RESTRICT xr, const Real* FLASHCACHE_RESTRICT xi,
+                 Real* FLASHCACHE_RESTRICT yr, Real* FLASHCACHE_RESTRICT yi) const {
+    static_assert(P == 3 || P == 5, "radix 3 or 5");
     using In = Eigen::Map<const Lanes>;
     using Out = Eigen::Map<Lanes>;
-    const std::int64_t L = st.span, Rn = st.stride, R = Rn * 3;
+    const std::int64_t L = st.span, Rn = st.stride, R = Rn * P;
     const std::int64_t q = Rn * W, s = L * Rn * W;
-    const Real sin60 = static_cast<Real>(0.86602540378443864676);
     for (std::int64_t k = 0; k < L; ++k) {
-      const std::size_t t = st.twiddle + static_cast<std::size_t>(2 * k);
-      const Real w1r = tw_re_[t], w1i = tw_im_[t], w2r = tw_re_[t + 1], w2i = tw_im_[t + 1];
+      const std::size_t t = st.twiddle + static_cast<std::size_t>((P - 1) * k);
       for (std::int64_t r = 0; r < Rn; ++r) {
         const Real* FLASHCACHE_RESTRICT ir = xr + (k * R + r) * W;
         const Real* FLASHCACHE_RESTRICT ii = xi + (k * R + r) * W;
         Real* FLASHCACHE_RESTRICT o_r = yr + (k * Rn + r) * W;
         Real* FLASHCACHE_RESTRICT o_i = yi + (k * Rn + r) * W;
-        const Lanes a0r = In(ir), a0i = In(ii);
-        const Lanes b1r = In(ir + q), b1i = In(ii + q), b2r = In(ir + 2 * q), b2i = In(ii + 2 * q);
-        const Lanes a1r = b1r * w1r - b1i * w1i, a1i = b1r * w1i + b1i * w1r;
-        const Lanes a2r = b2r * w2r - b2i * w2i, a2i = b2r * w2i + b2i * w2r;
-        const Lanes sr = a1r + a2r, si = a1i + a2i, dr = (a1r - a2r) * sin60, di = (a1i - a2i) * sin60;
-        const Lanes hr = a0r - Real(0.5) * sr, hi = a0i - Real(0.5) * si;
-        Out{o_r} = a0r + sr;
-        Out{o_i} = a0i + si;
-        Out{o_r + s} = hr + di;  // -i s d = s di - i s dr
-        Out{o_i + s} = hi - dr;
-        Out{o_r + 2 * s} = hr - di;
-        Out{o_i + 2 * s} = hi + dr;
-      }
-    }
-  }
-
-  // Radix 5: with c_j = cos(2 pi j / 5), s_j = sin(2 pi j / 5), b = a1 + a4, b' = a2 + a3,
-  // d = a1 - a4, d' = a2 - a3:
-  //   Y0 = a0 + b + b',  Y1,4 = (a0 + c1 b + c2 b') -/+ i (s1 d + s2 d'),
-  //   Y2,3 = (a0 + c2 b + c1 b') -/+ i (s2 d - s1 d').
-  void radix5(const Stage& st, const Real* FLASHCACHE_RESTRICT xr, const Real* FLASHCACHE_RESTRICT xi,
-              Real* FLASHCACHE_RESTRICT yr, Real* FLASHCACHE_RESTRICT yi) const {
-    using In = Eigen::Map<const Lanes>;
-    using Out = Eigen::Map<Lanes>;
-    const std::int64_t L = st.span, Rn = st.stride, R = Rn * 5;
-    const std::int64_t q = Rn * W, s = L * Rn * W;
-    const Real c1 = static_cast<Real>(0.30901699437494742410), c2 = static_cast<Real>(-0.80901699437494742410);
-    const Real s1 = static_cast<Real>(0.95105651629515357212), s2 = static_cast<Real>(0.58778525229247312917);
-    for (std::int64_t k = 0; k < L; ++k) {
-      const std::size_t t = st.twiddle + static_cast<std::size_t>(4 * k);
-      for (std::int64_t r = 0; r < Rn; ++r) {
-        const Real* FLASHCACHE_RESTRICT ir = xr + (k * R + r) * W;
-        const Real* FLASHCACHE_RESTRICT ii = xi + (k * R + r) * W;
-        Real* FLASHCACHE_RESTRICT o_r = yr + (k * Rn + r) * W;
-        Real* FLASHCACHE_RESTRICT o_i = yi + (k * Rn + r) * W;
-        const auto twiddled = [&](int j, Lanes* re, Lanes* im) {
+        Lanes ar[P], ai[P];
+        ar[0] = In(ir);
+        ai[0] = In(ii);
+        for (int j = 1; j < P; ++j) {
           const Lanes br = In(ir + j * q), bi = In(ii + j * q);
           const Real wr = tw_re_[t + static_cast<std::size_t>(j - 1)], wi = tw_im_[t + static_cast<std::size_t>(j - 1)];
-          *re = br * wr - bi * wi;
-          *im = br * wi + bi * wr;
-        };
-        Lanes a1r, a1i, a2r, a2i, a3r, a3i, a4r, a4i;
-        twiddled(1, &a1r, &a1i);
-        twiddled(2, &a2r, &a2i);
-        twiddled(3, &a3r, &a3i);
-        twiddled(4, &a4r, &a4i);
-        const Lanes a0r = In(ir), a0i = In(ii);
-        const Lanes br = a1r + a4r, bi = a1i + a4i, b2r = a2r + a3r, b2i = a2i + a3i;
-        const Lanes dr = a1r - a4r, di = a1i - a4i, d2r = a2r - a3r, d2i = a2i - a3i;
-        const Lanes t1r = a0r + c1 * br + c2 * b2r, t1i = a0i + c1 * bi + c2 * b2i;
-        const Lanes t2r = a0r + c2 * br + c1 * b2r, t2i = a0i + c2 * bi + c1 * b2i;
-        const Lanes u1r = s1 * dr + s2 * d2r, u1i = s1 * di + s2 * d2i;
-        const Lanes u2r = s2 * dr - s1 * d2r, u2i = s2 * di - s1 * d2i;
-        Out{o_r} = a0r + br + b2r;
-        Out{o_i} = a0i + bi + b2i;
-        Out{o_r + s} = t1r + u1i;  // -i u = u_i - i u_r
-        Out{o_i + s} = t1i - u1r;
-        Out{o_r + 4 * s} = t1r - u1i;
-        Out{o_i + 4 * s} = t1i + u1r;
-        Out{o_r + 2 * s} = t2r + u2i;
-        Out{o_i + 2 * s} = t2i - u2r;
-        Out{o_r + 3 * s} = t2r - u2i;
-        Out{o_i + 3 * s} = t2i + u2r;
+          ar[j] = br * wr - bi * wi;
+          ai[j] = br * wi + bi * wr;
+        }
+        if constexpr (P == 3) {
+          const Real sin60 = static_cast<Real>(0.86602540378443864676);
+          const Lanes sr = ar[1] + ar[2], si = ai[1] + ai[2], dr = (ar[1] - ar[2]) * sin60,
+                      di = (ai[1] - ai[2]) * sin60;
+          const Lanes hr = ar[0] - Real(0.5) * sr, hi = ai[0] - Real(0.5) * si;
+          Out{o_r} = ar[0] + sr;
+          Out{o_i} = ai[0] + si;
+          Out{o_r + s} = hr + di;  // -i s d = s di - i s dr
+          Out{o_i + s} = hi - dr;
+          Out{o_r + 2 * s} = hr - di;
+          Out{o_i + 2 * s} = hi + dr;
+        } else {
+          const Real c1 = static_cast<Real>(0.30901699437494742410), c2 = static_cast<Real>(-0.80901699437494742410);
+          const Real s1 = static_cast<Real>(0.95105651629515357212), s2 = static_cast<Real>(0.58778525229247312917);
+          const Lanes br = ar[1] + ar[4], bi = ai[1] + ai[4], b2r = ar[2] + ar[3], b2i = ai[2] + ai[3];
+          const Lanes dr = ar[1] - ar[4], di = ai[1] - ai[4], d2r = ar[2] - ar[3], d2i = ai[2] - ai[3];
+          const Lanes t1r = ar[0] + c1 * br + c2 * b2r, t1i = ai[0] + c1 * bi + c2 * b2i;
+          const Lanes t2r = ar[0] + c2 * br + c1 * b2r, t2i = ai[0] + c2 * bi + c1 * b2i;
+          const Lanes u1r = s1 * dr + s2 * d2r, u1i = s1 * di + s2 * d2i;
+          const Lanes u2r = s2 * dr - s1 * d2r, u2i = s2 * di - s1 * d2i;
+          Out{o_r} = ar[0] + br + b2r;
+          Out{o_i} = ai[0] + bi + b2i;
+          Out{o_r + s} = t1r + u1i;  // -i u = u_i - i u_r
+          Out{o_i + s} = t1i - u1r;
+          Out{o_r + 4 * s} = t1r - u1i;
+          Out{o_i + 4 * s} = t1i + u1r;
+          Out{o_r + 2 * s} = t2r + u2i;
+          Out{o_i + 2 * s} = t2i - u2r;
+          Out{o_r + 3 * s} = t2r - u2i;
+          Out{o_i + 3 * s} = t2i + u2r;
+        }
       }
     }
   }
