@@ -25,10 +25,15 @@ def render(doc):
              "feed) and `BM_ScoreSmolLayer` (the query-free score of the same layer; the chosen score is the "
              "two together plus a mix that costs little). Generic: " + doc["flags"]["generic"] + "; native: " +
              doc["flags"]["native"] + ". Medians of 3 repetitions. 3,678 = 2 x 3 x 613, and 4,099 and 8,191 "
-             "are prime: the global transform takes Bluestein's algorithm there.", "",
+             "are prime: the global transform takes Bluestein's algorithm there. `BM_CopySmolLayer` copies "
+             "the same layer's K and V bytes: the floor of any pass over them; x copy is the score's time over "
+             "the copy's (generic build). Smooth / this: the score per token at this length over the mean of the "
+             "smooth lengths' (2,048, 4,096, 8,192, 16,384).", "",
              "| tokens | tails, generic ms | tails, native ms | native / generic | score, generic ms | "
-             "score, native ms | native / generic | score generic, us per token |",
-             "|---|---|---|---|---|---|---|---|"]
+             "score, native ms | native / generic | score generic, us per token | x copy | this / smooth |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    smooth = [gen[("BM_ScoreSmolLayer", t)] / t for t in (2048, 4096, 8192, 16384) if ("BM_ScoreSmolLayer", t) in gen]
+    per_smooth = sum(smooth) / len(smooth) if smooth else None
     for tokens in sorted({t for (_, t) in gen}):
         tg, tn = gen.get(("BM_QueryTail", tokens)), nat.get(("BM_QueryTail", tokens))
         sg, sn = gen.get(("BM_ScoreSmolLayer", tokens)), nat.get(("BM_ScoreSmolLayer", tokens))
@@ -36,7 +41,9 @@ def render(doc):
             return "-" if x is None else f"{x:.2f}"
         def r(a, b):
             return "-" if a is None or b is None else f"{b / a:.2f}"
+        copy = gen.get(("BM_CopySmolLayer", tokens))
         lines.append(f"| {tokens:,} | {f(tg)} | {f(tn)} | {r(tg, tn)} | {f(sg)} | {f(sn)} | {r(sg, sn)} | "
-                     f"{'-' if sg is None else f'{1000 * sg / tokens:.2f}'} |")
+                     f"{'-' if sg is None else f'{1000 * sg / tokens:.2f}'} | {r(copy, sg) if copy else '-'} | "
+                     f"{'-' if sg is None or per_smooth is None else f'{sg / tokens / per_smooth:.2f}'} |")
     lines.append("")
     return "\n".join(lines)
