@@ -147,13 +147,14 @@ TEST(Fft, BluesteinConvolvesOverACheapSmoothLength) {
   EXPECT_EQ((fc::PanelFft<float, 1>(1024).convolution_length()), 0);
 }
 
-// 3678 = 6 x 613 and 1025 = 25 x 41: only the large factor goes through Bluestein.
+// 3678 = 6 x 613, 1025 = 25 x 41 and 164 = 4 x 41: only the large factor goes through Bluestein.
 TEST(Fft, OnlyTheLargeFactorGoesThroughBluestein) {
   const fc::PanelFft<float, 1> a(3678), b(1025), prime(4099);
   EXPECT_EQ(a.bluestein_factor(), 613);
   EXPECT_EQ(a.convolution_length(), 0);
   EXPECT_TRUE(a.uses_bluestein());
   EXPECT_EQ(b.bluestein_factor(), 41);
+  EXPECT_EQ((fc::PanelFft<float, 1>(4 * 41).bluestein_factor()), 41);
   EXPECT_EQ(prime.bluestein_factor(), 0);
   EXPECT_GT(prime.convolution_length(), 0);
 }
@@ -193,7 +194,7 @@ TEST_P(FftSizes, PanelMatchesNaiveDftInEveryLane) {
 INSTANTIATE_TEST_SUITE_P(Radices, FftSizes,
                          ::testing::Values(1, 2, 3, 4, 5, 8, 12, 15, 30, 49, 64, 75, 210, 243, 375, 31 * 2, 37,
                                            101, 613, 1024 + 1, 2 * 3 * 5 * 7 * 11, 2 * 1009, 6 * 613,
-                                           2 * 37 * 41));
+                                           4 * 41));
 
 TEST(Dct, PanelLanesAreIndependentColumns) {
   constexpr int W = 5;

@@ -106,6 +106,33 @@ TEST(Score, LayoutDoesNotChangeTheResult) {
   EXPECT_EQ(a.score, b.score);
 }
 
+// After the caller's own check_options, the AlreadyChecked form scores the same,
+// and still refuses a bad input the options do not cover (K and V of other shapes).
+TEST(Score, AlreadyCheckedScoresTheSame) {
+  const std::int64_t heads = 2, n = 67, dim = 6;
+  const Layer l = random_layer(heads, n, dim, 78);
+  const auto k = fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
+  const auto v = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
+  fc::Scorer<float> scorer;
+  for (const fc::Options& opt : {fc::Options{}, fc::Options::paper()}) {
+    std::vector<float> a(static_cast<std::size_t>(heads * n)), b(a.size());
+    std::vector<fc::HeadEnergy> ea(static_cast<std::size_t>(heads)), eb(ea.size());
+    ASSERT_TRUE(scorer.score(k, v, opt, a.data(), ea.data()).ok());
+    ASSERT_TRUE(fc::check_options(opt).ok());
+    ASSERT_TRUE(
+        scorer.score(k, v, fc::TailView<const float>{}, opt, b.data(), eb.data(), nullptr, fc::already_checked).ok());
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(ea[1].k_high, eb[1].k_high);
+  }
+  const auto short_v = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n - 1), fc::HeadDim(dim));
+  std::vector<float> s(static_cast<std::size_t>(heads * n));
+  std::vector<fc::HeadEnergy> e(static_cast<std::size_t>(heads));
+  EXPECT_FALSE(scorer
+                   .score(k, short_v, fc::TailView<const float>{}, fc::Options{}, s.data(), e.data(), nullptr,
+                          fc::already_checked)
+                   .ok());
+}
+
 TEST(Score, HalfInputsScoreTheirRoundedValues) {
   const std::int64_t heads = 2, n = 33, dim = 8;
   const Layer l = random_layer(heads, n, dim, 8);

@@ -257,6 +257,34 @@ TEST(SharedKeep, MatchesBruteForceReference) {
   EXPECT_LT(errors, checked / 2);
 }
 
+// The form a caller uses after checking the options itself keeps the same tokens,
+// and still refuses what the options do not cover (a budget below the always-kept).
+TEST(SharedKeep, AlreadyCheckedKeepsTheSameTokens) {
+  const std::int64_t n = 53;
+  const Model m = random_model({2, 3}, n, 91, 0);
+  const auto views = m.views();
+  fc::SharedKeepOptions so;
+  so.page = 4;
+  fc::SharedKeepWorkspace ws;
+  for (const fc::Options& opt : option_sets())
+    for (std::int64_t budget : {std::int64_t{13}, std::int64_t{29}, n}) {  // whole pages plus the last token
+      std::vector<std::int32_t> checked(static_cast<std::size_t>(budget)), trusted(checked.size());
+      const fc::Status first = fc::select_shared_tokens(views.data(), 2, budget, opt, {}, so, &ws, checked.data());
+      ASSERT_TRUE(first.ok()) << first.message();
+      ASSERT_TRUE(fc::check_options(opt).ok());
+      ASSERT_TRUE(
+          fc::select_shared_tokens(views.data(), 2, budget, opt, {}, so, &ws, trusted.data(), fc::already_checked)
+              .ok());
+      EXPECT_EQ(checked, trusted) << "budget " << budget;
+    }
+  fc::Options many_sinks;
+  many_sinks.sink = 40;
+  std::vector<std::int32_t> kept(4);
+  EXPECT_EQ(
+      fc::select_shared_tokens(views.data(), 2, 4, many_sinks, {}, so, &ws, kept.data(), fc::already_checked).code(),
+      fc::Errc::invalid_budget);
+}
+
 TEST(SharedKeep, ExactlyBudgetAscendingAndAlwaysKept) {
   const std::int64_t n = 101;
   Model m = random_model({2, 3, 5}, n, 7);

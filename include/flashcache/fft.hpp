@@ -360,7 +360,7 @@ class PanelFft {
         const Real* FLASHCACHE_RESTRICT ii = xi + (k * R + r) * W;
         Real* FLASHCACHE_RESTRICT o_r = yr + (k * Rn + r) * W;
         Real* FLASHCACHE_RESTRICT o_i = yi + (k * Rn + r) * W;
-        Lanes ar[P], ai[P];
+        Lanes ar[static_cast<std::size_t>(P)], ai[static_cast<std::size_t>(P)];
         ar[0] = In(ir);
         ai[0] = In(ii);
         for (int j = 1; j < P; ++j) {
