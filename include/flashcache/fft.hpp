@@ -65,28 +65,24 @@ inline double stage_cost(int radix) {
   }
 }
 
-// The cheapest 5-smooth length >= at_least by stage_cost (ties: the power of two).
-inline std::int64_t bluestein_length(std::int64_t at_least) {
-  std::int64_t best = next_pow2(at_least);
-  double best_cost = 0;
-  for (int p : fft_radices(best, 5)) best_cost += stage_cost(p);
-  best_cost *= static_cast<double>(best);
-  for (std::int64_t m = at_least; m < best; ++m) {
-    const std::vector<int> radices = fft_radices(m, 5);
-    if (radices.empty()) continue;
-    double cost = 0;
-    for (int p : radices) cost += stage_cost(p);
-    cost *= static_cast<double>(m);
-    if (cost < best_cost) best = m, best_cost = cost;
-  }
-  return best;
-}
-
 // The model's cost of a Stockham FFT over the radices.
 inline double stockham_cost(std::int64_t n, const std::vector<int>& radices) {
   double cost = 0;
   for (int p : radices) cost += stage_cost(p);
   return cost * static_cast<double>(n);
+}
+
+// The cheapest 5-smooth length >= at_least by stage_cost (ties: the power of two).
+inline std::int64_t bluestein_length(std::int64_t at_least) {
+  std::int64_t best = next_pow2(at_least);
+  double best_cost = stockham_cost(best, fft_radices(best, 5));
+  for (std::int64_t m = at_least; m < best; ++m) {
+    const std::vector<int> radices = fft_radices(m, 5);
+    if (radices.empty()) continue;
+    const double cost = stockham_cost(m, radices);
+    if (cost < best_cost) best = m, best_cost = cost;
+  }
+  return best;
 }
 
 // The model's cost of Bluestein at length n: two FFTs and three passes over

@@ -44,7 +44,7 @@ inline void halves_to_float(const std::uint8_t* src, std::uint64_t n, float* dst
   const __m128i zero = _mm_setzero_si128();
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
-    if (std::is_same<Half, bfloat16_t>::value) {  // the bits are the float's high half
+    if constexpr (std::is_same<Half, bfloat16_t>::value) {  // the bits are the float's high half
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm_unpacklo_epi16(zero, h));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 4), _mm_unpackhi_epi16(zero, h));
     } else {
