@@ -16,8 +16,14 @@
 
 namespace flashcache::gpu::kernels {
 
-// Most layers one call handles: per-layer pointers travel as kernel parameters.
+// Most layers one call handles: per-layer pointers travel as kernel parameters,
+// whose limit is 32 KB from CUDA 12.1 on and 4 KB before (gather's K, V, K out
+// and V out pointers of 128 layers take 4 KB alone).
+#if CUDART_VERSION >= 12010
 inline constexpr int kMaxLayers = 128;
+#else
+inline constexpr int kMaxLayers = 64;
+#endif
 // Dynamic shared memory a kernel may take without opting in
 // (cudaFuncAttributeMaxDynamicSharedMemorySize): CUDA's default on every device.
 inline constexpr std::int64_t kDefaultDynamicSmemBytes = 48 * 1024;

@@ -353,7 +353,7 @@ TEST(GpuTensorParallelHost, SumsPointIntoTheWorkspaceAndBothPhasesCheckIt) {
   cache.token_stride = 128;
   cache.capacity = 100;
   const Options opt = blocked(64);
-  const gpu::Outputs<float> out;
+  const gpu::Outputs<float> out{};
   expect_error(gpu::score_async(cache, Budget::ratio(0.5), opt, out, nullptr, 0, nullptr), Errc::invalid_shape,
                "workspace");
   expect_error(gpu::select_async(cache, Budget::ratio(0.5), opt, out, nullptr, 0, nullptr), Errc::invalid_shape,

@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flashcache/cuda/compress.cuh"
@@ -149,7 +151,7 @@ TEST(GpuQueryTailsHost, CanImplementRefusesByName) {
   const Prompt p(6, 2, 64, 40, 5u);
   std::vector<float> tails(static_cast<std::size_t>(p.hk * p.n)), lse(static_cast<std::size_t>(p.hq * p.n));
   const fc::TailView<float> t{tails.data(), p.hk, p.n};
-  const fc::QueryTailOptions o;
+  const fc::QueryTailOptions o{};
   auto expect_refused = [](const fc::Status& s, const char* what) {
     EXPECT_FALSE(s.ok()) << what;
     EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
@@ -253,7 +255,8 @@ TEST(GpuQueryTails, KernelMatchesTheCpuAccumulator) {
   t.upload(std::vector<float>(want.size(), 0.0f));
   const auto qd = fc::hnd<const float>(q.get(), fc::Heads(p.hq), fc::Tokens(p.n), fc::HeadDim(p.d));
   const auto kd = fc::hnd<const float>(k.get(), fc::Heads(p.hk), fc::Tokens(p.n), fc::HeadDim(p.d));
-  for (const auto& [first, count] : {std::pair<std::int64_t, std::int64_t>{120, p.n - 120}, {0, 120}}) {
+  using Chunk = std::pair<std::int64_t, std::int64_t>;  // first query, count
+  for (const auto& [first, count] : std::initializer_list<Chunk>{{120, p.n - 120}, {0, 120}}) {
     std::vector<float> chunk_lse;
     for (std::int64_t g = 0; g < p.hq; ++g)
       for (std::int64_t r = 0; r < count; ++r) chunk_lse.push_back(lse[static_cast<std::size_t>(g * p.n + first + r)]);
@@ -267,7 +270,8 @@ TEST(GpuQueryTails, KernelMatchesTheCpuAccumulator) {
 }
 
 // compress_async with the tails mixed in: its scores are the CPU scorer's with the
-// same tails, and it keeps what the CPU keeps (one layer, one sequence, f32).
+// same tails, and it keeps what the CPU keeps (one layer, one sequence, f32), on the
+// default (global) transform and on the blocked one with its low-pass base.
 TEST(GpuQueryTails, CompressWithTailsMatchesTheCpu) {
   FLASHCACHE_REQUIRE_DEVICE();
   const std::int64_t heads = 2, n = 333, d = 64;
@@ -277,53 +281,64 @@ TEST(GpuQueryTails, CompressWithTailsMatchesTheCpu) {
   std::vector<float> tails(static_cast<std::size_t>(heads * n));
   for (float& x : tails) x = u(rng);
   tails[17] = 0.9f;  // one key a query needs
-  fc::Options opt = fc::Options::with_query_tail(fc::Options{});
-  opt.transform = fc::Transform::blocked;
-  const auto kh = fc::hnd<const float>(kv.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d));
-  const auto vh = fc::hnd<const float>(kv.q.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d));
-  fc::Scorer<double> scorer;
-  fc::LayerScores cpu;
-  FLASHCACHE_OK(scorer.score(kh, vh, fc::TailView<const float>{tails.data(), heads, n}, opt, &cpu));
+  for (const fc::Transform transform : {fc::Transform::global, fc::Transform::blocked}) {
+    SCOPED_TRACE(fc::to_string(transform));
+    fc::Options opt = fc::Options::with_query_tail(fc::Options{});
+    opt.transform = transform;
+    if (transform == fc::Transform::blocked) opt.base = fc::Base::lowpass;  // the GPU's blocked kernel: low-pass only
+    const auto kh = fc::hnd<const float>(kv.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d));
+    const auto vh = fc::hnd<const float>(kv.q.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d));
+    fc::Scorer<double> scorer;
+    fc::LayerScores cpu;
+    FLASHCACHE_OK(scorer.score(kh, vh, fc::TailView<const float>{tails.data(), heads, n}, opt, &cpu));
 
-  DeviceArray<float> k, v, t;
-  k.upload(kv.k);
-  v.upload(kv.q);
-  t.upload(tails);
-  float* kp = k.get();
-  float* vp = v.get();
-  fcc::Cache<float> cache = fcc::Cache<float>::dense_nhd(1, &kp, &vp, heads, d, n);
-  cache.head_stride = n * d;  // HND storage
-  cache.token_stride = d;
-  cache.tails = t.get();
-  DeviceArray<std::int32_t> kept(static_cast<std::size_t>(heads * n)), kept_indptr(2);
-  fcc::Outputs<float> out;
-  out.kept = kept.get();
-  out.kept_indptr = kept_indptr.get();
-  std::size_t bytes = 0;
-  FLASHCACHE_OK(fcc::workspace_size(cache, opt, &bytes));
-  DeviceArray<unsigned char> ws(bytes);
-  const fc::Budget budget = fc::Budget::ratio(0.2);
-  FLASHCACHE_OK(fcc::compress_async(cache, budget, opt, out, ws.get(), bytes, nullptr));
-  FLASHCACHE_OK(fcc::device_status(cache, opt, ws.get(), nullptr));
-  fcc::WorkspaceLayout layout;
-  FLASHCACHE_OK(fcc::workspace_layout(cache, opt, nullptr, &layout));
-  std::vector<float> scores(static_cast<std::size_t>(heads * n));
-  ASSERT_EQ(cudaMemcpy(scores.data(), ws.get() + layout.scores, scores.size() * sizeof(float), cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  for (std::int64_t h = 0; h < heads; ++h)
-    for (std::int64_t j = 0; j < n; ++j) {
-      const float want = cpu(h, j), got = scores[static_cast<std::size_t>(h * n + j)];
-      if (std::isinf(want))
-        EXPECT_TRUE(std::isinf(got)) << h << " " << j;
-      else
-        EXPECT_NEAR(got, want, 1e-4 * std::max(1.0f, std::fabs(want))) << h << " " << j;
+    DeviceArray<float> k, v, t;
+    k.upload(kv.k);
+    v.upload(kv.q);
+    t.upload(tails);
+    float* kp = k.get();
+    float* vp = v.get();
+    fcc::Cache<float> cache = fcc::Cache<float>::dense_nhd(1, &kp, &vp, heads, d, n);
+    cache.head_stride = n * d;  // HND storage
+    cache.token_stride = d;
+    cache.tails = t.get();
+    fcc::GlobalTransform global;
+    const fcc::GlobalTransform* global_ptr = nullptr;
+    if (transform == fc::Transform::global) {
+      const std::int64_t lengths[1] = {n};
+      FLASHCACHE_OK(fcc::GlobalTransform::create(lengths, 1, heads, d, &global));
+      global_ptr = &global;
     }
-  const std::vector<std::int32_t> k_got = kept.download();
-  const std::vector<std::int32_t> ip = kept_indptr.download();
-  std::int64_t keep = 0;
-  FLASHCACHE_OK(budget.resolve(n, &keep));
-  ASSERT_EQ(ip[1] - ip[0], keep);
-  EXPECT_NE(std::find(k_got.begin(), k_got.begin() + keep, 17), k_got.begin() + keep);  // head 0 keeps the needed key
+    DeviceArray<std::int32_t> kept(static_cast<std::size_t>(heads * n)), kept_indptr(2);
+    fcc::Outputs<float> out;
+    out.kept = kept.get();
+    out.kept_indptr = kept_indptr.get();
+    std::size_t bytes = 0;
+    FLASHCACHE_OK(fcc::workspace_size(cache, opt, &bytes, global_ptr));
+    DeviceArray<unsigned char> ws(bytes);
+    const fc::Budget budget = fc::Budget::ratio(0.2);
+    FLASHCACHE_OK(fcc::compress_async(cache, budget, opt, out, ws.get(), bytes, nullptr, global_ptr));
+    FLASHCACHE_OK(fcc::device_status(cache, opt, ws.get(), nullptr, global_ptr));
+    fcc::WorkspaceLayout layout;
+    FLASHCACHE_OK(fcc::workspace_layout(cache, opt, global_ptr, &layout));
+    std::vector<float> scores(static_cast<std::size_t>(heads * n));
+    ASSERT_EQ(cudaMemcpy(scores.data(), ws.get() + layout.scores, scores.size() * sizeof(float), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t j = 0; j < n; ++j) {
+        const float want = cpu(h, j), got = scores[static_cast<std::size_t>(h * n + j)];
+        if (std::isinf(want))
+          EXPECT_TRUE(std::isinf(got)) << h << " " << j;
+        else
+          EXPECT_NEAR(got, want, 1e-4 * std::max(1.0f, std::fabs(want))) << h << " " << j;
+      }
+    const std::vector<std::int32_t> k_got = kept.download();
+    const std::vector<std::int32_t> ip = kept_indptr.download();
+    std::int64_t keep = 0;
+    FLASHCACHE_OK(budget.resolve(n, &keep));
+    ASSERT_EQ(ip[1] - ip[0], keep);
+    EXPECT_NE(std::find(k_got.begin(), k_got.begin() + keep, 17), k_got.begin() + keep);  // head 0 keeps the needed key
+  }
 }
 
 }  // namespace

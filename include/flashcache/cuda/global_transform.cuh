@@ -26,6 +26,9 @@
 
 #include "flashcache/cuda/status.cuh"
 #include "flashcache/error.hpp"
+#ifdef FLASHCACHE_GPU_SIM
+#include "flashcache/cuda/sim_fft.cuh"
+#endif
 
 namespace flashcache::gpu {
 
@@ -70,6 +73,10 @@ class GlobalTransform {
         return make_error(Errc::unsupported, "GlobalTransform: sequence length ", n, " is outside [0, 2^24)");
       // Length 0 needs nothing; length 1 is the identity (no cuFFT plan, see launch/score_global.cuh).
       if (n <= 1 || t.plans_.count(n)) continue;
+#ifdef FLASHCACHE_GPU_SIM
+      t.plans_.emplace(n, cufftHandle{});  // the host stands in for cuFFT (sim_fft.cuh): no plan, no work area
+      continue;
+#endif
       cufftHandle handle = 0;
       FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftCreate(&handle), "cufftCreate"));
       t.plans_.emplace(n, handle);  // owned from here on, destroyed by release()
@@ -97,6 +104,18 @@ class GlobalTransform {
   // The plan for sequences of n tokens (n must be one of lengths()).
   cufftHandle handle(std::int64_t n) const { return plans_.at(n); }
 
+  // One in-place C2C transform of every column of a sequence of n > 1 tokens
+  // (heads x head_dim contiguous columns of n points): cuFFT's forward, or its
+  // unscaled inverse. Only after bind(), on the bound stream.
+  Status execute(std::int64_t n, cufftComplex* z, bool inverse) const {
+#ifdef FLASHCACHE_GPU_SIM
+    return detail::host_fft_columns(z, n, heads_ * head_dim_, inverse, stream_);
+#else
+    return cufft_status(cufftExecC2C(handle(n), z, z, inverse ? CUFFT_INVERSE : CUFFT_FORWARD),
+                        inverse ? "cufftExecC2C inverse" : "cufftExecC2C forward");
+#endif
+  }
+
   // Binds every cuFFT plan to `stream` and the work area `work` on first use;
   // later calls must pass the same pair. Thread-safe.
   Status bind(cudaStream_t stream, void* work) const {
@@ -108,10 +127,12 @@ class GlobalTransform {
                         ": cuFFT keeps one stream and work area per plan, so use one GlobalTransform per stream and "
                         "workspace (or release_binding() once its runs have finished)");
     }
+#ifndef FLASHCACHE_GPU_SIM
     for (const auto& entry : plans_) {
       FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftSetStream(entry.second, stream), "cufftSetStream"));
       FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftSetWorkArea(entry.second, work), "cufftSetWorkArea"));
     }
+#endif
     bound_ = true;
     stream_ = stream;
     work_ = work;
@@ -125,7 +146,9 @@ class GlobalTransform {
 
  private:
   void release() {
+#ifndef FLASHCACHE_GPU_SIM
     for (auto& entry : plans_) cufftDestroy(entry.second);
+#endif
     plans_.clear();
   }
   std::vector<std::int64_t> lengths_;

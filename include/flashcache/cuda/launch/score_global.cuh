@@ -94,7 +94,7 @@ Status substitute_rows(const RunContext<T>& run, cudaStream_t stream) {
 
 // One layer of sequence b (n tokens): pack, base, residuals.
 template <class T>
-Status score_global_layer(const RunContext<T>& run, int b, int l, std::int64_t n, cufftHandle fft,
+Status score_global_layer(const RunContext<T>& run, int b, int l, std::int64_t n, const GlobalTransform& global,
                           cudaStream_t stream) {
   const Cache<T>& c = run.cache;
   const Options& opt = run.opt;
@@ -123,7 +123,7 @@ Status score_global_layer(const RunContext<T>& run, int b, int l, std::int64_t n
   // One token: the DCT, the low-pass (m = 1) and the inverse are the identity,
   // so pack feeds the residual pass directly and cuFFT is not involved.
   if (n > 1) {
-    FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftExecC2C(fft, zc, zc, CUFFT_FORWARD), "cufftExecC2C forward"));
+    FLASHCACHE_RETURN_IF_ERROR(global.execute(n, zc, /*inverse=*/false));
     const unsigned pair_ctas = static_cast<unsigned>(kernels::ceil_div(n / 2 + 1, 256));
     if (opt.base == Base::lowpass) {  // the paper's: frequencies k < m
       kernels::LowpassParams lp;
@@ -136,7 +136,7 @@ Status score_global_layer(const RunContext<T>& run, int b, int l, std::int64_t n
     } else {  // chosen by energy, per head, K and V each their own (score_global.cuh)
       FLASHCACHE_RETURN_IF_ERROR(choose_base(run, n, stream));
     }
-    FLASHCACHE_RETURN_IF_ERROR(cufft_status(cufftExecC2C(fft, zc, zc, CUFFT_INVERSE), "cufftExecC2C inverse"));
+    FLASHCACHE_RETURN_IF_ERROR(global.execute(n, zc, /*inverse=*/true));
   }
   kernels::ResidualParams<T> rp{};
   rp.k = c.k[l];
@@ -174,9 +174,8 @@ Status score_global(const RunContext<T>& run, const GlobalTransform& global, cud
   for (int b = 0; b < run.cache.sequences; ++b) {
     const std::int64_t n = global.lengths()[static_cast<std::size_t>(b)];
     if (n == 0) continue;  // compared on the device above; nothing to transform
-    const cufftHandle fft = n > 1 ? global.handle(n) : cufftHandle{};
     for (int l = 0; l < run.cache.layers; ++l)
-      FLASHCACHE_RETURN_IF_ERROR(score_global_layer(run, b, l, n, fft, stream));
+      FLASHCACHE_RETURN_IF_ERROR(score_global_layer(run, b, l, n, global, stream));
   }
   return Status::success();
 }

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# bench/gpu_sim_check.sh: the GPU tests under GPGPU-Sim in functional mode, on a
+# machine without a GPU. It checks results, never speed: no time it prints is a
+# GPU time.
+#
+#   bench/gpu_sim_check.sh                  # every tests/gpu binary
+#   bench/gpu_sim_check.sh host f32         # test_gpu_host and test_gpu_f32 only
+#   FILTER='*Global*' bench/gpu_sim_check.sh f16
+#
+# Needs a simulator build in $GPUSIM_DIR (default /tmp/gpusim), as the
+# simulator tool beside the project makes it (docs: tests/gpu/README.md):
+#   env118.sh          sourced before each run: GPGPU-Sim's libcudart first on the library path
+#   cuda-11.8/         a CUDA 11.8 toolchain (nvcc, headers, cudart, cuFFT); GPGPU-Sim
+#                      builds against no newer one, and CUDA 13 cannot target sm_70
+#   gpgpu-sim/         the simulator, built, with its configs/
+# and g++-11 (CUDA 11.8 refuses newer host compilers).
+#
+# The project is configured with FLASHCACHE_GPU_SIM=ON for sm_70 in $BUILD
+# (default build-sim): the global transform's FFTs run on the host there, and
+# the tests that need CUDA graphs skip by name. The simulated GPU is a V100 with
+# an H100/H200's 227 KB of shared memory per block, so the shapes that need it run.
+# Each binary runs with a time limit ($TIMEOUT seconds, default 3600); the table
+# at the end gives each binary's passed, failed and skipped tests, and logs go to
+# $BUILD/gpusim-logs.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SIM=${GPUSIM_DIR:-/tmp/gpusim}
+BUILD=${BUILD:-$ROOT/build-sim}
+TIMEOUT=${TIMEOUT:-3600}
+JOBS=${JOBS:-2}
+ALL="host two_units f32 f16 bf16 defects decode query_tails"
+BINARIES=${*:-$ALL}
+
+for need in "$SIM/env118.sh" "$SIM/cuda-11.8/bin/nvcc" "$SIM/gpgpu-sim/configs/tested-cfgs/SM7_QV100/gpgpusim.config"; do
+  [[ -e $need ]] || { echo "gpu_sim_check: $need is missing: build the simulator first (tests/gpu/README.md)"; exit 2; }
+done
+command -v g++-11 >/dev/null || { echo "gpu_sim_check: g++-11 is missing (CUDA 11.8's newest host compiler)"; exit 2; }
+
+echo "== configure and build ($BUILD, sm_70, FLASHCACHE_GPU_SIM=ON)"
+CUDA=$SIM/cuda-11.8
+cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHCACHE_GPU_SIM=ON \
+  -DCMAKE_CUDA_COMPILER="$CUDA/bin/nvcc" -DCMAKE_CUDA_HOST_COMPILER=g++-11 -DCMAKE_CUDA_ARCHITECTURES=70 \
+  -DCMAKE_CUDA_RUNTIME_LIBRARY=Shared -DCUDAToolkit_ROOT="$CUDA" \
+  -DFLASHCACHE_BUILD_BENCH=OFF -DFLASHCACHE_BUILD_EXAMPLES=OFF -DFLASHCACHE_BUILD_CLI=OFF -DFLASHCACHE_INSTALL=OFF \
+  -DFLASHCACHE_NO_PYTHON_LLAMA=ON -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST >"$BUILD.configure.log" 2>&1 ||
+  { tail -20 "$BUILD.configure.log"; exit 1; }
+targets=$(for b in $BINARIES; do printf 'test_gpu_%s ' "$b"; done)
+# shellcheck disable=SC2086
+nice -n 10 cmake --build "$BUILD" -j"$JOBS" --target $targets >"$BUILD/gpusim-build.log" 2>&1 ||
+  { grep -E "error|Error" "$BUILD/gpusim-build.log" | head -20; exit 1; }
+
+# The simulator reads gpgpusim.config from the folder it runs in: a V100 (SM7_QV100)
+# in functional mode, with 227 KB of shared memory per block (H100/H200's opt-in
+# limit; the V100's 96 KB refuses the larger blocked and image-span shapes).
+CFG=$BUILD/gpusim-config
+mkdir -p "$CFG" "$BUILD/gpusim-logs"
+cp "$SIM"/gpgpu-sim/configs/tested-cfgs/SM7_QV100/* "$CFG/"
+cat >>"$CFG/gpgpusim.config" <<'EOF'
+
+# bench/gpu_sim_check.sh
+-gpgpu_ptx_sim_mode 1
+-gpgpu_shmem_size 232448
+-gpgpu_shmem_sizeDefault 232448
+-gpgpu_shmem_per_block 232448
+-gpgpu_shmem_option 0,8,16,32,64,100,132,164,196,227
+EOF
+
+printf '\n%-22s %7s %7s %8s %8s  %s\n' binary passed failed skipped seconds result >"$BUILD/gpusim-table.txt"
+for b in $BINARIES; do
+  bin=$BUILD/tests/gpu/test_gpu_$b
+  log=$BUILD/gpusim-logs/test_gpu_$b.log
+  echo "== test_gpu_$b (limit ${TIMEOUT}s)"
+  start=$(date +%s)
+  rc=0
+  (set +u; source "$SIM/env118.sh" && cd "$CFG" &&
+     timeout "$TIMEOUT" stdbuf -o0 "$bin" --gtest_filter="${FILTER:-*}" >"$log" 2>&1) || rc=$?
+  seconds=$(( $(date +%s) - start ))
+  passed=$(grep -a -c '^\[       OK \]' "$log")
+  failed=$(grep -a -cE '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$log")
+  skipped=$(grep -a -cE '^\[  SKIPPED \] .*\([0-9]+ ms\)$' "$log")
+  case $rc in
+    0) result=ok ;;
+    124) result="timed out after ${TIMEOUT}s" ;;
+    1) result="tests failed" ;;
+    *) result="exit $rc (crashed: $(grep -a -E '^\[ RUN      \]' "$log" | tail -1 | cut -c14-))" ;;
+  esac
+  printf '%-22s %7s %7s %8s %8s  %s\n' "test_gpu_$b" "$passed" "$failed" "$skipped" "$seconds" "$result" |
+    tee -a "$BUILD/gpusim-table.txt"
+  grep -a -E '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$log" | sed 's/^/    /'
+done
+echo
+echo "GPGPU-Sim, functional mode (results only; no time here is a GPU time). Logs: $BUILD/gpusim-logs"
+cat "$BUILD/gpusim-table.txt"
