@@ -39,12 +39,13 @@ command -v g++-11 >/dev/null || { echo "gpu_sim_check: g++-11 is missing (CUDA 1
 
 echo "== configure and build ($BUILD, sm_70, FLASHCACHE_GPU_SIM=ON)"
 CUDA=$SIM/cuda-11.8
+mkdir -p "$BUILD"
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHCACHE_GPU_SIM=ON \
   -DCMAKE_CUDA_COMPILER="$CUDA/bin/nvcc" -DCMAKE_CUDA_HOST_COMPILER=g++-11 -DCMAKE_CUDA_ARCHITECTURES=70 \
   -DCMAKE_CUDA_RUNTIME_LIBRARY=Shared -DCUDAToolkit_ROOT="$CUDA" \
   -DFLASHCACHE_BUILD_BENCH=OFF -DFLASHCACHE_BUILD_EXAMPLES=OFF -DFLASHCACHE_BUILD_CLI=OFF -DFLASHCACHE_INSTALL=OFF \
-  -DFLASHCACHE_NO_PYTHON_LLAMA=ON -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST >"$BUILD.configure.log" 2>&1 ||
-  { tail -20 "$BUILD.configure.log"; exit 1; }
+  -DFLASHCACHE_NO_PYTHON_LLAMA=ON -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST >"$BUILD/gpusim-configure.log" 2>&1 ||
+  { tail -20 "$BUILD/gpusim-configure.log"; exit 1; }
 targets=$(for b in $BINARIES; do printf 'test_gpu_%s ' "$b"; done)
 # shellcheck disable=SC2086
 nice -n 10 cmake --build "$BUILD" -j"$JOBS" --target $targets >"$BUILD/gpusim-build.log" 2>&1 ||
