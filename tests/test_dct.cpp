@@ -1,6 +1,6 @@
 // DCT-II/III and the low-pass filter against the naive O(N^2) double DCT.
 #include <gtest/gtest.h>
-#include <flashcache/dct.hpp>
+#include <flashcache/score/dct.hpp>
 #include <flashcache/options.hpp>
 
 #include <algorithm>

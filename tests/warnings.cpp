@@ -5,9 +5,9 @@
 #include <flashcache/allocate.hpp>
 #include <flashcache/batch.hpp>
 #include <flashcache/config.hpp>
-#include <flashcache/dct.hpp>
+#include <flashcache/score/dct.hpp>
 #include <flashcache/error.hpp>
-#include <flashcache/fft.hpp>
+#include <flashcache/score/fft.hpp>
 #include <flashcache/flashcache.hpp>
 #include <flashcache/gather.hpp>
 #include <flashcache/mask.hpp>
@@ -18,10 +18,10 @@
 #include <flashcache/query_tail.hpp>
 #include <flashcache/rules.hpp>
 #include <flashcache/score.hpp>
-#include <flashcache/score_blocked.hpp>
-#include <flashcache/score_global.hpp>
-#include <flashcache/score_grid.hpp>
-#include <flashcache/score_rows.hpp>
+#include <flashcache/score/blocked.hpp>
+#include <flashcache/score/global.hpp>
+#include <flashcache/score/grid.hpp>
+#include <flashcache/score/rows.hpp>
 #include <flashcache/select.hpp>
 #include <flashcache/types.hpp>
 #include <flashcache/version.hpp>

@@ -49,7 +49,7 @@ def lowpass_cutoff(n, gamma):
 
 
 def blocked_smem(head_dim, elem_bytes, tile, max_m, threads):
-    """BlockedSmem in kernels/flashcache/score_blocked.cuh, line for line."""
+    """BlockedSmem in flashcache/cuda/kernels/score_blocked.cuh, line for line."""
     warps = threads // 32
     tile_bytes = align16(tile * head_dim * elem_bytes)
     ext_bytes = align16(head_dim * elem_bytes)
@@ -70,7 +70,7 @@ def grid_zone(tr, tc, gamma):
 
 
 def grid_smem(tr, tc, head_dim, gamma, threads=256, preferred=48 * 1024, max_width=64):
-    """GridSmem in kernels/flashcache/score_grid.cuh and the width size_grid_launch picks, line for line."""
+    """GridSmem in flashcache/cuda/kernels/score_grid.cuh and the width size_grid_launch picks, line for line."""
     u, v = grid_zone(tr, tc, gamma)
     tokens = tr * tc
 

@@ -2,7 +2,7 @@
 // Stage 1, score: per-token outlier score and per-head energies (CPU).
 //
 // For every KV head: Base = the chosen frequencies of K along tokens (the
-// strongest by default, the lowest in the paper; Options::base, base.hpp), score[n] = MSE(K[n], Kb[n]) + MSE(V[n],
+// strongest by default, the lowest in the paper; Options::base, score/base.hpp), score[n] = MSE(K[n], Kb[n]) + MSE(V[n],
 // Vb[n]), and the energies E(K), E_high(K) = ||K - Kb||^2 (Parseval), likewise
 // for V, from which the layer's ratio R_l follows.
 //
@@ -27,10 +27,10 @@
 #include "options.hpp"
 #include "query_tail.hpp"
 #include "rules.hpp"
-#include "score_blocked.hpp"
-#include "score_global.hpp"
-#include "score_grid.hpp"
-#include "score_rows.hpp"
+#include "score/blocked.hpp"
+#include "score/global.hpp"
+#include "score/grid.hpp"
+#include "score/rows.hpp"
 #include "types.hpp"
 #include "view.hpp"
 
@@ -106,13 +106,13 @@ inline void mix_query_tail(double weight, TailMix mix, const float* tail, float*
 // Scores layers one after another and keeps its transforms, bases and
 // buffers between calls, so scoring a whole model allocates once per shape.
 // Real is the arithmetic type (float in production, double for references).
-// Each head: its non-finite rows mapped and its keys de-rotated (score_rows.hpp),
-// the 1D residual (score_global.hpp or score_blocked.hpp), the image
-// spans' 2D residual over it (score_grid.hpp), then the scores and energies.
+// Each head: its non-finite rows mapped and its keys de-rotated (score/rows.hpp),
+// the 1D residual (score/global.hpp or score/blocked.hpp), the image
+// spans' 2D residual over it (score/grid.hpp), then the scores and energies.
 template <class Real = float>
 class Scorer {
  public:
-  // Head-dim columns the global transform takes together (score_global.hpp).
+  // Head-dim columns the global transform takes together (score/global.hpp).
   static constexpr int kLanes = detail::GlobalResidual<Real>::kLanes;
 
   // Scores one layer into caller buffers: score[h * tokens + t] and energy[h]

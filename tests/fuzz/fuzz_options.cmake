@@ -11,7 +11,7 @@ endif()
 set(FLASHCACHE_FUZZ_FLAGS -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
     -fno-omit-frame-pointer -g)
 add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:${FLASHCACHE_FUZZ_FLAGS}>")
-# clang 14 flags `finite &= a & b` on bools in include/flashcache/score_rows.hpp, which
+# clang 14 flags `finite &= a & b` on bools in include/flashcache/score/rows.hpp, which
 # GCC (the project's compiler) accepts; kept visible as a warning, not an error.
 add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-Wno-error=bitwise-instead-of-logical>")
 add_link_options(-fsanitize=address,undefined)

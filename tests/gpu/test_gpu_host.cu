@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "flashcache/base.hpp"
+#include "flashcache/score/base.hpp"
 #include "flashcache/plan.hpp"
 #include "flashcache/cuda/compress.cuh"
 #include "flashcache/score.hpp"
@@ -724,7 +724,7 @@ TEST(GpuGrids, HostRunEnergyIsTheSpanTokensResidual) {
 
 // ---- the base sample of select_kernel: its rules and its order of passes --------
 
-// base_sample_kernel (kernels/flashcache/select.cuh) replayed on the host, one
+// base_sample_kernel (flashcache/cuda/kernels/select.cuh) replayed on the host, one
 // token or cell at a time where the kernel scans a CTA's worth: which tokens it
 // marks, given the forced ones.
 std::vector<std::uint8_t> base_sample_as_the_kernel_does(const std::vector<std::uint8_t>& forced, std::int64_t recent,

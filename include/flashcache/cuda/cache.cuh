@@ -11,10 +11,17 @@
 // Every layer shares the shape; only its K and V pointers differ. Heads are KV
 // heads: with GQA the scores and the kept sets are per KV head.
 #include <cstdint>
+#include <type_traits>
 
 #include "flashcache/types.hpp"
 
 namespace flashcache::gpu {
+
+namespace detail {
+// The elements a Cache may hold.
+template <class T>
+constexpr bool is_element_v = std::is_same_v<T, float> || std::is_same_v<T, half_t> || std::is_same_v<T, bfloat16_t>;
+}  // namespace detail
 
 // FlashInfer-style page table, CSR over sequences (device arrays).
 struct PageTable {

@@ -3,13 +3,11 @@
 // before anything is enqueued, as named checks in the order they run.
 #include <cstdint>
 
-#include "flashcache/compact_paged.cuh"  // kernels::kCompactStageBytes
 #include "flashcache/cuda/cache.cuh"
+#include "flashcache/cuda/checked_call.cuh"
 #include "flashcache/cuda/global_transform.cuh"
-#include "flashcache/cuda/launch/score_blocked.cuh"  // blocked_smem_bytes
-#include "flashcache/cuda/launch/score_grid.cuh"     // size_grid_launch
+#include "flashcache/cuda/kernels/compact_paged.cuh"  // kernels::kCompactStageBytes
 #include "flashcache/cuda/limits.cuh"
-#include "flashcache/cuda/run_context.cuh"
 #include "flashcache/cuda/workspace.cuh"
 #include "flashcache/error.hpp"
 #include "flashcache/grid.hpp"

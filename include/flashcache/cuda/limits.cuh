@@ -5,7 +5,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "flashcache/common.cuh"  // kernels/flashcache/: kMaxLayers, kMaxGridSpans
+#include "flashcache/cuda/kernels/common.cuh"  // kMaxLayers, kMaxGridSpans
 #include "flashcache/error.hpp"
 #include "flashcache/rules.hpp"
 
@@ -17,7 +17,7 @@ inline constexpr int kMaxGridSpans = kernels::kMaxGridSpans;
 // Shared memory a CTA may use after opting in, when no device can be asked:
 // sm_90's (H100/H200). With a device, can_implement() asks it.
 inline constexpr std::int64_t kMaxSharedBytes = 227 * 1024;
-// Dynamic shared memory a kernel may take without opting in (kernels/flashcache/common.cuh).
+// Dynamic shared memory a kernel may take without opting in (flashcache/cuda/kernels/common.cuh).
 inline constexpr std::int64_t kDefaultDynamicSmemBytes = kernels::kDefaultDynamicSmemBytes;
 
 // Head dims with a kernel of their own; any other head dim takes the generic

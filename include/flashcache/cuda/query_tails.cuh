@@ -23,10 +23,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "flashcache/cuda/run_context.cuh"  // is_element_v, launched
+#include "flashcache/cuda/run_context.cuh"  // launched
 #include "flashcache/error.hpp"
 #include "flashcache/query_tail.hpp"
-#include "flashcache/query_tails.cuh"  // kernels/flashcache/
+#include "flashcache/cuda/kernels/query_tails.cuh"
 #include "flashcache/view.hpp"
 
 namespace flashcache::gpu {

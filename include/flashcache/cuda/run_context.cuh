@@ -7,10 +7,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
-#include "flashcache/common.cuh"  // kernels/flashcache/
+#include "flashcache/cuda/kernels/common.cuh"
 #include "flashcache/cuda/cache.cuh"
+#include "flashcache/cuda/checked_call.cuh"
 #include "flashcache/cuda/limits.cuh"
 #include "flashcache/cuda/status.cuh"
 #include "flashcache/cuda/workspace.cuh"
@@ -18,11 +18,6 @@
 #include "flashcache/types.hpp"
 
 namespace flashcache::gpu::detail {
-
-struct CheckedCall;  // launch/score_grid.cuh: what a call's checks worked out
-
-template <class T>
-constexpr bool is_element_v = std::is_same_v<T, float> || std::is_same_v<T, half_t> || std::is_same_v<T, bfloat16_t>;
 
 inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
@@ -68,38 +63,6 @@ kernels::LayerRows<T> layer_rows(const Cache<T>& c, const Workspace& ws) {
 
 inline Status launched(const char* kernel) { return cuda_status(cudaGetLastError(), kernel); }
 
-// The shared memory one CTA may opt in to on the current device, or
-// kMaxSharedBytes (sm_90) when there is no device to ask (host-only checks).
-inline std::int64_t max_shared_bytes() {
-  int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess && bytes > 0)
-    return bytes;
-  (void)cudaGetLastError();  // the failed query's error is not the caller's
-  return kMaxSharedBytes;
-}
-
-// opt.grids as kernel parameters (at most kMaxGridSpans, checked by
-// can_implement), each cut as span_tiling() cuts it.
-inline kernels::GridSpans grid_spans(const Options& opt) {
-  kernels::GridSpans g;
-  const bool whole = opt.transform == Transform::global;
-  std::int64_t longest = 1;
-  for (const GridSpan& s : opt.grids) longest = std::max({longest, s.rows, s.cols});
-  // A tile wider than every span cuts nothing: the same tiles, and an int.
-  const std::int64_t tile = whole ? 0 : std::min(std::max<std::int64_t>(opt.grid_tile, 1), longest);
-  g.count = static_cast<int>(std::min<std::size_t>(opt.grids.size(), kernels::kMaxGridSpans));
-  g.tile = static_cast<std::int32_t>(tile);
-  for (int i = 0; i < g.count; ++i) {
-    const GridSpan& s = opt.grids[static_cast<std::size_t>(i)];
-    g.first[i] = static_cast<std::int32_t>(s.first);
-    g.rows[i] = static_cast<std::int32_t>(s.rows);
-    g.cols[i] = static_cast<std::int32_t>(s.cols);
-    g.tile_start[i + 1] = static_cast<std::int32_t>(g.tile_start[i] + span_tiling(s.rows, s.cols, tile).count());
-  }
-  return g;
-}
-
 template <class T>
 struct RunContext {
   // Sets the LayerRows prefix of a per-layer pass's Params.
@@ -122,7 +85,7 @@ struct RunContext {
   const Cache<T>& cache;
   const Options& opt;
   const Workspace& ws;
-  const CheckedCall* checked;  // what the call's checks worked out (launch/score_grid.cuh)
+  const CheckedCall* checked;  // what the call's checks worked out (checked_call.cuh)
   // K and V of each layer, the row map and the sequence table (written by
   // stage 0, launch/sequence_table.cuh, read by every later one): the first
   // fields of the per-layer passes' Params.

@@ -2,7 +2,7 @@
 // FLASHCACHE_GPU_SIM builds only (bench/gpu_sim_check.sh): the global transform's
 // FFTs on the host. GPGPU-Sim cannot run cuFFT (cufftCreate talks to the driver),
 // yet the global transform is the default path, so a simulator build lets the CPU
-// library's FFT (fft.hpp, checked against the naive DFT) stand in for the two
+// library's FFT (score/fft.hpp, checked against the naive DFT) stand in for the two
 // cufftExecC2C calls, and every kernel around them (pack, the base, residuals,
 // energies, image spans, selection) runs in the simulator. It waits for the
 // stream and copies through host memory: a way to check results, never to run
@@ -15,7 +15,7 @@
 
 #include "flashcache/cuda/status.cuh"
 #include "flashcache/error.hpp"
-#include "flashcache/fft.hpp"
+#include "flashcache/score/fft.hpp"
 
 namespace flashcache::gpu::detail {
 

@@ -9,7 +9,7 @@
 #include <cuda_runtime.h>
 #include <cufft.h>
 
-#include "flashcache/common.cuh"  // kernels/flashcache/: the status word
+#include "flashcache/cuda/kernels/common.cuh"  // the status word
 #include "flashcache/cuda/workspace.cuh"
 #include "flashcache/error.hpp"
 

@@ -54,7 +54,7 @@ inline std::size_t take(std::size_t* at, std::size_t bytes) {
 }
 }  // namespace detail
 
-// Tokens per energy slot of the global residual pass (kernels/flashcache/score_global.cuh).
+// Tokens per energy slot of the global residual pass (flashcache/cuda/kernels/score_global.cuh).
 inline constexpr std::int64_t kGlobalSlotTokens = 32;
 
 // Whether selection takes a base sample (select.hpp's keep_base_sample):

@@ -1,7 +1,7 @@
 #pragma once
-// Stage 2 (kernels/flashcache/allocate.cuh): per-layer budgets on the device,
+// Stage 2 (flashcache/cuda/kernels/allocate.cuh): per-layer budgets on the device,
 // with the CPU's rules (rules.hpp), no host round trip.
-#include "flashcache/allocate.cuh"
+#include "flashcache/cuda/kernels/allocate.cuh"
 #include "flashcache/cuda/run_context.cuh"
 
 namespace flashcache::gpu::detail {

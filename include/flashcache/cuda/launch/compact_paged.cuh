@@ -1,7 +1,7 @@
 #pragma once
-// Stage 4b (kernels/flashcache/compact_paged.cuh): the kept rows moved forward
+// Stage 4b (flashcache/cuda/kernels/compact_paged.cuh): the kept rows moved forward
 // in place in a paged cache, once every page is known to belong to one sequence.
-#include "flashcache/compact_paged.cuh"
+#include "flashcache/cuda/kernels/compact_paged.cuh"
 #include "flashcache/cuda/launch/gather.cuh"  // kept_rows
 #include "flashcache/cuda/run_context.cuh"
 

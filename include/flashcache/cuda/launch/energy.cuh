@@ -1,9 +1,9 @@
 #pragma once
-// Stage 1b (kernels/flashcache/energy.cuh): per-(layer, sequence) energy sums,
+// Stage 1b (flashcache/cuda/kernels/energy.cuh): per-(layer, sequence) energy sums,
 // R_l and the largest protected count over the heads; or, in a tensor-parallel
 // run, R_l alone from sums already reduced over the ranks.
 #include "flashcache/cuda/run_context.cuh"
-#include "flashcache/energy.cuh"
+#include "flashcache/cuda/kernels/energy.cuh"
 
 namespace flashcache::gpu::detail {
 

@@ -1,8 +1,8 @@
 #pragma once
-// Stage 4a (kernels/flashcache/gather.cuh): the kept rows into the caller's
+// Stage 4a (flashcache/cuda/kernels/gather.cuh): the kept rows into the caller's
 // dense K', V'.
 #include "flashcache/cuda/run_context.cuh"
-#include "flashcache/gather.cuh"
+#include "flashcache/cuda/kernels/gather.cuh"
 
 namespace flashcache::gpu::detail {
 

@@ -1,8 +1,8 @@
 #pragma once
-// Stage 1c (kernels/flashcache/mix_tails.cuh): with Options::query = tail, each
+// Stage 1c (flashcache/cuda/kernels/mix_tails.cuh): with Options::query = tail, each
 // head's residual scores mixed with its keys' tails (Cache::tails).
 #include "flashcache/cuda/run_context.cuh"
-#include "flashcache/mix_tails.cuh"
+#include "flashcache/cuda/kernels/mix_tails.cuh"
 
 namespace flashcache::gpu::detail {
 

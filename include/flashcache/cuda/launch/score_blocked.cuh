@@ -1,27 +1,10 @@
 #pragma once
-// Stage 1, Transform::blocked (kernels/flashcache/score_blocked.cuh): one
+// Stage 1, Transform::blocked (flashcache/cuda/kernels/score_blocked.cuh): one
 // fused kernel per block of tokens, run twice around the edge scan.
 #include "flashcache/cuda/run_context.cuh"
-#include "flashcache/score_blocked.cuh"
+#include "flashcache/cuda/kernels/score_blocked.cuh"
 
 namespace flashcache::gpu::detail {
-
-// Tile width of the blocked kernel for a block size.
-inline int blocked_tile(std::int64_t block_size) { return block_size <= 64 ? 64 : 128; }
-
-// kernels::blocked_threads<D>() of the kernel a head dim runs (D = 0 when it has none of its own).
-inline int blocked_thread_count(std::int64_t head_dim) {
-  for (int d : kCompiledHeadDims)
-    if (d == head_dim) return d;
-  return kernels::kBlockedGenericThreads;
-}
-
-inline std::int64_t blocked_smem_bytes(std::int64_t head_dim, std::int64_t elem_bytes, const Options& opt) {
-  const int tile = blocked_tile(opt.block_size);
-  const kernels::BlockedSmem s(head_dim, elem_bytes, tile, lowpass_cutoff(opt.block_size, opt.gamma),
-                               blocked_thread_count(head_dim));
-  return s.total;
-}
 
 template <class T, int kHeadDim, int kTile>
 Status launch_blocked_for(const kernels::BlockedParams<T>& p, dim3 grid, std::int64_t smem, cudaStream_t stream) {

@@ -1,12 +1,12 @@
 #pragma once
-// Stage 1, Transform::global (kernels/flashcache/score_global.cuh): per
+// Stage 1, Transform::global (flashcache/cuda/kernels/score_global.cuh): per
 // sequence and layer, pack, cuFFT forward, the base (low-pass, or chosen by
 // energy), cuFFT inverse, residuals.
 #include <cufft.h>
 
 #include "flashcache/cuda/global_transform.cuh"
 #include "flashcache/cuda/run_context.cuh"
-#include "flashcache/score_global.cuh"
+#include "flashcache/cuda/kernels/score_global.cuh"
 
 namespace flashcache::gpu::detail {
 

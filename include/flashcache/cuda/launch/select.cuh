@@ -1,8 +1,8 @@
 #pragma once
-// Stage 3 (kernels/flashcache/select.cuh): per (layer, sequence, head) the
+// Stage 3 (flashcache/cuda/kernels/select.cuh): per (layer, sequence, head) the
 // always-kept tokens, the window, the base sample and the top scores, ascending.
 #include "flashcache/cuda/run_context.cuh"
-#include "flashcache/select.cuh"
+#include "flashcache/cuda/kernels/select.cuh"
 
 namespace flashcache::gpu::detail {
 

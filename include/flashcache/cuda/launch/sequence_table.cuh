@@ -1,8 +1,8 @@
 #pragma once
-// Stage 0 (kernels/flashcache/sequence_table.cuh): each sequence's length, packed
+// Stage 0 (flashcache/cuda/kernels/sequence_table.cuh): each sequence's length, packed
 // offset and energy slots, from the cache's indptr or page table.
 #include "flashcache/cuda/run_context.cuh"
-#include "flashcache/sequence_table.cuh"
+#include "flashcache/cuda/kernels/sequence_table.cuh"
 
 namespace flashcache::gpu::detail {
 

@@ -7,7 +7,7 @@
 // size (2 or 4 bytes), not per type. Kept rows of a layer are packed over the
 // batch: row i belongs to the sequence b with kept_indptr[b] <= i < kept_indptr[b+1]
 // and goes to row i of the output.
-#include "common.cuh"
+#include "flashcache/cuda/kernels/common.cuh"
 
 namespace flashcache::gpu::kernels {
 

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "options.hpp"
+#include "flashcache/options.hpp"
 
 namespace flashcache {
 

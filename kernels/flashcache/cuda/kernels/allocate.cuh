@@ -12,7 +12,7 @@
 //     max(protected count, ceil(min_layer_ratio * N)).
 // One thread per sequence, then one thread per layer scans the budgets into
 // the kept-row offsets of each layer.
-#include "common.cuh"
+#include "flashcache/cuda/kernels/common.cuh"
 #include "flashcache/allocate.hpp"
 #include "flashcache/rules.hpp"
 

@@ -9,7 +9,7 @@
 // image spans, the 2D pass's per-tile partials join the same sums.
 #include <cub/block/block_reduce.cuh>
 
-#include "common.cuh"
+#include "flashcache/cuda/kernels/common.cuh"
 
 namespace flashcache::gpu::kernels {
 

@@ -13,7 +13,7 @@
 // term, the warps' maxima meet in shared memory, and one atomicMax per key
 // merges the query heads of a group and the chunks (the terms are >= 0, so
 // their float bits order as ints). A non-finite logit gives 0, as on the CPU.
-#include "common.cuh"
+#include "flashcache/cuda/kernels/common.cuh"
 
 namespace flashcache::gpu::kernels {
 

@@ -16,8 +16,8 @@
 // rows; checked on the device by page_owner_kernel, before any move) and, on
 // the host, dynamic allocation over several layers (each layer would keep its
 // own length, which one shared table cannot describe).
-#include "common.cuh"
-#include "gather.cuh"
+#include "flashcache/cuda/kernels/common.cuh"
+#include "flashcache/cuda/kernels/gather.cuh"
 
 namespace flashcache::gpu::kernels {
 

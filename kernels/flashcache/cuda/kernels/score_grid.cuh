@@ -31,7 +31,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common.cuh"
+#include "flashcache/cuda/kernels/common.cuh"
 #include "flashcache/grid.hpp"
 
 namespace flashcache::gpu::kernels {

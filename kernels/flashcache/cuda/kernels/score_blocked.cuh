@@ -31,7 +31,7 @@
 
 #include <cstdint>
 
-#include "common.cuh"
+#include "flashcache/cuda/kernels/common.cuh"
 #include "flashcache/rules.hpp"
 
 namespace flashcache::gpu::kernels {

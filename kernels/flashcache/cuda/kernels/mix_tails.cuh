@@ -10,7 +10,7 @@
 // in place. Always-kept scores (+inf, NaN) stay as they are.
 #include <cub/block/block_reduce.cuh>
 
-#include "common.cuh"
+#include "flashcache/cuda/kernels/common.cuh"
 
 namespace flashcache::gpu::kernels {
 

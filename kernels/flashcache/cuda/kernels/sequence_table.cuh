@@ -9,7 +9,7 @@
 // than the image spans (Options::grids) reach.
 #include <cub/block/block_scan.cuh>
 
-#include "common.cuh"
+#include "flashcache/cuda/kernels/common.cuh"
 
 namespace flashcache::gpu::kernels {
 

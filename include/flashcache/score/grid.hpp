@@ -3,7 +3,7 @@
 // tokens of one tile of a span (SpanTiling, grid.hpp) scored over their 2D
 // patch grid, residual = X - B^T (B X) with B the tile's 2D low-pass basis:
 // the frequencies (u, v) of the zone (rules::in_grid_zone). The GPU's twin:
-// kernels/flashcache/score_grid.cuh.
+// flashcache/cuda/kernels/score_grid.cuh.
 #include <Eigen/Core>
 
 #include <algorithm>
@@ -13,11 +13,11 @@
 #include <utility>
 #include <vector>
 
-#include "dct.hpp"
-#include "grid.hpp"
-#include "rules.hpp"
-#include "score_rows.hpp"
-#include "view.hpp"
+#include "flashcache/grid.hpp"
+#include "flashcache/rules.hpp"
+#include "flashcache/score/dct.hpp"
+#include "flashcache/score/rows.hpp"
+#include "flashcache/view.hpp"
 
 namespace flashcache {
 namespace detail {

@@ -5,7 +5,7 @@
 // base chosen by energy (Base::peak, mixed; base.hpp) keeps every panel's full
 // spectrum, picks the base from the frequencies' energies summed over the
 // panels, then inverts the other coefficients. The GPU's twin:
-// kernels/flashcache/score_global.cuh.
+// flashcache/cuda/kernels/score_global.cuh.
 #include <Eigen/Core>
 
 #include <algorithm>
@@ -14,11 +14,11 @@
 #include <memory>
 #include <vector>
 
-#include "base.hpp"
-#include "dct.hpp"
-#include "options.hpp"
-#include "score_rows.hpp"
-#include "view.hpp"
+#include "flashcache/options.hpp"
+#include "flashcache/score/base.hpp"
+#include "flashcache/score/dct.hpp"
+#include "flashcache/score/rows.hpp"
+#include "flashcache/view.hpp"
 
 namespace flashcache {
 namespace detail {

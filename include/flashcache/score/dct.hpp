@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "fft.hpp"
+#include "flashcache/score/fft.hpp"
 
 namespace flashcache {
 

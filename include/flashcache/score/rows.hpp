@@ -1,7 +1,7 @@
 #pragma once
 // Score's parts (CPU; score.hpp's Scorer puts them together): the rows one
 // head's transforms read, and the per-token sums the residual classes
-// (score_global.hpp, score_blocked.hpp, score_grid.hpp) write.
+// (global.hpp, blocked.hpp, grid.hpp) write.
 //
 // Non-finite values: a token whose K or V row holds a NaN or infinity reads,
 // for the transform, the nearest finite token before it (after it, for leading
@@ -11,9 +11,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "options.hpp"
-#include "types.hpp"
-#include "view.hpp"
+#include "flashcache/options.hpp"
+#include "flashcache/types.hpp"
+#include "flashcache/view.hpp"
 
 namespace flashcache {
 namespace detail {

@@ -1,7 +1,7 @@
 #pragma once
 // Stage 1, score (global transform, the paper's): one DCT over each whole
 // sequence, O(N log N) per column through cuFFT with Makhoul's reordering,
-// exactly as dct.hpp does on the CPU:
+// exactly as score/dct.hpp does on the CPU:
 //   substitutes  which row stands in for each token (non-finite rows take the
 //                nearest finite row before them, leading ones the first finite)
 //   pack         z[col][j] = K[perm j][c] + i V[perm j][c], col = (head, c),
@@ -21,8 +21,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "common.cuh"
-#include "score_blocked.cuh"
+#include "flashcache/cuda/kernels/common.cuh"
+#include "flashcache/cuda/kernels/score_blocked.cuh"
 
 namespace flashcache::gpu::kernels {
 
@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(256) lowpass_kernel(LowpassParams p) {
 // ---- a base chosen by energy (Options::base peak, mixed) -------------------------
 // The low-pass path above is the paper's and stays as it is. With a base
 // chosen by energy three steps replace lowpass_kernel, between the same two
-// cuFFT calls (docs/ALGORITHM.md item 2, base.hpp's choose_base_frequencies):
+// cuFFT calls (docs/ALGORITHM.md item 2, score/base.hpp's choose_base_frequencies):
 //   base_energy_kernel   per (head, frequency pair (k, N-k)): K's and V's real
 //                        DCT-II spectra from Z[k], Z[N-k] exactly as lowpass_kernel
 //                        derives them, squared and summed over the head dim in
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(256) lowpass_kernel(LowpassParams p) {
 // orthonormal one without a rounding step.
 
 // How many of the lowest frequencies every kind keeps before ranking by energy:
-// base.hpp's base_low_frequencies (host only), the same rule, for the device.
+// score/base.hpp's base_low_frequencies (host only), the same rule, for the device.
 __host__ __device__ constexpr std::int64_t base_low_count(Base kind, std::int64_t m) {
   return kind == Base::lowpass ? m : kind == Base::mixed ? (m + 1) / 2 : 0;
 }

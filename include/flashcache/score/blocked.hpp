@@ -4,7 +4,7 @@
 // one shorter). The low-pass base is X - C^T (C X) with C the block's m lowest
 // rows; a base chosen by energy (Base::peak, mixed; base.hpp) takes every
 // coefficient of the block, then the base from the m chosen rows. The GPU's
-// twin: kernels/flashcache/score_blocked.cuh.
+// twin: flashcache/cuda/kernels/score_blocked.cuh.
 #include <Eigen/Core>
 
 #include <algorithm>
@@ -13,11 +13,11 @@
 #include <utility>
 #include <vector>
 
-#include "base.hpp"
-#include "dct.hpp"
-#include "options.hpp"
-#include "score_rows.hpp"
-#include "view.hpp"
+#include "flashcache/options.hpp"
+#include "flashcache/score/base.hpp"
+#include "flashcache/score/dct.hpp"
+#include "flashcache/score/rows.hpp"
+#include "flashcache/view.hpp"
 
 namespace flashcache {
 namespace detail {

@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "config.hpp"
+#include "flashcache/config.hpp"
 
 namespace flashcache {
 namespace detail {

@@ -22,7 +22,7 @@
 // token order, one byte per token in the workspace.
 #include <cub/block/block_scan.cuh>
 
-#include "common.cuh"
+#include "flashcache/cuda/kernels/common.cuh"
 
 namespace flashcache::gpu::kernels {
 
