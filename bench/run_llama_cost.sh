@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 29's benchmark: one compression inside llama.cpp (SmolLM2-135M, f16 cache, keep 0.2, the
+# What one compression costs inside llama.cpp (SmolLM2-135M, f16 cache, keep 0.2, the
 # library's defaults), split into read, score, select and write, against llama.cpp's prefill of
 # the same prompt at the same thread count (1 and 2), at 2,048, 3,678, 4,099 (prime), 8,191
-# (prime), 8,192 and 16,384 tokens, through examples/llama_cpp/bench.sh. Each length is prefilled
+# (prime), 8,192 and 16,384 tokens, through bench/llama_cpp/bench.sh. Each length is prefilled
 # at each thread count; the compression runs twice on the restored state with one compressor: the
 # first call grows its buffers (a one-shot call after a prefill), the second is warm (a long
 # chat's later events). Writes bench/results/llama_cost.json, then bench/RESULTS.md. Run it on an
@@ -17,7 +17,7 @@ notes+=" the share is compress_ms / prefill_ms at the same thread count; repeat 
 notes+=" (cold buffers), repeat 1 its second on the same state (warm)"
 LLAMA_BENCH_OUT=bench/results/llama_cost.json LLAMA_BENCH_NOTES="$notes" \
   LLAMA_BENCH_COMMAND="bench/run_llama_cost.sh $*" \
-  examples/llama_cpp/bench.sh "${1:-build-llama}" --lengths 2048,3678,4099,8191,8192,16384 --threads 1,2 \
+  bench/llama_cpp/bench.sh "${1:-build-llama}" --lengths 2048,3678,4099,8191,8192,16384 --threads 1,2 \
   --keeps 0.2 --decode 0 --repeat 2 "${@:2}"
 python3 tools/report/make_results.py
 echo "wrote bench/results/llama_cost.json and bench/RESULTS.md"

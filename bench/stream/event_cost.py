@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""What one compaction costs in a running llama.cpp context (issues 26 and 29): the dev stream
+"""What one compaction costs in a running llama.cpp context: the dev stream
 (bench/stream/stream_split.json) through 1,024 cells with the when-full defaults, query-free and with
 query tails (--query-tail), from the generic build and from a FLASHCACHE_NATIVE=ON build, each
 compaction's time against the decode time since the previous one. Run it on an otherwise idle machine.
 
-  python3 bench/stream/event_cost.py --generic build/examples/llama_cpp/flashcache_chat \\
-      --native build-native/examples/llama_cpp/flashcache_chat --out bench/results/llama_event_cost.json
+  python3 bench/stream/event_cost.py --generic build/bench/llama_cpp/flashcache_chat \\
+      --native build-native/bench/llama_cpp/flashcache_chat --out bench/results/llama_event_cost.json
 """
 import argparse
 import datetime

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Long texts and early facts through a bounded llama.cpp context (issue 27; issue 26's
-streaming item), in one run: dev first, the when-full default chosen by RULE.md, then
-held-out once with the choice made. Every row is one flashcache_chat file-mode run.
+"""Long texts and early facts through a bounded llama.cpp context (a chat that never stops,
+and the when-full policies on long streams), in one run: dev first, the when-full default chosen
+by RULE.md, then held-out once with the choice made. Every row is one flashcache_chat file-mode run.
 
-  python3 bench/stream/run_stream.py --chat build/examples/llama_cpp/flashcache_chat \
+  python3 bench/stream/run_stream.py --chat build/bench/llama_cpp/flashcache_chat \
       --out bench/results/llama_stream.json
 
 Streams: the first max_tokens tokens of each text (stream_split.json) through 1,024 and
@@ -283,7 +283,7 @@ def main():
     held, held_facts = held + [r for r in held_tail if r["label"] != "full"], held_facts + held_tail_facts
 
     doc = {
-        "command": "python3 bench/stream/run_stream.py --chat build/examples/llama_cpp/flashcache_chat",
+        "command": "python3 bench/stream/run_stream.py --chat build/bench/llama_cpp/flashcache_chat",
         "date": started,
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                     "loadavg_before": load_before,

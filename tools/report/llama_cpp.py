@@ -1,5 +1,5 @@
 """Markdown section for FlashCache inside llama.cpp (bench/results/llama_cpp.json, written by
-examples/llama_cpp/bench.sh): decode speed over the full and the compacted KV cache of one
+bench/llama_cpp/bench.sh): decode speed over the full and the compacted KV cache of one
 sequence, cells and n_kv after compaction, KV bytes before and after, compression time
 against prefill time. Every number comes from the JSON."""
 import datetime
@@ -65,7 +65,7 @@ def render(doc):
     lines = [
         "## FlashCache inside llama.cpp (CPU)",
         "",
-        "`flashcache_llama_bench` (examples/llama_cpp): each prompt length is prefilled once"
+        "`flashcache_llama_bench` (bench/llama_cpp): each prompt length is prefilled once"
         + (f" (with {', '.join(map(str, prefill_threads))} threads)" if prefill_threads else "")
         + ", its sequence state saved, then for every (threads, keep) the state is restored, compacted by "
         "`flashcache::llama::SequenceCompressor` (one keep-set for the sequence, only the kept cells written "
@@ -131,7 +131,7 @@ def render(doc):
             lines.append(f"- {r['prompt_tokens']} tokens, {r['threads']} threads, keep {_keep_label(r['keep_ratio'])}: {e}")
     else:
         lines += ["", "This JSON holds no NLL or passkey fields (quality inside llama.cpp: "
-                  "`flashcache_llama --nll-file`, examples/llama_cpp/README.md)."]
+                  "`flashcache_llama --nll-file`, docs/LLAMA_CPP.md)."]
     lines.append("")
     return "\n".join(lines)
 

@@ -1,21 +1,18 @@
 # flashcache_engine_runtime: the engine's runtime (examples/engine/runtime/, headers only,
-# namespace engine): GGUF reader, BPE tokenizer, Llama decoder, greedy generation, model lookup.
+# namespace engine): GGUF reader, BPE tokenizer, Llama decoder, greedy generation, and the
+# engine's names for the model finder (tools/find_model, target flashcache_find_model).
 # Included, not added as a subdirectory, by every build that uses it (the engine, the fuzz
-# target, the CLI's fuzz regression test, the llama.cpp example), whichever comes first:
+# target, the CLI's fuzz regression test), whichever comes first:
 #   include(${PROJECT_SOURCE_DIR}/examples/engine/runtime/runtime.cmake)
 # Consumers include the headers as "runtime/gguf.hpp", "runtime/model.hpp", ...
-# flashcache_find_model: runtime/find_model.hpp alone (the default model's path), for programs
-# that need nothing else of the runtime.
 include_guard(GLOBAL)
+include(${CMAKE_CURRENT_LIST_DIR}/../../../tools/find_model/find_model.cmake)
 
 get_filename_component(_fc_engine_dir ${CMAKE_CURRENT_LIST_DIR} DIRECTORY)  # examples/engine
-add_library(flashcache_find_model INTERFACE)
-target_include_directories(flashcache_find_model INTERFACE ${_fc_engine_dir})
-target_compile_features(flashcache_find_model INTERFACE cxx_std_17)
 add_library(flashcache_engine_runtime INTERFACE)
 target_include_directories(flashcache_engine_runtime INTERFACE ${_fc_engine_dir})
 target_compile_features(flashcache_engine_runtime INTERFACE cxx_std_17)
-target_link_libraries(flashcache_engine_runtime INTERFACE Eigen3::Eigen)
+target_link_libraries(flashcache_engine_runtime INTERFACE Eigen3::Eigen flashcache_find_model)
 # model.hpp runs its loops on OpenMP threads; gguf.hpp, tokenizer.hpp and find_model.hpp need
 # nothing but the standard library (the fuzz target uses only those two and builds without it).
 find_package(OpenMP COMPONENTS CXX QUIET)

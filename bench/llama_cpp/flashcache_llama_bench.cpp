@@ -4,7 +4,7 @@
 // (or once, with --prefill-threads N) and its state saved; every (threads,
 // keep) configuration restores that state, compresses it (flashcache/llama.hpp)
 // unless keep is 1, and decodes greedily (--decode 0: no decode). Prints one
-// JSON object (examples/llama_cpp/bench.sh and bench/run_llama_cost.sh write
+// JSON object (bench/llama_cpp/bench.sh and bench/run_llama_cost.sh write
 // it under bench/results/); progress goes to stderr.
 //
 //   flashcache_llama_bench --prompt-file FILE [--lengths 2048,8192] [--keeps 1,0.2,0.1]
@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "find_model/find_model.hpp"
 #include "measure.hpp"
-#include "runtime/find_model.hpp"
 #include "session.hpp"
 
 namespace fc = flashcache;
@@ -74,9 +74,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flashcache_llama_bench: --repeat must be at least 1 and --decode at least 0\n");
     return 2;
   }
-  if (model_path.empty()) model_path = engine::find_default_model();
+  if (model_path.empty()) model_path = fc::model_finder::find_default_model();
   if (model_path.empty()) {
-    std::fprintf(stderr, "flashcache_llama_bench: no model; %s\n", engine::model_install_hint().c_str());
+    std::fprintf(stderr, "flashcache_llama_bench: no model; %s\n", fc::model_finder::model_install_hint().c_str());
     return 2;
   }
   std::ifstream f(prompt_file, std::ios::binary);
@@ -150,7 +150,9 @@ int main(int argc, char** argv) {
           st.cells_before = st.cells_after = length;
           st.kv_bytes_before = st.kv_bytes_after = parsed.kv_bytes();
           if (keep < 1.0) {
-            if (auto s = compressor.compress(ctx, 0, fc::Budget::ratio(keep), {}, {}, &st); !s) {
+            fc::llama::CompressParams p = fc::llama::compress_default_params();
+            p.budget = fc::Budget::ratio(keep);
+            if (auto s = compressor.compress(ctx, 0, p, &st); !s) {
               std::fprintf(stderr, "flashcache_llama_bench: %s\n", s.message().c_str());
               return 1;
             }

@@ -17,8 +17,7 @@ TEST(LlamaContext, NeedsLlamaCpp) { GTEST_SKIP() << FLASHCACHE_LLAMA_INSTALL_HIN
 #include <string>
 #include <vector>
 
-#include "../session.hpp"
-#include "runtime/find_model.hpp"
+#include "session.hpp"
 
 namespace fc = flashcache;
 namespace fl = flashcache::llama;
@@ -219,9 +218,6 @@ TEST_F(LlamaContext, RefusalsChangeNothing) {
   q = p;
   q.queries = &capture;
   refused(q, "Options::query is none");
-  q.compress.options = fc::Options::with_query_tail();
-  q.compress.queries = &capture;
-  refused(q, "the manager's");
   q = p;
   q.when_full = fl::WhenFull::shift;
   q.queries = &capture;

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""A 20-turn chat piped through flashcache_chat in 1,024 cells (issue 27): it never
-errors, positions stay below n_ctx, the context fills at least 3 times, and a fact
-from turn 1 (its system prompt, which the manager protects as n_keep) is answered in
-the last turn. Usage: chat_never_stops.py FLASHCACHE_CHAT"""
+"""A 20-turn chat piped through flashcache_chat in 1,024 cells (a chat that never hits
+the wall): it never errors, positions stay below n_ctx, the context fills at least 3
+times, and a fact from turn 1 (its system prompt, which the manager protects as n_keep)
+is answered in the last turn. Usage: chat_never_stops.py FLASHCACHE_CHAT"""
 import json
 import subprocess
 import sys

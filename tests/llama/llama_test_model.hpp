@@ -5,15 +5,15 @@
 
 #define FLASHCACHE_LLAMA_INSTALL_HINT                                                             \
   "llama.cpp not found at configure time: CMAKE_ARGS=-DLLAVA_BUILD=OFF python3 -m pip install " \
-  "llama-cpp-python==0.3.36, then configure again (examples/llama_cpp/README.md)"
+  "llama-cpp-python==0.3.36, then configure again (docs/LLAMA_CPP.md)"
 
 #if FLASHCACHE_HAVE_LLAMA
 #include <llama.h>
 
 #include <string>
 
-#include "../session.hpp"
-#include "runtime/find_model.hpp"
+#include "find_model/find_model.hpp"
+#include "session.hpp"
 
 namespace llama_test {
 
@@ -23,7 +23,7 @@ inline llama_model* g_model = nullptr;
 class ModelTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string path = engine::find_default_model();
+    const std::string path = flashcache::model_finder::find_default_model();
     if (path.empty()) return;
     llama_session::init(true, /*watch_n_kv=*/true);  // some tests read the highest used cell
     g_model = llama_model_load_from_file(path.c_str(), llama_session::model_params());
@@ -33,7 +33,7 @@ class ModelTest : public ::testing::Test {
     g_model = nullptr;
   }
   void SetUp() override {
-    if (g_model == nullptr) GTEST_SKIP() << "no SmolLM2 GGUF: " << engine::model_install_hint();
+    if (g_model == nullptr) GTEST_SKIP() << "no SmolLM2 GGUF: " << flashcache::model_finder::model_install_hint();
   }
 };
 

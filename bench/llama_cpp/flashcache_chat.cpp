@@ -1,4 +1,6 @@
-// flashcache_chat: a chat over llama.cpp that never hits the wall. The context
+// flashcache_chat: a chat over llama.cpp that never hits the wall, measured (greedy
+// by default, every event and the stream's NLL in --json; the chat to read first is
+// examples/llama_cpp/simple_chat.cpp). The context
 // holds -c cells; whenever the next tokens would not fit, a ContextManager
 // (flashcache/llama/context.hpp) makes room by --when-full:
 //   flashcache  compact the sequence to --target of the cells (the default),
@@ -12,7 +14,7 @@
 // File: FILE goes through the bounded context in chunks of -b tokens, then N
 // tokens are generated greedily, the policy still applying.
 //   flashcache_chat -m MODEL.gguf -f FILE -c 1024 --when-full flashcache -n 32 --json
-// --json prints one object at the end (the fields: README.md here).
+// --json prints one object at the end (the fields: docs/LLAMA_CPP.md).
 #include <flashcache/llama.hpp>
 
 #include <algorithm>
@@ -23,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/find_model.hpp"
+#include "find_model/find_model.hpp"
 #include "session.hpp"
 #include "text_io.hpp"
 #include "token_nll.hpp"
@@ -268,9 +270,9 @@ bool generate(Session* s, llama_sampler* sampler, int n, bool echo, std::string*
 int main(int argc, char** argv) {
   Args a;
   if (!parse_args(argc, argv, &a)) return 2;
-  if (a.model.empty()) a.model = engine::find_default_model();
+  if (a.model.empty()) a.model = fc::model_finder::find_default_model();
   if (a.model.empty()) {
-    std::fprintf(stderr, "flashcache_chat: no model; %s\n", engine::model_install_hint().c_str());
+    std::fprintf(stderr, "flashcache_chat: no model; %s\n", fc::model_finder::model_install_hint().c_str());
     return 2;
   }
   fl::ContextParams cp = fl::context_default_params();

@@ -1,5 +1,5 @@
 #pragma once
-// -log p(token) under one row of logits: the NLL both llama.cpp example programs
+// -log p(token) under one row of logits: the NLL both llama.cpp measuring programs
 // report (flashcache_llama's continuation, flashcache_chat's stream), one definition.
 #include <algorithm>
 #include <cmath>

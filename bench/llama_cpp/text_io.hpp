@@ -1,5 +1,5 @@
 #pragma once
-// Small text helpers of the llama.cpp example programs: a whole file, a JSON string.
+// Small text helpers of the llama.cpp measuring programs: a whole file, a JSON string.
 #include <cstdio>
 #include <fstream>
 #include <sstream>

@@ -5,8 +5,8 @@
 # Each length is prefilled at each thread count and its state restored per configuration.
 # Writes bench/results/llama_cpp.json (another file, its notes and its recorded command: LLAMA_BENCH_OUT,
 # LLAMA_BENCH_NOTES and LLAMA_BENCH_COMMAND, as bench/run_llama_cost.sh sets them).
-#   examples/llama_cpp/bench.sh [build dir, default build-llama] [flashcache_llama_bench options,
-#                               e.g. --lengths 2048,8192 --threads 2 --decode 32]
+#   bench/llama_cpp/bench.sh [build dir, default build-llama] [flashcache_llama_bench options,
+#                            e.g. --lengths 2048,8192 --threads 2 --decode 32]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-llama}
@@ -22,8 +22,8 @@ notes="n_kv_after is derived from llama.cpp's own log (LLAMA_KV_CACHE_DEBUG=1: t
 notes+=" the first decode step's slot search) padded to 256; cells_after are cells of the sequence after"
 notes+=" compaction; keep_ratio 1 is the full cache; compress_ms covers get_data, parse, score, select,"
 notes+=" write, seq_rm, set_data and verification"
-bench/run_prose_bench.py --program "$build"/examples/llama_cpp/flashcache_llama_bench \
-  --out "$out" --command "${LLAMA_BENCH_COMMAND:-examples/llama_cpp/bench.sh $*}" \
+bench/run_prose_bench.py --program "$build"/bench/llama_cpp/flashcache_llama_bench \
+  --out "$out" --command "${LLAMA_BENCH_COMMAND:-bench/llama_cpp/bench.sh $*}" \
   --field "llama_build=$llama_build" --field "notes=${LLAMA_BENCH_NOTES:-$notes}" \
   -- "$@"
 python3 - "$out" <<'PY'

@@ -1,8 +1,8 @@
 #pragma once
-// What the llama.cpp example programs measure beside the adapter, in one place:
+// What the llama.cpp measuring programs measure beside the adapter, in one place:
 // the n_kv a decode step attends to, a continuation's teacher-forced NLL, and
-// the K and V bytes of a sequence's state. flashcache_llama, flashcache_llama_bench
-// and the tests share them, so each program's main reads as the adapter's use.
+// the K and V bytes of a sequence's state. flashcache_llama and flashcache_llama_bench
+// share them, so each program's main reads as the adapter's use.
 #include <flashcache/llama.hpp>
 
 #include <cstdint>

@@ -1,6 +1,7 @@
 // flashcache_llama: llama.cpp prefills a prompt, FlashCache evicts and compacts
 // the sequence's KV cells through llama.cpp's public API
-// (flashcache/llama.hpp), and decoding goes on over the kept cells.
+// (flashcache/llama.hpp), and decoding goes on greedily over the kept cells,
+// measured: n_kv, the times, the continuation's NLL (docs/LLAMA_CPP.md).
 //
 //   flashcache_llama --prompt-file FILE --keep-ratio 0.2 --max-new 64 --json
 //
@@ -15,9 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "find_model/find_model.hpp"
 #include "measure.hpp"
 #include "run_report.hpp"
-#include "runtime/find_model.hpp"
 #include "session.hpp"
 #include "text_io.hpp"
 
@@ -128,9 +129,9 @@ int main(int argc, char** argv) {
                  a.cache_type.c_str());
     return 2;
   }
-  if (a.model.empty()) a.model = engine::find_default_model();
+  if (a.model.empty()) a.model = fc::model_finder::find_default_model();
   if (a.model.empty()) {
-    std::fprintf(stderr, "flashcache_llama: no model; %s\n", engine::model_install_hint().c_str());
+    std::fprintf(stderr, "flashcache_llama: no model; %s\n", fc::model_finder::model_install_hint().c_str());
     return 2;
   }
   std::string text = a.prompt;
@@ -139,8 +140,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (text.empty()) text = "Explain in two sentences why the sky is blue.";
-  fc::SharedKeepOptions shared;
-  if (auto s = fc::parse_head_combine(a.combine, &shared.combine); !s) {
+  fc::llama::CompressParams params = fc::llama::compress_default_params();
+  if (auto s = fc::parse_head_combine(a.combine, &params.combine); !s) {
     std::fprintf(stderr, "flashcache_llama: %s\n", s.message().c_str());
     return 2;
   }
@@ -206,9 +207,8 @@ int main(int argc, char** argv) {
   llama_token next = ls::argmax(logits.data(), n_vocab);
 
   // Compress.
-  fc::Options opt;
-  if (a.sink >= 0) opt.sink = a.sink;
-  if (a.window >= 0) opt.window = a.window;
+  if (a.sink >= 0) params.options.sink = a.sink;
+  if (a.window >= 0) params.options.window = a.window;
   fc::llama::SequenceCompressor compressor;
   fc::llama::CompactionStats st;
   bool compressed = false;
@@ -216,10 +216,13 @@ int main(int argc, char** argv) {
   int recompressions = 0;
   if (a.keep_ratio >= 0) {
     // The first compression reads the captured queries; later ones cannot.
-    const fc::Options first = a.query_tail ? fc::Options::with_query_tail(opt) : opt;
-    if (auto s = compressor.compress(ctx, 0, fc::Budget::ratio(a.keep_ratio), first, shared, &st,
-                                     a.query_tail ? &capture : nullptr);
-        !s) {
+    fc::llama::CompressParams first = params;
+    first.budget = fc::Budget::ratio(a.keep_ratio);
+    if (a.query_tail) {
+      first.options = fc::Options::with_query_tail(params.options);
+      first.queries = &capture;
+    }
+    if (auto s = compressor.compress(ctx, 0, first, &st); !s) {
       std::fprintf(stderr, "flashcache_llama: %s\n", s.message().c_str());
       return 1;
     }
@@ -252,7 +255,9 @@ int main(int argc, char** argv) {
       const std::int64_t cells = st.cells_after + (llama_memory_seq_pos_max(mem, 0) - st.pos_max);
       if (cells >= bound + a.recompress_every) {
         fc::llama::CompactionStats again;
-        if (auto s = compressor.compress(ctx, 0, fc::Budget::tokens(bound), opt, shared, &again); !s) {
+        fc::llama::CompressParams back_to_bound = params;
+        back_to_bound.budget = fc::Budget::tokens(bound);
+        if (auto s = compressor.compress(ctx, 0, back_to_bound, &again); !s) {
           std::fprintf(stderr, "flashcache_llama: recompression: %s\n", s.message().c_str());
           return 1;
         }
