@@ -25,6 +25,7 @@
 // cells and a decode attends to the highest used cell of its streams, so
 // compacting one sequence shrinks its own n_kv and changes no other.
 //
+// The call's inputs and report: llama/params.hpp; its checks: llama/checks.hpp.
 // Refused before anything is touched, by name: a llama.cpp other than the
 // pinned one (the state format is not versioned), recurrent or hybrid memory,
 // M-RoPE / vision RoPE, SWA models (their cache writes another format), MLA
@@ -64,11 +65,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
-#include <string>
 #include <vector>
 
 #include "flashcache/error.hpp"
+#include "flashcache/llama/checks.hpp"
+#include "flashcache/llama/params.hpp"
 #include "flashcache/llama/queries.hpp"
 #include "flashcache/llama/state.hpp"
 #include "flashcache/mask.hpp"
@@ -78,133 +79,8 @@
 #include "flashcache/shared_keep.hpp"
 #include "flashcache/view.hpp"
 
-#ifndef FLASHCACHE_LLAMA_BUILD_COMMIT
-#define FLASHCACHE_LLAMA_BUILD_COMMIT "unknown"  // set by the flashcache::llama_cpp target
-#endif
-
 namespace flashcache {
 namespace llama {
-
-// What one compaction did, and how long each step took.
-struct CompactionStats {
-  std::int64_t cells_before = 0, cells_after = 0;          // cells of the sequence
-  std::uint64_t kv_bytes_before = 0, kv_bytes_after = 0;   // K and V of those cells, all layers
-  std::size_t state_bytes_before = 0, state_bytes_after = 0;
-  llama_pos pos_min_before = -1, pos_min_after = -1, pos_max = -1;
-  std::int64_t layers = 0, kv_heads = 0, head_dim = 0;
-  bool v_trans = false;
-  std::string k_type, v_type;
-  int threads = 1;                                                 // scoring threads
-  // get_data + parse + checks; score; select; the kept cells' blob + rm + set_data + verify.
-  double read_ms = 0, score_ms = 0, select_ms = 0, write_ms = 0;
-  double compress_ms = 0;                                          // all of it
-  bool query_tails = false;  // scored with the prompt's query tails (Options::query = tail)
-};
-using Stats [[deprecated("flashcache::llama::Stats is now CompactionStats")]] = CompactionStats;
-
-// One compaction's inputs, as llama.cpp's C API passes them.
-struct CompressParams {
-  Budget budget = Budget::ratio(0.2);  // cells to keep, of the sequence's
-  Options options;                     // the score (Options::with_query_tail() with `queries`)
-  // One keep-set for the whole sequence (llama.cpp's cells hold every layer and
-  // head, so KeepSet::per_sequence is the only keep set): how heads combine, and
-  // whole pages of `page` cells.
-  HeadCombine combine = HeadCombine::mean_normalized;
-  std::int64_t page = 1;
-  int n_threads = 0;                   // scoring threads; 0: llama_n_threads(ctx)
-  const QueryCapture* queries = nullptr;  // the prompt's queries when options.query = tail
-};
-inline CompressParams compress_default_params() { return CompressParams{}; }
-
-// The llama.cpp whose state format llama/format.hpp reads. The loaded library
-// reports only its version, which every development build shares; the commit
-// checked is the one of the llama.cpp package this adapter was built against.
-inline Status check_llama_version() {
-  const char* v = llama_version();
-  if (v == nullptr || std::strcmp(v, kPinnedLlamaVersion) != 0 ||
-      std::strcmp(FLASHCACHE_LLAMA_BUILD_COMMIT, kPinnedLlamaCommit) != 0)
-    return make_error(Errc::unsupported, "llama.cpp ", v == nullptr ? "(unknown)" : v, " (loaded), built against ",
-                      FLASHCACHE_LLAMA_BUILD_COMMIT, ": this adapter reads the sequence state format of llama.cpp ",
-                      kPinnedLlamaVersion, " ", kPinnedLlamaCommit, " (llama-cpp-python ", kPinnedLlamaCppPython, ")");
-  return Status::success();
-}
-
-namespace detail {
-
-inline bool has_meta(const llama_model* model, const std::string& key) {
-  char value[64];
-  return llama_model_meta_val_str(model, key.c_str(), value, sizeof value) >= 0;
-}
-
-inline std::string architecture(const llama_model* model) {
-  char arch[64] = {0};
-  if (llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch) < 0) return std::string();
-  return arch;
-}
-
-}  // namespace detail
-
-// What the model and context are, before any sequence is looked at.
-inline Status check_supported_context(llama_context* ctx) {
-  if (ctx == nullptr) return make_error(Errc::invalid_option, "llama: null context");
-  FLASHCACHE_RETURN_IF_ERROR(check_llama_version());
-  const llama_model* model = llama_get_model(ctx);
-  if (model == nullptr) return make_error(Errc::invalid_option, "llama: context without a model");
-  if (llama_model_is_recurrent(model))
-    return make_error(Errc::unsupported, "llama: recurrent memory (its state is not a KV cache)");
-  if (llama_model_is_hybrid(model))
-    return make_error(Errc::unsupported, "llama: hybrid memory (attention and recurrent layers)");
-  const llama_rope_type rope = llama_model_rope_type(model);
-  if (rope == LLAMA_ROPE_TYPE_MROPE || rope == LLAMA_ROPE_TYPE_IMROPE || rope == LLAMA_ROPE_TYPE_VISION)
-    return make_error(Errc::unsupported, "llama: M-RoPE / vision RoPE (cells carry 2D positions)");
-  if (llama_model_n_swa(model) > 0)
-    return make_error(Errc::unsupported, "llama: sliding-window attention (n_swa ", llama_model_n_swa(model),
-                      "; its cache writes two caches and masks cells)");
-  const std::string arch = detail::architecture(model);
-  if (!arch.empty() && detail::has_meta(model, arch + ".attention.kv_lora_rank"))
-    return make_error(Errc::unsupported, "llama: ", arch,
-                      " keeps an MLA cache (latent K, no per-head V; ", arch, ".attention.kv_lora_rank)");
-  if (!arch.empty() && detail::has_meta(model, arch + ".attention.indexer.head_count"))
-    return make_error(Errc::unsupported, "llama: ", arch,
-                      " keeps an indexer cache beside its KV cache (DSA / MSA sparse attention)");
-  if (llama_get_memory(ctx) == nullptr) return make_error(Errc::unsupported, "llama: context without memory");
-  return Status::success();
-}
-
-// The checks that need no state: the context, and a sequence of it with cells.
-inline Status check_supported(llama_context* ctx, llama_seq_id seq) {
-  FLASHCACHE_RETURN_IF_ERROR(check_supported_context(ctx));
-  if (seq < 0 || static_cast<std::uint32_t>(seq) >= llama_n_seq_max(ctx))
-    return make_error(Errc::invalid_option, "llama: sequence ", seq, " outside [0, ", llama_n_seq_max(ctx), ")");
-  if (llama_memory_seq_pos_min(llama_get_memory(ctx), seq) < 0)
-    return make_error(Errc::invalid_option, "llama: sequence ", seq, " has no cells");
-  return Status::success();
-}
-
-inline SharedKeepOptions shared_keep(const CompressParams& p) {
-  SharedKeepOptions s;
-  s.keep_set = KeepSet::per_sequence;
-  s.combine = p.combine;
-  s.page = p.page;
-  return s;
-}
-
-// The checks of a call's parameters, before anything is read.
-inline Status check_compress_params(const CompressParams& p) {
-  FLASHCACHE_RETURN_IF_ERROR(check_options(p.options));
-  FLASHCACHE_RETURN_IF_ERROR(check_shared_options(shared_keep(p)));
-  if (p.options.rope.derotate)
-    return make_error(Errc::unsupported, "llama: Options::rope (de-rotation) is refused: after a compaction the "
-                                         "cells' positions have gaps, theta and the layout are the model's, and a "
-                                         "q8_0 cache is Hadamard-rotated");
-  if (p.n_threads < 0) return make_error(Errc::invalid_option, "llama: n_threads ", p.n_threads, " is negative");
-  if (p.options.query != QueryInput::none && p.queries == nullptr)
-    return make_error(Errc::invalid_option, "llama: Options::query is ", to_string(p.options.query),
-                      " but no QueryCapture was given (flashcache/llama/queries.hpp)");
-  if (p.options.query == QueryInput::none && p.queries != nullptr)
-    return make_error(Errc::invalid_option, "llama: a QueryCapture was given but Options::query is none");
-  return Status::success();
-}
 
 // Compresses sequences one after another, keeping its buffers and its scoring
 // threads between calls.
@@ -238,19 +114,6 @@ class SequenceCompressor {
     return compress_blob(ctx, seq, p, stats, t0);
   }
 
-  // The loose-argument forms of the two calls above (shared.keep_set must be per_sequence).
-  Status compress(llama_context* ctx, llama_seq_id seq, Budget budget, const Options& opt,
-                  const SharedKeepOptions& shared, CompactionStats* stats, const QueryCapture* queries = nullptr) {
-    FLASHCACHE_RETURN_IF_ERROR(check_keep_set(shared));
-    return compress(ctx, seq, params(budget, opt, shared, queries), stats);
-  }
-  Status compress_state(llama_context* ctx, llama_seq_id seq, const std::uint8_t* data, std::size_t size,
-                        Budget budget, const Options& opt, const SharedKeepOptions& shared, CompactionStats* stats,
-                        const QueryCapture* queries = nullptr) {
-    FLASHCACHE_RETURN_IF_ERROR(check_keep_set(shared));
-    return compress_state(ctx, seq, data, size, params(budget, opt, shared, queries), stats);
-  }
-
   // The positions of the cells the last successful compress() kept, ascending.
   const std::vector<llama_pos>& kept_positions() const { return kept_pos_; }
 
@@ -258,25 +121,6 @@ class SequenceCompressor {
   using clock = std::chrono::steady_clock;
   static double ms(clock::time_point a, clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
-  }
-
-  static Status check_keep_set(const SharedKeepOptions& shared) {
-    if (shared.keep_set != KeepSet::per_sequence)
-      return make_error(Errc::invalid_option, "llama: keep set ", to_string(shared.keep_set),
-                        ": llama.cpp's cells hold every layer and head, so the keep set is per_sequence");
-    return Status::success();
-  }
-
-  static CompressParams params(Budget budget, const Options& opt, const SharedKeepOptions& shared,
-                               const QueryCapture* queries) {
-    CompressParams p;
-    p.budget = budget;
-    p.options = opt;
-    p.combine = shared.combine;
-    p.page = shared.page;
-    p.n_threads = 0;  // the context's threads
-    p.queries = queries;
-    return p;
   }
 
   // One scoring thread's scratch: grows to the largest layer, then reused.
@@ -348,7 +192,7 @@ class SequenceCompressor {
     st->pos_min_before = llama_memory_seq_pos_min(mem, seq);
     st->pos_max = llama_memory_seq_pos_max(mem, seq);
     FLASHCACHE_RETURN_IF_ERROR(parse_seq_state(blob_.data(), blob_.size(), s));
-    FLASHCACHE_RETURN_IF_ERROR(check_against_model(ctx, model, seq, *s, st->pos_min_before, st->pos_max));
+    FLASHCACHE_RETURN_IF_ERROR(detail::check_against_model(ctx, model, seq, *s, st->pos_min_before, st->pos_max));
     const std::int64_t heads = llama_model_n_head_kv(model);
     st->cells_before = s->cell_count;
     st->kv_bytes_before = s->kv_bytes();
@@ -360,8 +204,8 @@ class SequenceCompressor {
     st->k_type = type_name(s->layers[0].k_type);
     st->v_type = type_name(s->layers[0].v_type);
     if (p.queries != nullptr) {
-      FLASHCACHE_RETURN_IF_ERROR(check_queries(*p.queries, *s, heads, st->head_dim));
-      FLASHCACHE_RETURN_IF_ERROR(check_logit_scale(model));
+      FLASHCACHE_RETURN_IF_ERROR(detail::check_queries(*p.queries, *s, heads, st->head_dim));
+      FLASHCACHE_RETURN_IF_ERROR(detail::check_logit_scale(model));
     }
     return Status::success();
   }
@@ -443,99 +287,6 @@ class SequenceCompressor {
     return make_error(failed.code(), failed.message(), "; the original state is restored");
   }
 
-  // Captured queries fit this sequence: complete and of its positions. After
-  // begin(), the same prompt (cells at positions 0..N-1, as prefilled); after
-  // follow(), cells at consecutive positions whose last is the last query's.
-  static Status check_queries(const QueryCapture& q, const SeqState& s, std::int64_t heads, std::int64_t dim) {
-    FLASHCACHE_RETURN_IF_ERROR(q.status());
-    const auto mm = std::minmax_element(s.pos.begin(), s.pos.end());
-    const bool consecutive = static_cast<std::int64_t>(*mm.second) - *mm.first + 1 == s.cell_count;
-    if (q.running()) {
-      if (!q.complete() || q.layers() != static_cast<int>(s.layers.size()) || q.end_position() != *mm.second + 1)
-        return make_error(Errc::invalid_option, "llama: the QueryCapture followed ", q.tokens_seen(), " tokens in ",
-                          q.layers(), " layers from position ", q.end_position() - q.tokens_seen(),
-                          ", but the sequence's last position is ", *mm.second, " in ", s.layers.size(),
-                          " layers: the context decoded something the capture did not follow");
-      if (!consecutive || q.first_position() < *mm.first)
-        return make_error(Errc::invalid_option, "llama: query tails need the cells at consecutive positions (the "
-                          "sequence holds ", s.cell_count, " cells at [", *mm.first, ", ", *mm.second, "])");
-    } else {
-      if (!q.complete() || q.layers() != static_cast<int>(s.layers.size()))
-        return make_error(Errc::invalid_option, "llama: the QueryCapture saw ", q.tokens_seen(), " tokens in ",
-                          q.layers(), " layers since begin() for a ", q.prompt_tokens(),
-                          "-token prompt: begin() it right before the prompt is decoded, and compress with query "
-                          "tails once, right after the prefill");
-      if (static_cast<std::int64_t>(s.cell_count) != q.prompt_tokens() || *mm.first != 0 || !consecutive)
-        return make_error(Errc::invalid_option, "llama: the captured queries are of a ", q.prompt_tokens(),
-                          "-token prompt, but the sequence holds ", s.cell_count, " cells at positions [", *mm.first,
-                          ", ", *mm.second, "]: compress with query tails once, right after the prefill");
-    }
-    const QueryWindow& q0 = q.window(0);
-    if (q0.kept() > 0 && (q0.head_dim() != dim || q0.heads() % heads != 0))
-      return make_error(Errc::unsupported, "llama: captured queries of ", q0.heads(), " heads of ", q0.head_dim(),
-                        " for ", heads, " KV heads of ", dim);
-    if (s.layers[0].k_type == GgmlType::q8_0)
-      return make_error(Errc::unsupported,
-                        "llama: query tails with a q8_0 K cache (its keys are stored Hadamard-rotated, the "
-                        "queries are not)");
-    return Status::success();
-  }
-
-  // Tails are attention probabilities at the logit scale 1/sqrt(head_dim): a model
-  // whose metadata sets another scale, or softcaps the logits, is refused by name.
-  static Status check_logit_scale(const llama_model* model) {
-    const std::string a = detail::architecture(model);
-    if (a.empty())
-      return make_error(Errc::unsupported, "llama: the model names no architecture (query tails need its logit scale)");
-    char value[64];
-    for (const char* key : {".attention.scale", ".attn_logit_softcapping", ".attention.query_pre_attn_scalar"})
-      if (llama_model_meta_val_str(model, (a + key).c_str(), value, sizeof value) >= 0)
-        return make_error(Errc::unsupported, "llama: ", a, key, " = ", value,
-                          ": query tails assume the logit scale 1/sqrt(head_dim) without softcapping");
-    if (a.rfind("gemma", 0) == 0)
-      return make_error(Errc::unsupported, "llama: architecture ", a,
-                        " scales its queries by its own rule: query tails assume 1/sqrt(head_dim)");
-    return Status::success();
-  }
-
-  // The parsed state must be the model's: its layers, its KV heads, the
-  // sequence's positions, and no other sequence that may share its cells.
-  static Status check_against_model(llama_context* ctx, const llama_model* model, llama_seq_id seq,
-                                    const SeqState& s, llama_pos pos_min, llama_pos pos_max) {
-    if (s.cell_count == 0 || s.layers.empty())
-      return make_error(Errc::invalid_option, "llama: sequence ", seq, " has no cells in its state");
-    if (static_cast<std::int64_t>(s.layers.size()) != llama_model_n_layer(model))
-      return make_error(Errc::unsupported, "llama: the state has ", s.layers.size(), " layers, the model ",
-                        llama_model_n_layer(model));
-    const std::int64_t heads = llama_model_n_head_kv(model);
-    if (heads <= 0) return make_error(Errc::unsupported, "llama: the model has ", heads, " KV heads");
-    for (std::size_t l = 0; l < s.layers.size(); ++l) {
-      const LayerState& L = s.layers[l];
-      if (L.k_embd != L.v_embd || L.k_embd % static_cast<std::uint64_t>(heads) != 0)
-        return make_error(Errc::unsupported, "llama: layer ", l, " has K rows of ", L.k_embd, " and V rows of ",
-                          L.v_embd, " elements for ", heads, " KV heads (equal K and V head dims are handled)");
-    }
-    const auto mm = std::minmax_element(s.pos.begin(), s.pos.end());
-    if (*mm.first != pos_min || *mm.second != pos_max)
-      return make_error(Errc::invalid_shape, "llama: the state holds positions [", *mm.first, ", ", *mm.second,
-                        "] but the memory reports [", pos_min, ", ", pos_max, "]");
-    if (s.n_stream == 1) {
-      // One stream takes any sequence id below LLAMA_MAX_SEQ, not only below n_seq_max:
-      // a llama_memory_seq_cp to a higher id shares cells too.
-      llama_memory_t mem = llama_get_memory(ctx);
-      for (llama_seq_id o = 0; o < static_cast<llama_seq_id>(kMaxStreams); ++o) {
-        if (o == seq) continue;
-        const llama_pos lo = llama_memory_seq_pos_min(mem, o), hi = llama_memory_seq_pos_max(mem, o);
-        if (lo >= 0 && lo <= pos_max && hi >= pos_min)
-          return make_error(Errc::unsupported, "llama: sequence ", o, " holds positions [", lo, ", ", hi,
-                            "] in the same unified cache as sequence ", seq, " [", pos_min, ", ", pos_max,
-                            "]: they may share cells, which the public API cannot tell (kv_unified = false "
-                            "gives each sequence its own stream)");
-      }
-    }
-    return Status::success();
-  }
-
   WorkerPool pool_;
   std::vector<LayerScratch> scratch_;
   std::vector<Status> layer_status_;
@@ -547,17 +298,11 @@ class SequenceCompressor {
   std::vector<llama_pos> kept_pos_;
 };
 
-// One-shot forms of SequenceCompressor::compress.
+// The one-shot form of SequenceCompressor::compress.
 inline Status compress_sequence(llama_context* ctx, llama_seq_id seq, const CompressParams& p,
                                 CompactionStats* stats) {
   SequenceCompressor c;
   return c.compress(ctx, seq, p, stats);
-}
-inline Status compress_sequence(llama_context* ctx, llama_seq_id seq, Budget budget, const Options& opt,
-                                const SharedKeepOptions& shared, CompactionStats* stats,
-                                const QueryCapture* queries = nullptr) {
-  SequenceCompressor c;
-  return c.compress(ctx, seq, budget, opt, shared, stats, queries);
 }
 
 }  // namespace llama

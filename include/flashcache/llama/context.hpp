@@ -72,8 +72,8 @@ inline Status parse_when_full(const std::string& name, WhenFull* out) {
 // The score a running context is compacted with: the library's, with the recent
 // window at 9/10 of the kept cells (Options::window_share): on running text the
 // newest tokens are worth more than the outliers (bench/stream/RULE.md).
-inline CompressParams when_full_compress_params() {
-  CompressParams c = compress_default_params();
+inline CompactionSettings when_full_settings() {
+  CompactionSettings c;
   c.options.window_share = 0.9;
   return c;
 }
@@ -87,7 +87,7 @@ struct ContextParams {
   double target = 0.75;
   std::int64_t n_keep = 4;  // the first n_keep positions always stay (the system prompt; llama.cpp's --keep)
   bool renumber = true;     // flashcache: kept cells get consecutive positions (needs llama_memory_can_shift)
-  CompressParams compress = when_full_compress_params();  // the score and threads (the budget is the manager's)
+  CompactionSettings compress = when_full_settings();  // the score and threads (each budget is the manager's)
   // flashcache with query tails (compress.options = Options::with_query_tail(...)): the
   // QueryCapture wired to the context's cb_eval. The manager follows the sequence with it
   // (QueryCapture::follow at init and after each compaction), so each compaction scores
@@ -138,16 +138,10 @@ class ContextManager {
                         " moves positions, but this memory cannot shift them (llama_memory_can_shift)");
     if (p.when_full == WhenFull::flashcache) {
       FLASHCACHE_RETURN_IF_ERROR(check_supported_context(ctx));
-      CompressParams c = p.compress;
-      c.budget = Budget::ratio(p.target);
-      if (c.queries != nullptr)
-        return make_error(Errc::invalid_option, "llama: ContextParams::compress.queries is the manager's: give the "
-                                                "capture as ContextParams::queries");
-      if (c.options.query != QueryInput::none && p.queries == nullptr)
+      if (p.compress.options.query != QueryInput::none && p.queries == nullptr)
         return make_error(Errc::invalid_option, "llama: query tails in a ContextManager need ContextParams::queries "
                                                 "(a QueryCapture on the context's cb_eval)");
-      c.queries = p.queries;
-      FLASHCACHE_RETURN_IF_ERROR(check_compress_params(c));
+      FLASHCACHE_RETURN_IF_ERROR(check_compress_params(compress_params(p, Budget::ratio(p.target))));
       if (p.queries != nullptr && !p.renumber)
         return make_error(Errc::invalid_option, "llama: query tails in a ContextManager need renumber (the tails "
                                                 "read the cells at consecutive positions)");
@@ -231,6 +225,11 @@ class ContextManager {
   const ContextParams& params() const { return p_; }
 
  private:
+  // One compaction's parameters: the settings, this budget and the capture.
+  static CompressParams compress_params(const ContextParams& p, Budget budget) {
+    return CompressParams{p.compress, budget, p.queries};
+  }
+
   // flashcache: compact to the target, the first n_keep and the newest turn kept.
   Status compact(std::int64_t have, std::int64_t n_new, RoomEvent* ev) {
     llama_memory_t mem = llama_get_memory(ctx_);
@@ -243,9 +242,7 @@ class ContextManager {
       return make_error(Errc::invalid_budget, "llama: the first ", p_.n_keep, " cells and the newest turn's ", turn,
                         " leave no room for ", n_new, " new cells in ", cap_, " (protect_from a later position)");
     keep = std::max(keep, kept_anyway);
-    CompressParams c = p_.compress;
-    c.queries = p_.queries;
-    c.budget = Budget::tokens(keep);
+    CompressParams c = compress_params(p_, Budget::tokens(keep));
     c.options.sink = std::max(c.options.sink, p_.n_keep);
     c.options.window = std::max(c.options.window, turn);
     FLASHCACHE_RETURN_IF_ERROR(compressor_.compress(ctx_, seq_, c, &ev->compaction));

@@ -14,7 +14,10 @@
 //   cp.cb_eval = flashcache::llama::QueryCapture::eval;
 //   cp.cb_eval_user_data = &capture;
 //   ... decode the prompt into an empty sequence ...
-//   compressor.compress(ctx, seq, budget, flashcache::Options::with_query_tail(), {}, &stats, &capture);
+//   flashcache::llama::CompressParams p = flashcache::llama::compress_default_params();
+//   p.options = flashcache::Options::with_query_tail();
+//   p.queries = &capture;
+//   flashcache::llama::compress_sequence(ctx, seq, p, &stats);
 //
 // It counts the tokens each layer's Qcur node has seen since begin(): one
 // sequence prefilled from empty, in order (llama.cpp's ubatches of one sequence

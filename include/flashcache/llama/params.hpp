@@ -1,0 +1,79 @@
+#pragma once
+// What one compaction of a llama.cpp sequence takes (CompressParams) and what it
+// reports (CompactionStats); flashcache/llama/compress.hpp does the compaction.
+// CompactionSettings is the part a running context keeps between compactions
+// (ContextParams::compress): the budget and the query capture are per call.
+#include <llama.h>
+
+#include <cstdint>
+#include <string>
+
+#include "flashcache/error.hpp"
+#include "flashcache/llama/queries.hpp"
+#include "flashcache/options.hpp"
+#include "flashcache/shared_keep.hpp"
+
+namespace flashcache {
+namespace llama {
+
+// What one compaction did, and how long each step took.
+struct CompactionStats {
+  std::int64_t cells_before = 0, cells_after = 0;          // cells of the sequence
+  std::uint64_t kv_bytes_before = 0, kv_bytes_after = 0;   // K and V of those cells, all layers
+  std::size_t state_bytes_before = 0, state_bytes_after = 0;
+  llama_pos pos_min_before = -1, pos_min_after = -1, pos_max = -1;
+  std::int64_t layers = 0, kv_heads = 0, head_dim = 0;
+  bool v_trans = false;
+  std::string k_type, v_type;
+  int threads = 1;                                                 // scoring threads
+  // get_data + parse + checks; score; select; the kept cells' blob + rm + set_data + verify.
+  double read_ms = 0, score_ms = 0, select_ms = 0, write_ms = 0;
+  double compress_ms = 0;                                          // all of it
+  bool query_tails = false;  // scored with the prompt's query tails (Options::query = tail)
+};
+
+// How every compaction scores and selects.
+struct CompactionSettings {
+  Options options;  // the score (Options::with_query_tail() with a QueryCapture)
+  // One keep-set for the whole sequence (llama.cpp's cells hold every layer and
+  // head, so KeepSet::per_sequence is the only keep set): how heads combine, and
+  // whole pages of `page` cells.
+  HeadCombine combine = HeadCombine::mean_normalized;
+  std::int64_t page = 1;
+  int n_threads = 0;  // scoring threads; 0: llama_n_threads(ctx)
+};
+
+// One compaction's inputs, as llama.cpp's C API passes them.
+struct CompressParams : CompactionSettings {
+  Budget budget = Budget::ratio(0.2);     // cells to keep, of the sequence's
+  const QueryCapture* queries = nullptr;  // the prompt's queries when options.query = tail
+};
+inline CompressParams compress_default_params() { return CompressParams{}; }
+
+inline SharedKeepOptions shared_keep(const CompactionSettings& p) {
+  SharedKeepOptions s;
+  s.keep_set = KeepSet::per_sequence;
+  s.combine = p.combine;
+  s.page = p.page;
+  return s;
+}
+
+// The checks of a call's parameters, before anything is read.
+inline Status check_compress_params(const CompressParams& p) {
+  FLASHCACHE_RETURN_IF_ERROR(check_options(p.options));
+  FLASHCACHE_RETURN_IF_ERROR(check_shared_options(shared_keep(p)));
+  if (p.options.rope.derotate)
+    return make_error(Errc::unsupported, "llama: Options::rope (de-rotation) is refused: after a compaction the "
+                                         "cells' positions have gaps, theta and the layout are the model's, and a "
+                                         "q8_0 cache is Hadamard-rotated");
+  if (p.n_threads < 0) return make_error(Errc::invalid_option, "llama: n_threads ", p.n_threads, " is negative");
+  if (p.options.query != QueryInput::none && p.queries == nullptr)
+    return make_error(Errc::invalid_option, "llama: Options::query is ", to_string(p.options.query),
+                      " but no QueryCapture was given (flashcache/llama/queries.hpp)");
+  if (p.options.query == QueryInput::none && p.queries != nullptr)
+    return make_error(Errc::invalid_option, "llama: a QueryCapture was given but Options::query is none");
+  return Status::success();
+}
+
+}  // namespace llama
+}  // namespace flashcache
