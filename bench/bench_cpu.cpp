@@ -96,8 +96,8 @@ void BM_FlashCache(benchmark::State& state) {
   const ModelShape& m = shape_of(state.range(0));
   const LayerData& l = layer(m.kv_heads, state.range(1), m.head_dim);
   fc::Options opt;
-  opt.transform = kTransform;
-  opt.base = kBase;
+  opt.score.transform = kTransform;
+  opt.score.base = kBase;
   fc::Scorer<float> scorer;  // reused across layers in a real pipeline
   fc::LayerScores scores;
   std::int64_t budget = 0;
@@ -105,8 +105,8 @@ void BM_FlashCache(benchmark::State& state) {
   std::vector<std::int32_t> kept;
   std::vector<fc::bfloat16_t> ck(static_cast<std::size_t>(l.heads * budget * l.dim)), cv(ck.size());
   for (auto _ : state) {
-    (void)scorer.score(l.kv(), l.vv(), opt, &scores);
-    (void)fc::select_tokens(scores, budget, opt, &kept);
+    (void)scorer.score(l.kv(), l.vv(), opt.score, &scores);
+    (void)fc::select_tokens(scores, budget, opt.select, &kept);
     (void)fc::gather(l.kv(), kept.data(),
                      fc::hnd(ck.data(), fc::Heads(l.heads), fc::Tokens(budget), fc::HeadDim(l.dim)));
     (void)fc::gather(l.vv(), kept.data(),
@@ -127,16 +127,16 @@ void BM_Baseline(benchmark::State& state) {
   fc::Options opt;
   fp::PolicyOptions po;
   po.observation_window = 32;
-  if (kPolicy == fp::Policy::snapkv) opt.window = 32;
+  if (kPolicy == fp::Policy::snapkv) opt.select.window = 32;
   fc::LayerScores scores;
   std::int64_t budget = 0;
   (void)fc::Budget::ratio(0.2).resolve(l.tokens, &budget);
-  if (kPolicy == fp::Policy::h2o) opt.window = budget / 2;  // H2O: half heavy hitters, half recent
+  if (kPolicy == fp::Policy::h2o) opt.select.window = budget / 2;  // H2O: half heavy hitters, half recent
   std::vector<std::int32_t> kept;
   std::vector<fc::bfloat16_t> ck(static_cast<std::size_t>(l.heads * budget * l.dim)), cv(ck.size());
   for (auto _ : state) {
-    (void)fp::score_with_policy(kPolicy, q, l.kv(), l.vv(), opt, po, &scores);
-    (void)fc::select_tokens(scores, budget, opt, &kept);
+    (void)fp::score_with_policy(kPolicy, q, l.kv(), l.vv(), opt.score, po, &scores);
+    (void)fc::select_tokens(scores, budget, opt.select, &kept);
     (void)fc::gather(l.kv(), kept.data(),
                      fc::hnd(ck.data(), fc::Heads(l.heads), fc::Tokens(budget), fc::HeadDim(l.dim)));
     (void)fc::gather(l.vv(), kept.data(),
@@ -178,12 +178,12 @@ template <fc::Transform kTransform, fc::Base kBase>
 void BM_ScoreScaling(benchmark::State& state) {
   const LayerData& l = layer(state.range(2), state.range(0), state.range(1));
   fc::Options opt;
-  opt.transform = kTransform;
-  opt.base = kBase;
+  opt.score.transform = kTransform;
+  opt.score.base = kBase;
   fc::Scorer<float> scorer;
   fc::LayerScores scores;
   for (auto _ : state) {
-    (void)scorer.score(l.kv(), l.vv(), opt, &scores);
+    (void)scorer.score(l.kv(), l.vv(), opt.score, &scores);
     benchmark::DoNotOptimize(scores.score.data());
   }
   state.SetComplexityN(state.range(0) * state.range(1) * state.range(2));
@@ -220,7 +220,7 @@ void BM_ScoreSmolLayer(benchmark::State& state) {
   fc::Scorer<float> scorer;
   fc::LayerScores scores;
   for (auto _ : state) {
-    (void)scorer.score(l.kv(), l.vv(), fc::Options{}, &scores);
+    (void)scorer.score(l.kv(), l.vv(), fc::Options{}.score, &scores);
     benchmark::DoNotOptimize(scores.score.data());
   }
 }

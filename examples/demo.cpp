@@ -20,8 +20,8 @@ namespace fc = flashcache;
 int main(int argc, char** argv) try {
   const double keep_ratio = argc > 1 ? std::atof(argv[1]) : 0.2;
   fc::Options opt;  // the library's defaults (README "Options and defaults")
-  if (argc > 2) opt.transform = std::string(argv[2]) == "blocked" ? fc::Transform::blocked : fc::Transform::global;
-  opt.window = 64;  // keep the text question at the end of the prompt
+  if (argc > 2) opt.score.transform = std::string(argv[2]) == "blocked" ? fc::Transform::blocked : fc::Transform::global;
+  opt.select.window = 64;  // keep the text question at the end of the prompt
 
   const fc::synthetic::CacheShape shape;
   const std::int64_t n = shape.tokens(), h = shape.heads, d = shape.head_dim;
@@ -41,8 +41,8 @@ int main(int argc, char** argv) try {
       static_cast<long long>(shape.grid * shape.grid), static_cast<long long>(shape.grid),
       static_cast<long long>(shape.grid), static_cast<long long>(shape.text_tokens),
       static_cast<long long>(shape.outliers_per_head));
-  std::printf("  keep ratio %.2f, gamma %.2f, %s base, %s transform, %s allocation\n\n", keep_ratio, opt.gamma,
-              fc::to_string(opt.base), fc::to_string(opt.transform), fc::to_string(opt.allocation));
+  std::printf("  keep ratio %.2f, gamma %.2f, %s base, %s transform, %s allocation\n\n", keep_ratio, opt.score.gamma,
+              fc::to_string(opt.score.base), fc::to_string(opt.score.transform), fc::to_string(opt.allocate.mode));
 
   const auto start = std::chrono::steady_clock::now();
   const auto model = fc::compress_model(k, v, fc::Budget::ratio(keep_ratio), opt);

@@ -1,4 +1,4 @@
-// Bases chosen by energy (Options::base = peak, mixed) against a direct
+// Bases chosen by energy (ScoreOptions::base = peak, mixed) against a direct
 // reference: the naive double DCT of every column, frequency energies summed
 // over the head dim, a full sort for the choice, the inverse of the rest.
 #include <gtest/gtest.h>
@@ -95,14 +95,14 @@ TEST_P(BaseVsReference, DoubleAndFloatMatchTheDefinition) {
   const std::vector<float> k = random_rows(heads * n * dim, static_cast<std::uint64_t>(n * 7 + dim));
   const std::vector<float> v = random_rows(heads * n * dim, static_cast<std::uint64_t>(n * 11 + dim));
   fc::Options opt;
-  opt.base = kind;
-  opt.transform = transform;
-  opt.block_size = block;
-  opt.gamma = gamma;
+  opt.score.base = kind;
+  opt.score.transform = transform;
+  opt.score.block_size = block;
+  opt.score.gamma = gamma;
   const auto kv = fc::hnd(k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
   const auto vv = fc::hnd(v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
-  const fc::LayerScores sd = fc::score_layer<double>(kv, vv, opt);
-  const fc::LayerScores sf = fc::score_layer<float>(kv, vv, opt);
+  const fc::LayerScores sd = fc::score_layer<double>(kv, vv, opt.score);
+  const fc::LayerScores sf = fc::score_layer<float>(kv, vv, opt.score);
   for (std::int64_t h = 0; h < heads; ++h) {
     const std::vector<double> kh(k.begin() + h * n * dim, k.begin() + (h + 1) * n * dim);
     const std::vector<double> vh(v.begin() + h * n * dim, v.begin() + (h + 1) * n * dim);
@@ -162,15 +162,15 @@ TEST(Base, PeakFindsTheTokenThatBreaksARepeatedPattern) {
   const auto vv = fc::hnd(v.data(), fc::Heads(1), fc::Tokens(n), fc::HeadDim(d));
   for (fc::Transform transform : {fc::Transform::global, fc::Transform::blocked}) {
     fc::Options opt;
-    opt.transform = transform;
-    opt.block_size = 60;  // whole periods per block: a cut pattern leaks into every frequency at the block's edges
-    opt.gamma = 0.2;      // room for that leakage: a DCT does not make a period-3 pattern exactly sparse
-    opt.base = fc::Base::peak;
-    const fc::LayerScores peak = fc::score_layer(kv, vv, opt);
+    opt.score.transform = transform;
+    opt.score.block_size = 60;  // whole periods per block: a cut pattern leaks into every frequency at the block's edges
+    opt.score.gamma = 0.2;      // room for that leakage: a DCT does not make a period-3 pattern exactly sparse
+    opt.score.base = fc::Base::peak;
+    const fc::LayerScores peak = fc::score_layer(kv, vv, opt.score);
     const auto top = std::max_element(peak.score.begin(), peak.score.end()) - peak.score.begin();
     EXPECT_EQ(top, needle) << fc::to_string(transform);
-    opt.base = fc::Base::lowpass;
-    const fc::LayerScores low = fc::score_layer(kv, vv, opt);
+    opt.score.base = fc::Base::lowpass;
+    const fc::LayerScores low = fc::score_layer(kv, vv, opt.score);
     // Under the low-pass base the pattern itself is residual: the needle is
     // not the clear top (other tokens come within a factor 2 of it).
     std::vector<float> sorted = low.score;
@@ -179,7 +179,7 @@ TEST(Base, PeakFindsTheTokenThatBreaksARepeatedPattern) {
   }
 }
 
-TEST(Base, PaperPresetKeepsTheLowPassBase) { EXPECT_EQ(fc::Options::paper().base, fc::Base::lowpass); }
+TEST(Base, PaperPresetKeepsTheLowPassBase) { EXPECT_EQ(fc::Options::paper().score.base, fc::Base::lowpass); }
 
 TEST(Base, NonFiniteTokensStayAlwaysKept) {
   const std::int64_t n = 50, d = 4;
@@ -189,10 +189,10 @@ TEST(Base, NonFiniteTokensStayAlwaysKept) {
   const auto vv = fc::hnd(v.data(), fc::Heads(1), fc::Tokens(n), fc::HeadDim(d));
   for (fc::Transform transform : {fc::Transform::global, fc::Transform::blocked}) {
     fc::Options opt;
-    opt.transform = transform;
-    opt.block_size = 16;
-    opt.base = fc::Base::peak;
-    const fc::LayerScores s = fc::score_layer(kv, vv, opt);
+    opt.score.transform = transform;
+    opt.score.block_size = 16;
+    opt.score.base = fc::Base::peak;
+    const fc::LayerScores s = fc::score_layer(kv, vv, opt.score);
     EXPECT_TRUE(std::isinf(s(0, 17)));
     for (std::int64_t t = 0; t < n; ++t) {
       if (t != 17) {

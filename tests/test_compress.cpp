@@ -33,7 +33,7 @@ TEST(Compress, PlantedOutlierIsKeptAtFivePercent) {
   }
   for (auto tr : {fc::Transform::global, fc::Transform::blocked}) {
     fc::Options opt;
-    opt.transform = tr;
+    opt.score.transform = tr;
     const auto out =
         fc::compress(fc::hnd(k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)),
                      fc::hnd(v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)), fc::Budget::ratio(0.05), opt);
@@ -49,15 +49,15 @@ TEST(Compress, OutputHoldsTheKeptRowsAndMatchesTheStages) {
   const std::int64_t heads = 3, n = 123, d = 8;
   const auto k = smooth(heads, n, d, 0.2, 3), v = smooth(heads, n, d, 0.2, 4);
   fc::Options opt;
-  opt.sink = 2;
-  opt.window = 5;
+  opt.select.sink = 2;
+  opt.select.window = 5;
   const auto kv = fc::hnd(k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)),
              vv = fc::hnd(v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d));
   const auto out = fc::compress(kv, vv, fc::Budget::tokens(30), opt);
   // Same as running the stages by hand.
-  const auto scores = fc::score_layer(kv, vv, opt);
+  const auto scores = fc::score_layer(kv, vv, opt.score);
   std::vector<std::int32_t> kept;
-  ASSERT_TRUE(fc::select_tokens(scores, 30, opt, &kept).ok());
+  ASSERT_TRUE(fc::select_tokens(scores, 30, opt.select, &kept).ok());
   EXPECT_EQ(out.kept, kept);
   for (std::int64_t h = 0; h < heads; ++h)
     for (std::int64_t i = 0; i < 30; ++i)
@@ -73,8 +73,8 @@ TEST(Compress, ErrorsNameTheProblem) {
   const std::int64_t heads = 1, n = 20, d = 4;
   const auto k = smooth(heads, n, d, 0, 5), v = smooth(heads, n, d, 0, 6);
   fc::Options opt;
-  opt.sink = 4;
-  opt.window = 8;
+  opt.select.sink = 4;
+  opt.select.window = 8;
   try {
     fc::compress(fc::hnd(k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)),
                  fc::hnd(v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)), fc::Budget::tokens(10), opt);
@@ -132,7 +132,7 @@ TEST(CompressModel, DynamicAllocationKeepsTheTotalAndFavoursHighEnergyLayers) {
 TEST(CompressModel, UniformAllocationKeepsTheSameRatioEverywhere) {
   const Model m = noisy_model(3, 2, 101, 4);
   fc::Options opt;
-  opt.allocation = fc::Allocation::uniform;
+  opt.allocate.mode = fc::Allocation::uniform;
   const auto out = fc::compress_model(m.kv(), m.vv(), fc::Budget::ratio(0.2), opt);
   EXPECT_EQ(out.budgets, (std::vector<std::int64_t>{20, 20, 20}));
   const auto counted = fc::compress_model(m.kv(), m.vv(), fc::Budget::tokens(7), opt);
@@ -142,12 +142,12 @@ TEST(CompressModel, UniformAllocationKeepsTheSameRatioEverywhere) {
 TEST(CompressModel, FloorsCoverProtectedAndMinimumRatio) {
   const Model m = noisy_model(3, 1, 100, 4);
   fc::Options opt;
-  opt.sink = 4;
-  opt.min_layer_ratio = 0.1;
+  opt.select.sink = 4;
+  opt.allocate.min_layer_ratio = 0.1;
   const auto out = fc::compress_model(m.kv(), m.vv(), fc::Budget::ratio(0.15), opt);
   for (auto b : out.budgets) EXPECT_GE(b, 10);
   EXPECT_EQ(out.tokens_after(), 45);
-  opt.sink = 40;
+  opt.select.sink = 40;
   try {
     fc::compress_model(m.kv(), m.vv(), fc::Budget::ratio(0.3), opt);
     FAIL() << "expected flashcache::Error";

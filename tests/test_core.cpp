@@ -67,13 +67,13 @@ fc::Status run_core(const Model& m, fc::Budget budget, const fc::Options& opt,
   for (std::size_t l = 0; l < layers; ++l) {
     scores[l].resize(static_cast<std::size_t>(m.heads * m.tokens[l]));
     energy[l].resize(static_cast<std::size_t>(m.heads));
-    FLASHCACHE_RETURN_IF_ERROR(scorer.score(m.kv[l], m.vv[l], opt, scores[l].data(), energy[l].data()));
+    FLASHCACHE_RETURN_IF_ERROR(scorer.score(m.kv[l], m.vv[l], opt.score, fc::ScoreBuffers{scores[l].data(), energy[l].data()}));
     const fc::ProtectMask mask = masks.empty() ? fc::ProtectMask{} : masks[l];
-    summary[l] = fc::summarize({scores[l].data(), m.heads, m.tokens[l]}, energy[l].data(), opt, mask);
+    summary[l] = fc::summarize({scores[l].data(), m.heads, m.tokens[l]}, energy[l].data(), opt.select, mask);
   }
   r->budgets.resize(layers);
   fc::BudgetPlanner planner;
-  FLASHCACHE_RETURN_IF_ERROR(planner.plan(summary.data(), static_cast<int>(layers), budget, opt, r->budgets.data()));
+  FLASHCACHE_RETURN_IF_ERROR(planner.plan(summary.data(), static_cast<int>(layers), budget, opt.allocate, r->budgets.data()));
   fc::SelectWorkspace ws;
   r->kept.resize(layers);
   r->k.resize(layers);
@@ -84,7 +84,7 @@ fc::Status run_core(const Model& m, fc::Budget budget, const fc::Options& opt,
     r->k[l].resize(static_cast<std::size_t>(m.heads * b * m.d));
     r->v[l].resize(r->k[l].size());
     const fc::ProtectMask mask = masks.empty() ? fc::ProtectMask{} : masks[l];
-    FLASHCACHE_RETURN_IF_ERROR(fc::select_tokens({scores[l].data(), m.heads, m.tokens[l]}, b, opt, mask, &ws,
+    FLASHCACHE_RETURN_IF_ERROR(fc::select_tokens({scores[l].data(), m.heads, m.tokens[l]}, b, opt.select, mask, {}, &ws,
                                                  fc::KeptView{r->kept[l].data(), b}));
     FLASHCACHE_RETURN_IF_ERROR(fc::gather(
         m.kv[l], r->kept[l].data(), fc::hnd(r->k[l].data(), fc::Heads(m.heads), fc::Tokens(b), fc::HeadDim(m.d))));
@@ -104,9 +104,9 @@ TEST(Core, StagesByHandMatchTheFrontDoor) {
   const Model m(3, 6, {37, 53, 29});
   for (auto alloc : {fc::Allocation::dynamic, fc::Allocation::uniform}) {
     fc::Options opt = fc::Options::paper();
-    opt.allocation = alloc;
-    opt.sink = 1;
-    opt.window_share = 0.1;
+    opt.allocate.mode = alloc;
+    opt.select.sink = 1;
+    opt.select.window_share = 0.1;
     CoreResult r;
     ASSERT_TRUE(run_core(m, fc::Budget::ratio(0.3), opt, {}, &r).ok());
     const auto ref = fc::compress_model(m.kv, m.vv, fc::Budget::ratio(0.3), opt);
@@ -158,7 +158,7 @@ TEST(Core, MaskOfTheWrongLengthIsNamed) {
   std::vector<float> scores(80, 1.0f);
   std::vector<std::int32_t> kept(40);
   const fc::Status s =
-      fc::select_tokens({scores.data(), 2, 40}, 20, kPaper, short_mask, &ws, fc::KeptView{kept.data(), 20});
+      fc::select_tokens({scores.data(), 2, 40}, 20, kPaper.select, short_mask, {}, &ws, fc::KeptView{kept.data(), 20});
   EXPECT_EQ(s.code(), fc::Errc::invalid_option) << s.message();
 }
 
@@ -168,17 +168,17 @@ TEST(Core, PlanNamesTheLayerAndChecksItsInput) {
   summary[0].tokens = 20;
   summary[1].tokens = 8;
   std::vector<std::int64_t> budgets(2);
-  fc::Status s = planner.plan(summary.data(), 2, fc::Budget::tokens(10), kPaper, budgets.data());
+  fc::Status s = planner.plan(summary.data(), 2, fc::Budget::tokens(10), kPaper.allocate, budgets.data());
   EXPECT_EQ(s.code(), fc::Errc::invalid_budget);
   EXPECT_NE(s.message().find("layer 1: keep budget 10 > 8 tokens"), std::string::npos) << s.message();
   summary[0].protected_count = 19;
   summary[1].protected_count = 8;
-  s = planner.plan(summary.data(), 2, fc::Budget::ratio(0.5), kPaper, budgets.data());
+  s = planner.plan(summary.data(), 2, fc::Budget::ratio(0.5), kPaper.allocate, budgets.data());
   EXPECT_NE(s.message().find("total budget 14 < 27 always-kept tokens"), std::string::npos) << s.message();
-  EXPECT_EQ(planner.plan(nullptr, 2, fc::Budget::ratio(0.5), kPaper, budgets.data()).code(), fc::Errc::invalid_shape);
+  EXPECT_EQ(planner.plan(nullptr, 2, fc::Budget::ratio(0.5), kPaper.allocate, budgets.data()).code(), fc::Errc::invalid_shape);
   // No energy anywhere: dynamic falls back to a uniform ratio of the model total (round(0.5 * 28) = 14).
   summary[0].protected_count = summary[1].protected_count = 0;
-  ASSERT_TRUE(planner.plan(summary.data(), 2, fc::Budget::ratio(0.5), kPaper, budgets.data()).ok());
+  ASSERT_TRUE(planner.plan(summary.data(), 2, fc::Budget::ratio(0.5), kPaper.allocate, budgets.data()).ok());
   EXPECT_EQ(budgets[0] + budgets[1], 14);
   EXPECT_EQ(budgets[0], 10);
 }
@@ -200,7 +200,7 @@ TEST(Core, RaggedBatchMatchesEachSequenceAlone) {
   const std::vector<std::int32_t> indptr{0, 41, 41, 108, 131};
   const std::int64_t capacity = 140;  // more rows than the batch uses
   fc::Options opt = fc::Options::paper();
-  opt.window = 2;
+  opt.select.window = 2;
   // Per sequence and layer: the data, and the reference from the front door.
   std::vector<std::vector<float>> k_packed(layers), v_packed(layers);
   std::vector<std::vector<std::uint8_t>> mask_bytes(layers);
@@ -247,7 +247,7 @@ TEST(Core, RaggedBatchMatchesEachSequenceAlone) {
   for (int call = 0; call < 2; ++call) {  // the second call reuses the warm workspace
     const fc::Status s =
         fc::compress_batch(kv.data(), vv.data(), static_cast<int>(layers), fc::Batch{sequences, indptr.data()},
-                           fc::Budget::ratio(0.25), opt, masks.data(), &ws, out);
+                           fc::Budget::ratio(0.25), opt, masks.data(), {}, &ws, out);
     ASSERT_TRUE(s.ok()) << s.message();
   }
 
@@ -290,22 +290,22 @@ TEST(Core, BatchRefusesBadInput) {
   fc::BatchWorkspace<> ws;
   const std::vector<std::int32_t> decreasing{0, 20, 10};
   fc::Status s = fc::compress_batch(m.kv.data(), m.vv.data(), 1, fc::Batch{2, decreasing.data()},
-                                    fc::Budget::ratio(0.5), kPaper, nullptr, &ws, out);
+                                    fc::Budget::ratio(0.5), kPaper, nullptr, {}, &ws, out);
   EXPECT_EQ(s.code(), fc::Errc::invalid_shape);
   EXPECT_NE(s.message().find("indptr decreases at sequence 1"), std::string::npos) << s.message();
   const std::vector<std::int32_t> too_long{0, 20, 31};
   s = fc::compress_batch(m.kv.data(), m.vv.data(), 1, fc::Batch{2, too_long.data()}, fc::Budget::ratio(0.5), kPaper,
-                         nullptr, &ws, out);
+                         nullptr, {}, &ws, out);
   EXPECT_NE(s.message().find("indptr ends at 31 but the view holds 30 tokens"), std::string::npos) << s.message();
-  s = fc::compress_batch(m.kv.data(), m.vv.data(), 1, fc::Batch{2, nullptr}, fc::Budget::ratio(0.5), kPaper, nullptr,
+  s = fc::compress_batch(m.kv.data(), m.vv.data(), 1, fc::Batch{2, nullptr}, fc::Budget::ratio(0.5), kPaper, nullptr, {},
                          &ws, out);
   EXPECT_NE(s.message().find("needs an indptr"), std::string::npos) << s.message();
   out.kept = nullptr;
-  s = fc::compress_batch(m.kv.data(), m.vv.data(), 1, fc::Batch{}, fc::Budget::ratio(0.5), kPaper, nullptr, &ws, out);
+  s = fc::compress_batch(m.kv.data(), m.vv.data(), 1, fc::Batch{}, fc::Budget::ratio(0.5), kPaper, nullptr, {}, &ws, out);
   EXPECT_NE(s.message().find("kept and kept_indptr are required"), std::string::npos) << s.message();
   out.kept = &kp;
   const std::vector<std::int32_t> ok{0, 10, 30};
-  s = fc::compress_batch(m.kv.data(), m.vv.data(), 1, fc::Batch{2, ok.data()}, fc::Budget::tokens(11), kPaper, nullptr,
+  s = fc::compress_batch(m.kv.data(), m.vv.data(), 1, fc::Batch{2, ok.data()}, fc::Budget::tokens(11), kPaper, nullptr, {},
                          &ws, out);
   EXPECT_NE(s.message().find("sequence 0: layer 0: keep budget 11 > 10 tokens"), std::string::npos) << s.message();
 }
@@ -322,8 +322,8 @@ TEST(Core, TensorParallelRanksPlanTheBudgetsOfOneRank) {
   const Model m(8, 6, {45, 45, 45, 45});
   const int layers = 4;
   fc::Options opt = fc::Options::paper();
-  opt.sink = 2;
-  opt.min_layer_ratio = 0.05;
+  opt.select.sink = 2;
+  opt.allocate.min_layer_ratio = 0.05;
   const fc::Budget budget = fc::Budget::ratio(0.2);
   // One rank holding every head.
   const auto ref = fc::compress_model(m.kv, m.vv, budget, opt);
@@ -338,16 +338,16 @@ TEST(Core, TensorParallelRanksPlanTheBudgetsOfOneRank) {
         auto& s = scores[r][l];
         s.resize(static_cast<std::size_t>(count * 45));
         ASSERT_TRUE(scorer
-                        .score(head_range(m.kv[l], first, count), head_range(m.vv[l], first, count), opt, s.data(),
-                               energy.data())
+                        .score(head_range(m.kv[l], first, count), head_range(m.vv[l], first, count), opt.score, fc::ScoreBuffers{s.data(),
+                               energy.data()})
                         .ok());
-        const fc::LayerSummary mine = fc::summarize({s.data(), count, 45}, energy.data(), opt, {});
+        const fc::LayerSummary mine = fc::summarize({s.data(), count, 45}, energy.data(), opt.select, {});
         reduced[l] = r == 0 ? mine : fc::combine(reduced[l], mine);  // the all-reduce
       }
     }
     std::vector<std::int64_t> budgets(layers);
     fc::BudgetPlanner planner;
-    ASSERT_TRUE(planner.plan(reduced.data(), layers, budget, opt, budgets.data()).ok());
+    ASSERT_TRUE(planner.plan(reduced.data(), layers, budget, opt.allocate, budgets.data()).ok());
     EXPECT_EQ(budgets, ref.budgets) << ranks << " ranks";
     for (int l = 0; l < layers; ++l) EXPECT_NEAR(planner.energy_ratio()[l], ref.energy_ratio[l], 1e-12);
     // With the shared budgets, each rank's selection is the one rank's selection of those heads.
@@ -356,7 +356,7 @@ TEST(Core, TensorParallelRanksPlanTheBudgetsOfOneRank) {
       const std::int64_t first = m.heads * r / ranks, count = m.heads * (r + 1) / ranks - first;
       for (int l = 0; l < layers; ++l) {
         std::vector<std::int32_t> kept(static_cast<std::size_t>(count * budgets[l]));
-        ASSERT_TRUE(fc::select_tokens({scores[r][l].data(), count, 45}, budgets[l], opt, {}, &ws,
+        ASSERT_TRUE(fc::select_tokens({scores[r][l].data(), count, 45}, budgets[l], opt.select, {}, {}, &ws,
                                       fc::KeptView{kept.data(), budgets[l]})
                         .ok());
         const auto& all = ref.layers[l].kept;

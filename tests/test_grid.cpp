@@ -83,22 +83,22 @@ TEST_P(GridScores, MatchNaive2dReference) {
   const auto [transform, zone, gamma] = GetParam();
   const Layer l = random_layer(3, 89, 6, 11);
   fc::Options plain = fc::Options::paper();
-  plain.transform = transform;
-  plain.block_size = 16;
-  plain.gamma = gamma;
+  plain.score.transform = transform;
+  plain.score.block_size = 16;
+  plain.score.gamma = gamma;
   fc::Options opt = plain;
-  opt.grids = {{3, 7, 5}, {50, 6, 6}};
-  opt.grid_zone = zone;
-  opt.grid_tile = 3;
+  const std::vector<fc::GridSpan> spans = {{3, 7, 5}, {50, 6, 6}};
+  opt.score.grid_zone = zone;
+  opt.score.grid_tile = 3;
   const bool tiled = transform == fc::Transform::blocked;
 
   fc::LayerScores with, without;
   fc::Scorer<double> scorer;
-  ASSERT_TRUE(scorer.score(l.k_view(), l.v_view(), opt, &with).ok());
-  ASSERT_TRUE(scorer.score(l.k_view(), l.v_view(), plain, &without).ok());
+  ASSERT_TRUE(scorer.score(l.k_view(), l.v_view(), opt.score, &with, fc::ScoreInputs{spans, {}}).ok());
+  ASSERT_TRUE(scorer.score(l.k_view(), l.v_view(), plain.score, &without).ok());
   for (std::int64_t h = 0; h < l.heads; ++h) {
     const auto k = l.head(l.k, h), v = l.head(l.v, h);
-    const auto one_d = naive_score(k, v, l.tokens, l.dim, gamma, tiled ? plain.block_size : 0);
+    const auto one_d = naive_score(k, v, l.tokens, l.dim, gamma, tiled ? plain.score.block_size : 0);
     std::vector<double> score(static_cast<std::size_t>(l.tokens), 0.0);
     const auto per_token = [&](const std::vector<double>& x, std::int64_t t) {
       double s = 0;
@@ -109,25 +109,25 @@ TEST_P(GridScores, MatchNaive2dReference) {
     for (std::int64_t t = 0; t < l.tokens; ++t) k_total += per_token(k, t), v_total += per_token(v, t);
     // Outside the spans: the 1D reference, K and V apart for their energies.
     const std::vector<double> zeros(k.size(), 0.0);
-    const auto k_only = naive_score(k, zeros, l.tokens, l.dim, gamma, tiled ? plain.block_size : 0);
-    const auto v_only = naive_score(zeros, v, l.tokens, l.dim, gamma, tiled ? plain.block_size : 0);
+    const auto k_only = naive_score(k, zeros, l.tokens, l.dim, gamma, tiled ? plain.score.block_size : 0);
+    const auto v_only = naive_score(zeros, v, l.tokens, l.dim, gamma, tiled ? plain.score.block_size : 0);
     double k_high = 0, v_high = 0;
     for (std::int64_t t = 0; t < l.tokens; ++t) {
       bool in_span = false;
-      for (const fc::GridSpan& g : opt.grids) in_span |= t >= g.first && t < g.end();
+      for (const fc::GridSpan& g : spans) in_span |= t >= g.first && t < g.end();
       if (!in_span) {
         score[t] = one_d.score[t];
         k_high += k_only.score[t] * double(l.dim);
         v_high += v_only.score[t] * double(l.dim);
       }
     }
-    for (const fc::GridSpan& g : opt.grids)
-      naive_span(k, v, l.dim, g, tiled ? opt.grid_tile : g.rows, tiled ? opt.grid_tile : g.cols, zone, gamma, &score,
-                 &k_high, &v_high);
+    for (const fc::GridSpan& g : spans)
+      naive_span(k, v, l.dim, g, tiled ? opt.score.grid_tile : g.rows, tiled ? opt.score.grid_tile : g.cols, zone,
+                 gamma, &score, &k_high, &v_high);
     for (std::int64_t t = 0; t < l.tokens; ++t) {
       EXPECT_NEAR(with(h, t), score[t], 3e-7 * (1 + score[t])) << "head " << h << " token " << t;  // float scores
       bool in_span = false;
-      for (const fc::GridSpan& g : opt.grids) in_span |= t >= g.first && t < g.end();
+      for (const fc::GridSpan& g : spans) in_span |= t >= g.first && t < g.end();
       if (!in_span) {
         EXPECT_EQ(with(h, t), without(h, t)) << "a span changed token " << t << " outside it";
       }
@@ -140,7 +140,7 @@ TEST_P(GridScores, MatchNaive2dReference) {
   // float arithmetic agrees with the double one.
   fc::LayerScores single;
   fc::Scorer<float> float_scorer;
-  ASSERT_TRUE(float_scorer.score(l.k_view(), l.v_view(), opt, &single).ok());
+  ASSERT_TRUE(float_scorer.score(l.k_view(), l.v_view(), opt.score, &single, fc::ScoreInputs{spans, {}}).ok());
   for (std::size_t i = 0; i < single.score.size(); ++i)
     EXPECT_NEAR(single.score[i], with.score[i], 1e-4 * (1 + with.score[i]));
 }
@@ -164,17 +164,18 @@ TEST(Grid, SmoothImageIsSmoothIn2dOnly) {
       }
   const float* kp = k.data();
   const float* vp = v.data();
-  fc::Options one_d = fc::Options::paper(), two_d = one_d;
-  two_d.grids = {{0, rows, cols}};
+  const fc::Options opt = fc::Options::paper();
+  const std::vector<fc::GridSpan> image = {{0, rows, cols}};
   fc::Scorer<double> scorer;
   fc::LayerScores a, b;
   ASSERT_TRUE(scorer
                   .score(fc::hnd(kp, fc::Heads(1), fc::Tokens(n), fc::HeadDim(d)),
-                         fc::hnd(vp, fc::Heads(1), fc::Tokens(n), fc::HeadDim(d)), one_d, &a)
+                         fc::hnd(vp, fc::Heads(1), fc::Tokens(n), fc::HeadDim(d)), opt.score, &a)
                   .ok());
   ASSERT_TRUE(scorer
                   .score(fc::hnd(kp, fc::Heads(1), fc::Tokens(n), fc::HeadDim(d)),
-                         fc::hnd(vp, fc::Heads(1), fc::Tokens(n), fc::HeadDim(d)), two_d, &b)
+                         fc::hnd(vp, fc::Heads(1), fc::Tokens(n), fc::HeadDim(d)), opt.score, &b,
+                         fc::ScoreInputs{image, {}})
                   .ok());
   double max_1d = 0, max_2d = 0;
   for (std::int64_t t = 0; t < n; ++t)
@@ -190,12 +191,12 @@ TEST(Grid, NonFiniteTokenInsideASpanStaysItsOwn) {
   Layer l = random_layer(2, 40, 5, 3);
   l.k[static_cast<std::size_t>((1 * 40 + 17) * 5 + 2)] = std::numeric_limits<float>::quiet_NaN();
   fc::Options opt;
-  opt.grids = {{4, 6, 6}};
-  opt.transform = fc::Transform::blocked;
-  opt.grid_tile = 4;
+  const std::vector<fc::GridSpan> spans = {{4, 6, 6}};
+  opt.score.transform = fc::Transform::blocked;
+  opt.score.grid_tile = 4;
   fc::LayerScores s;
   fc::Scorer<float> scorer;
-  ASSERT_TRUE(scorer.score(l.k_view(), l.v_view(), opt, &s).ok());
+  ASSERT_TRUE(scorer.score(l.k_view(), l.v_view(), opt.score, &s, fc::ScoreInputs{spans, {}}).ok());
   EXPECT_EQ(s(1, 17), std::numeric_limits<float>::infinity());
   EXPECT_EQ(s.nonfinite, 1);
   for (std::int64_t h = 0; h < 2; ++h)
@@ -211,25 +212,16 @@ TEST(Grid, SpansAreChecked) {
   fc::LayerScores s;
   auto message = [&](std::vector<fc::GridSpan> spans, std::int64_t tile = 8) {
     fc::Options opt;
-    opt.grids = std::move(spans);
-    opt.grid_tile = tile;
-    return scorer.score(l.k_view(), l.v_view(), opt, &s).message();
+    opt.score.grid_tile = tile;
+    return scorer.score(l.k_view(), l.v_view(), opt.score, &s, fc::ScoreInputs{spans, {}}).message();
   };
   EXPECT_NE(message({{0, 0, 4}}).find("at least one row and column"), std::string::npos);
   EXPECT_NE(message({{-1, 2, 2}}).find("first >= 0"), std::string::npos);
   EXPECT_NE(message({{0, 3, 3}, {8, 2, 2}}).find("overlap"), std::string::npos);
   EXPECT_NE(message({{10, 5, 5}}).find("reaches past the 30 tokens"), std::string::npos);
   EXPECT_NE(message({{0, 2, 2}}, 0).find("grid_tile 0"), std::string::npos);
-  EXPECT_TRUE(scorer
-                  .score(
-                      l.k_view(), l.v_view(),
-                      [] {
-                        fc::Options o;
-                        o.grids = {{10, 4, 5}, {1, 3, 3}};  // any order, touching is fine
-                        return o;
-                      }(),
-                      &s)
-                  .ok());
+  const std::vector<fc::GridSpan> any_order = {{10, 4, 5}, {1, 3, 3}};  // any order, touching is fine
+  EXPECT_TRUE(scorer.score(l.k_view(), l.v_view(), fc::ScoreOptions{}, &s, fc::ScoreInputs{any_order, {}}).ok());
 }
 
 // The base sample of a span is a regular sub-grid: 16 picks of a 16 x 16 span
@@ -256,17 +248,17 @@ TEST(Grid, BaseSampleIsARegularSubGrid) {
 TEST(Grid, SelectionSpendsTheBaseShareOnSubGrids) {
   const Layer l = random_layer(2, 1 + 64 + 1 + 64 + 10, 4, 9);
   fc::Options opt;
-  opt.sink = 0;
-  opt.window_share = 0;
-  opt.base_share = 1.0;  // everything on the base sample: the kept set is the sub-grids
-  opt.grid_base_share = 1.0;
-  opt.grids = {{1, 8, 8}, {66, 8, 8}};
+  opt.select.sink = 0;
+  opt.select.window_share = 0;
+  opt.select.base_share = 1.0;  // everything on the base sample: the kept set is the sub-grids
+  opt.select.grid_base_share = 1.0;
+  const std::vector<fc::GridSpan> spans = {{1, 8, 8}, {66, 8, 8}};
   fc::LayerScores s;
   fc::Scorer<float> scorer;
-  ASSERT_TRUE(scorer.score(l.k_view(), l.v_view(), opt, &s).ok());
+  ASSERT_TRUE(scorer.score(l.k_view(), l.v_view(), opt.score, &s, fc::ScoreInputs{spans, {}}).ok());
   std::vector<std::int32_t> kept(2 * 28);
   fc::SelectWorkspace ws;
-  ASSERT_TRUE(fc::select_tokens(s.view(), 28, opt, {}, &ws, fc::KeptView{kept.data(), 28}).ok());
+  ASSERT_TRUE(fc::select_tokens(s.view(), 28, opt.select, {}, spans, &ws, fc::KeptView{kept.data(), 28}).ok());
   int in_first = 0, in_second = 0;
   for (int i = 0; i < 28; ++i) {
     in_first += kept[static_cast<std::size_t>(i)] >= 1 && kept[static_cast<std::size_t>(i)] < 65;
@@ -284,25 +276,25 @@ TEST(Grid, GridBaseShareStaysInsideSpans) {
   const fc::GridSpan g{10, 6, 6};
   std::vector<std::uint8_t> keep(60, 0);
   fc::Options opt;
-  opt.grids = {g};
-  opt.base_share = 0;
-  opt.grid_base_share = 1;
+  const std::vector<fc::GridSpan> spans = {g};
+  opt.select.base_share = 0;
+  opt.select.grid_base_share = 1;
   // 60 free tokens, budget 20: the span's part is round(20 * 36 / 60) = 12.
-  EXPECT_EQ(fc::keep_base_sample(60, 20, 20, opt, keep.data()), 12);
+  EXPECT_EQ(fc::keep_base_sample(60, 20, 20, opt.select, spans, keep.data()), 12);
   for (std::int64_t t = 0; t < 60; ++t)
     if (t < g.first || t >= g.end()) {
       EXPECT_EQ(keep[static_cast<std::size_t>(t)], 0) << t;
     }
   // And the other way round: round(20 * 24 / 60) = 8 evenly spaced tokens outside.
   std::fill(keep.begin(), keep.end(), 0);
-  opt.base_share = 1;
-  opt.grid_base_share = 0;
-  EXPECT_EQ(fc::keep_base_sample(60, 20, 20, opt, keep.data()), 8);
+  opt.select.base_share = 1;
+  opt.select.grid_base_share = 0;
+  EXPECT_EQ(fc::keep_base_sample(60, 20, 20, opt.select, spans, keep.data()), 8);
   for (std::int64_t t = g.first; t < g.end(); ++t) EXPECT_EQ(keep[static_cast<std::size_t>(t)], 0) << t;
   // The room caps the sample.
   std::fill(keep.begin(), keep.end(), 0);
-  opt.grid_base_share = 1;
-  EXPECT_EQ(fc::keep_base_sample(60, 20, 5, opt, keep.data()), 5);
+  opt.select.grid_base_share = 1;
+  EXPECT_EQ(fc::keep_base_sample(60, 20, 5, opt.select, spans, keep.data()), 5);
 }
 
 }  // namespace

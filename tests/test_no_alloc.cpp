@@ -78,16 +78,20 @@ struct Engine {
   }
 
   // Every stage once; false on the first failed Status.
-  bool run(const Layers& m, const fc::Options& opt) {
+  bool run(const Layers& m, const fc::Options& opt, fc::ImageSpans spans = {}) {
     const int layers = static_cast<int>(m.tokens.size());
     for (int l = 0; l < layers; ++l) {
-      if (!scorer.score(m.kv[l], m.vv[l], opt, scores[l].data(), energy[l].data()).ok()) return false;
-      summary[l] = fc::summarize({scores[l].data(), m.heads, m.tokens[l]}, energy[l].data(), opt, {});
+      if (!scorer
+               .score(m.kv[l], m.vv[l], opt.score, fc::ScoreBuffers{scores[l].data(), energy[l].data()},
+                      fc::ScoreInputs{spans, {}})
+               .ok())
+        return false;
+      summary[l] = fc::summarize({scores[l].data(), m.heads, m.tokens[l]}, energy[l].data(), opt.select, {});
     }
-    if (!planner.plan(summary.data(), layers, fc::Budget::ratio(0.2), opt, budgets.data()).ok()) return false;
+    if (!planner.plan(summary.data(), layers, fc::Budget::ratio(0.2), opt.allocate, budgets.data()).ok()) return false;
     for (int l = 0; l < layers; ++l) {
       const std::int64_t b = budgets[l];
-      if (!fc::select_tokens({scores[l].data(), m.heads, m.tokens[l]}, b, opt, {}, &select,
+      if (!fc::select_tokens({scores[l].data(), m.heads, m.tokens[l]}, b, opt.select, {}, spans, &select,
                              fc::KeptView{kept[l].data(), b})
                .ok())
         return false;
@@ -117,43 +121,49 @@ long heap_allocations(F&& f) {
 TEST(NoAlloc, WarmStagesAllocateNothing) {
   const Layers first(0.0), second(1.0);
   fc::Options paper = fc::Options::paper();
-  paper.sink = 4;
-  paper.window_share = 0.1;
-  paper.base_share = 0.2;
-  paper.normalize_terms = true;
+  paper.select.sink = 4;
+  paper.select.window_share = 0.1;
+  paper.select.base_share = 0.2;
+  paper.score.normalize_terms = true;
   // Image spans with edge tiles and the grid base sample (the grid residual),
   // tiled (blocked transform: 8 x 8 tiles) and whole (global).
   fc::Options images;
-  images.transform = fc::Transform::blocked;
-  images.grids = {{1, 9, 10}, {100, 7, 9}};
+  images.score.transform = fc::Transform::blocked;
+  const std::vector<fc::GridSpan> spans = {{1, 9, 10}, {100, 7, 9}};
   fc::Options images_global = images;
-  images_global.transform = fc::Transform::global;
+  images_global.score.transform = fc::Transform::global;
   // The blocked residual with each base (300 and 173 tokens end in shorter
   // blocks), and the global one's mixed base.
   fc::Options peak;
-  peak.transform = fc::Transform::blocked;
+  peak.score.transform = fc::Transform::blocked;
   fc::Options lowpass_blocked = peak;
-  lowpass_blocked.base = fc::Base::lowpass;
+  lowpass_blocked.score.base = fc::Base::lowpass;
   fc::Options mixed_blocked = peak;
-  mixed_blocked.base = fc::Base::mixed;
+  mixed_blocked.score.base = fc::Base::mixed;
   fc::Options mixed_global;
-  mixed_global.base = fc::Base::mixed;
+  mixed_global.score.base = fc::Base::mixed;
   // Keys de-rotated before the transform, global and blocked (with spans).
   fc::Options rope;
-  rope.rope.derotate = true;
+  rope.score.rope.derotate = true;
   fc::Options rope_blocked = images;
-  rope_blocked.rope.derotate = true;
-  rope_blocked.rope.layout = fc::RopeLayout::interleaved;
+  rope_blocked.score.rope.derotate = true;
+  rope_blocked.score.rope.layout = fc::RopeLayout::interleaved;
   // The defaults (global, peak base); 300 and 173 tokens.
-  for (const fc::Options& opt : {paper, fc::Options{}, images, images_global, peak, lowpass_blocked, mixed_blocked,
-                                 mixed_global, rope, rope_blocked}) {
+  struct Config {
+    fc::Options opt;
+    bool images = false;
+  };
+  for (const Config& c : {Config{paper}, Config{fc::Options{}}, Config{images, true}, Config{images_global, true},
+                          Config{peak}, Config{lowpass_blocked}, Config{mixed_blocked}, Config{mixed_global},
+                          Config{rope}, Config{rope_blocked, true}}) {
+    const fc::ImageSpans s = c.images ? fc::ImageSpans(spans) : fc::ImageSpans{};
     Engine engine(first);
-    ASSERT_TRUE(engine.run(first, opt));
+    ASSERT_TRUE(engine.run(first, c.opt, s));
     bool ok = false;
-    const long during = heap_allocations([&] { ok = engine.run(second, opt); });
+    const long during = heap_allocations([&] { ok = engine.run(second, c.opt, s); });
     ASSERT_TRUE(ok);
-    EXPECT_EQ(during, 0) << fc::to_string(opt.transform) << " " << fc::to_string(opt.base) << ", " << opt.grids.size()
-                         << " spans" << (opt.rope.derotate ? ", rope" : "");
+    EXPECT_EQ(during, 0) << fc::to_string(c.opt.score.transform) << " " << fc::to_string(c.opt.score.base) << ", "
+                         << s.size() << " spans" << (c.opt.score.rope.derotate ? ", rope" : "");
   }
   const fc::Options opt = paper;
   // The counters work: the owning front door allocates, and so does Eigen for a
@@ -162,10 +172,10 @@ TEST(NoAlloc, WarmStagesAllocateNothing) {
   (void)heap_allocations([&] {
     fc::Scorer<float> fresh;
     fc::Options blocked;
-    blocked.transform = fc::Transform::blocked;
+    blocked.score.transform = fc::Transform::blocked;
     std::vector<float> scores(static_cast<std::size_t>(second.heads * second.tokens[1]));
     std::vector<fc::HeadEnergy> energy(static_cast<std::size_t>(second.heads));
-    (void)fresh.score(second.kv[1], second.vv[1], blocked, scores.data(), energy.data());
+    (void)fresh.score(second.kv[1], second.vv[1], blocked.score, fc::ScoreBuffers{scores.data(), energy.data()});
   });
   EXPECT_GT(eigen_heap_allocations.load() - eigen_before, 0);
   const long front_before = allocations.load();
@@ -197,8 +207,8 @@ TEST(NoAlloc, WarmQueryTailsAllocateNothing) {
                 .ok();
     }
     ok &= scorer
-              .score(m.kv[0], m.vv[0], fc::TailView<const float>{tails.data(), heads, n}, opt, scores.data(),
-                     energy.data())
+              .score(m.kv[0], m.vv[0], opt.score, fc::ScoreBuffers{scores.data(), energy.data()},
+                     fc::ScoreInputs{{}, fc::TailView<const float>{tails.data(), heads, n}})
               .ok();
     return ok;
   };
@@ -229,13 +239,13 @@ TEST(NoAlloc, WarmBatchAllocatesNothing) {
   out.v_out = v_view.data();
   fc::BatchWorkspace<> ws;
   fc::Options opt = fc::Options::paper();
-  opt.window = 8;
+  opt.select.window = 8;
   ASSERT_TRUE(fc::compress_batch(k.data(), v.data(), 2, fc::Batch{2, indptr.data()}, fc::Budget::ratio(0.2), opt,
-                                 nullptr, &ws, out)
+                                 nullptr, {}, &ws, out)
                   .ok());
   fc::Status s;
   const long during = heap_allocations([&] {
-    s = fc::compress_batch(k2.data(), v2.data(), 2, fc::Batch{2, indptr.data()}, fc::Budget::ratio(0.2), opt, nullptr,
+    s = fc::compress_batch(k2.data(), v2.data(), 2, fc::Batch{2, indptr.data()}, fc::Budget::ratio(0.2), opt, nullptr, {},
                            &ws, out);
   });
   ASSERT_TRUE(s.ok()) << s.message();

@@ -48,24 +48,24 @@ int main() {
   // Score, plan, select, gather, each returning a Status.
   fc::Scorer<float> scorer;
   fc::Options opt = fc::Options::paper();
-  opt.sink = 1;
+  opt.select.sink = 1;
   std::vector<std::vector<float>> scores(2);
   std::vector<std::vector<fc::HeadEnergy>> energy(2, std::vector<fc::HeadEnergy>(heads));
   std::vector<fc::LayerSummary> summary(2);
   for (std::size_t l = 0; l < 2; ++l) {
     scores[l].resize(static_cast<std::size_t>(heads * tokens[l]));
-    check(scorer.score(kv[l], vv[l], opt, scores[l].data(), energy[l].data()).ok(), "score");
-    summary[l] = fc::summarize({scores[l].data(), heads, tokens[l]}, energy[l].data(), opt, {});
+    check(scorer.score(kv[l], vv[l], opt.score, fc::ScoreBuffers{scores[l].data(), energy[l].data()}).ok(), "score");
+    summary[l] = fc::summarize({scores[l].data(), heads, tokens[l]}, energy[l].data(), opt.select, {});
   }
   std::vector<std::int64_t> budgets(2);
   fc::BudgetPlanner planner;
-  check(planner.plan(summary.data(), 2, fc::Budget::ratio(0.25), opt, budgets.data()).ok(), "plan");
+  check(planner.plan(summary.data(), 2, fc::Budget::ratio(0.25), opt.allocate, budgets.data()).ok(), "plan");
   check(budgets[0] + budgets[1] == std::llround(0.25 * 88), "model total kept");
   fc::SelectWorkspace ws;
   for (std::size_t l = 0; l < 2; ++l) {
     const std::int64_t b = budgets[l];
     std::vector<std::int32_t> kept(static_cast<std::size_t>(heads * b));
-    check(fc::select_tokens({scores[l].data(), heads, tokens[l]}, b, opt, {}, &ws, fc::KeptView{kept.data(), b}).ok(),
+    check(fc::select_tokens({scores[l].data(), heads, tokens[l]}, b, opt.select, {}, {}, &ws, fc::KeptView{kept.data(), b}).ok(),
           "select");
     bool spike = false, sink = true, ascending = true;
     for (std::int64_t i = 0; i < b; ++i) spike = spike || kept[static_cast<std::size_t>(b + i)] == 17;
@@ -91,12 +91,12 @@ int main() {
 
   // Bad input is a Status, not a crash or an abort.
   fc::Options bad;
-  bad.gamma = 2.0;
-  check(scorer.score(kv[0], vv[0], bad, scores[0].data(), energy[0].data()).code() == fc::Errc::invalid_option,
+  bad.score.gamma = 2.0;
+  check(scorer.score(kv[0], vv[0], bad.score, fc::ScoreBuffers{scores[0].data(), energy[0].data()}).code() == fc::Errc::invalid_option,
         "gamma 2 refused");
   std::vector<std::int32_t> kept(static_cast<std::size_t>(heads * tokens[1]));
   check(
-      fc::select_tokens({scores[1].data(), heads, tokens[1]}, tokens[1] + 1, opt, {}, &ws, fc::KeptView{kept.data(), 0})
+      fc::select_tokens({scores[1].data(), heads, tokens[1]}, tokens[1] + 1, opt.select, {}, {}, &ws, fc::KeptView{kept.data(), 0})
               .code() == fc::Errc::invalid_budget,
       "budget past the tokens refused");
 
@@ -108,7 +108,7 @@ int main() {
   out.kept = &kept_ptr;
   out.kept_indptr = kept_indptr.data();
   fc::BatchWorkspace<> batch_ws;
-  check(fc::compress_batch(kv.data(), vv.data(), 1, fc::Batch{2, indptr.data()}, fc::Budget::ratio(0.5), opt, nullptr,
+  check(fc::compress_batch(kv.data(), vv.data(), 1, fc::Batch{2, indptr.data()}, fc::Budget::ratio(0.5), opt, nullptr, {},
                            &batch_ws, out)
             .ok(),
         "batch");

@@ -13,35 +13,35 @@ namespace {
 // over 64-token blocks.
 TEST(Options, DefaultsAreTheDevChoice) {
   const fc::Options o;
-  EXPECT_DOUBLE_EQ(o.gamma, 0.1);
-  EXPECT_EQ(o.base, fc::Base::peak);
-  EXPECT_EQ(o.transform, fc::Transform::global);
-  EXPECT_EQ(o.block_size, 64);
-  EXPECT_EQ(o.sink, 4);
-  EXPECT_EQ(o.window, 0);
-  EXPECT_DOUBLE_EQ(o.window_share, 0.5);
-  EXPECT_DOUBLE_EQ(o.base_share, 0.0);
-  EXPECT_FALSE(o.normalize_terms);
-  EXPECT_FALSE(o.rope.derotate);
-  EXPECT_EQ(o.allocation, fc::Allocation::dynamic);
+  EXPECT_DOUBLE_EQ(o.score.gamma, 0.1);
+  EXPECT_EQ(o.score.base, fc::Base::peak);
+  EXPECT_EQ(o.score.transform, fc::Transform::global);
+  EXPECT_EQ(o.score.block_size, 64);
+  EXPECT_EQ(o.select.sink, 4);
+  EXPECT_EQ(o.select.window, 0);
+  EXPECT_DOUBLE_EQ(o.select.window_share, 0.5);
+  EXPECT_DOUBLE_EQ(o.select.base_share, 0.0);
+  EXPECT_FALSE(o.score.normalize_terms);
+  EXPECT_FALSE(o.score.rope.derotate);
+  EXPECT_EQ(o.allocate.mode, fc::Allocation::dynamic);
   EXPECT_TRUE(fc::check_options(o).ok());
 }
 
 TEST(Options, OutOfRangeValuesAreRefusedByName) {
   fc::Options o;
-  o.gamma = 0;
+  o.score.gamma = 0;
   EXPECT_NE(fc::check_options(o).message().find("gamma 0 is outside (0, 1]"), std::string::npos);
-  o.gamma = std::nan("");
+  o.score.gamma = std::nan("");
   EXPECT_EQ(fc::check_options(o).code(), fc::Errc::invalid_option);
   o = {};
-  o.transform = fc::Transform::blocked;
-  o.block_size = 0;
+  o.score.transform = fc::Transform::blocked;
+  o.score.block_size = 0;
   EXPECT_NE(fc::check_options(o).message().find("block_size 0"), std::string::npos);
   o = {};
-  o.sink = -1;
+  o.select.sink = -1;
   EXPECT_NE(fc::check_options(o).message().find("sink -1"), std::string::npos);
   o = {};
-  o.min_layer_ratio = 1.5;
+  o.allocate.min_layer_ratio = 1.5;
   EXPECT_EQ(fc::check_options(o).code(), fc::Errc::invalid_option);
 }
 
@@ -67,31 +67,31 @@ namespace {
 
 TEST(Options, PaperPresetIsThePaperExactly) {
   const fc::Options p = fc::Options::paper();
-  EXPECT_DOUBLE_EQ(p.gamma, 0.2);
-  EXPECT_EQ(p.transform, fc::Transform::global);
-  EXPECT_EQ(p.sink, 0);
-  EXPECT_EQ(p.window, 0);
-  EXPECT_EQ(p.window_share, 0.0);
-  EXPECT_EQ(p.base_share, 0.0);
-  EXPECT_FALSE(p.normalize_terms);
-  EXPECT_FALSE(p.rope.derotate);
-  EXPECT_EQ(p.allocation, fc::Allocation::dynamic);
+  EXPECT_DOUBLE_EQ(p.score.gamma, 0.2);
+  EXPECT_EQ(p.score.transform, fc::Transform::global);
+  EXPECT_EQ(p.select.sink, 0);
+  EXPECT_EQ(p.select.window, 0);
+  EXPECT_EQ(p.select.window_share, 0.0);
+  EXPECT_EQ(p.select.base_share, 0.0);
+  EXPECT_FALSE(p.score.normalize_terms);
+  EXPECT_FALSE(p.score.rope.derotate);
+  EXPECT_EQ(p.allocate.mode, fc::Allocation::dynamic);
   EXPECT_TRUE(fc::check_options(p).ok());
 }
 
 TEST(Options, SharesAndRopeAreCheckedByName) {
   fc::Options o;
-  o.window_share = 1.5;
+  o.select.window_share = 1.5;
   EXPECT_NE(fc::check_options(o).message().find("window_share 1.5"), std::string::npos);
   o = {};
-  o.base_share = -0.1;
+  o.select.base_share = -0.1;
   EXPECT_NE(fc::check_options(o).message().find("base_share -0.1"), std::string::npos);
   o = {};
-  o.rope.derotate = true;
-  o.rope.theta = 0.5;
+  o.score.rope.derotate = true;
+  o.score.rope.theta = 0.5;
   EXPECT_NE(fc::check_options(o).message().find("rope theta 0.5"), std::string::npos);
-  o.rope.theta = 1e4;
-  o.rope.first_position = -3;
+  o.score.rope.theta = 1e4;
+  o.score.rope.first_position = -3;
   EXPECT_NE(fc::check_options(o).message().find("first_position -3"), std::string::npos);
 }
 

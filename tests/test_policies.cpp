@@ -48,9 +48,9 @@ TEST(Policies, StreamingKeepsSinkAndMostRecent) {
   fc::LayerScores s;
   fp::streaming_scores(2, 10, &s);
   fc::Options opt;
-  opt.sink = 2;
+  opt.select.sink = 2;
   std::vector<std::int32_t> kept;
-  ASSERT_TRUE(fc::select_tokens(s, 5, opt, &kept).ok());
+  ASSERT_TRUE(fc::select_tokens(s, 5, opt.select, &kept).ok());
   EXPECT_EQ(kept, (std::vector<std::int32_t>{0, 1, 7, 8, 9, 0, 1, 7, 8, 9}));
 }
 
@@ -155,7 +155,7 @@ TEST(Policies, NanScoresAreKeptNotMisordered) {
       fp::knorm_scores(fc::KVView<const float>(fc::hnd(k.data(), fc::Heads(1), fc::Tokens(6), fc::HeadDim(2))), &s)
           .ok());
   std::vector<std::int32_t> kept;
-  ASSERT_TRUE(fc::select_tokens(s, 2, fc::Options::paper(), &kept).ok());
+  ASSERT_TRUE(fc::select_tokens(s, 2, fc::Options::paper().select, &kept).ok());
   EXPECT_EQ(kept, (std::vector<std::int32_t>{0, 3}));
 }
 

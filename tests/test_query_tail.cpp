@@ -203,7 +203,7 @@ TEST(QueryTail, NonFiniteRowsAddNothing) {
   fc::Scorer<float> scorer;
   fc::LayerScores empty;
   const auto none = fc::hnd<const float>(p.k.data(), fc::Heads(1), fc::Tokens(0), fc::HeadDim(5));
-  EXPECT_TRUE(scorer.score(none, none, fc::TailView<const float>{}, fc::Options::with_query_tail(), &empty).ok());
+  EXPECT_TRUE(scorer.score(none, none, fc::Options::with_query_tail().score, &empty, fc::ScoreInputs{{}, fc::TailView<const float>{}}).ok());
 }
 
 // half-precision rows convert as the float ones do.
@@ -262,14 +262,14 @@ TEST(QueryTailScore, MixesResidualAndTail) {
   const Layer L;
   fc::Scorer<double> scorer;
   fc::LayerScores plain, mixed;
-  ASSERT_TRUE(scorer.score(L.kv(), L.vv(), fc::Options{}, &plain).ok());
+  ASSERT_TRUE(scorer.score(L.kv(), L.vv(), fc::Options{}.score, &plain).ok());
   for (const fc::TailMix mix : {fc::TailMix::sum, fc::TailMix::max})
     for (double w : {0.0, 0.3, 1.0}) {
       fc::Options opt;
-      opt.query = fc::QueryInput::tail;
-      opt.tail_weight = w;
-      opt.tail_mix = mix;
-      ASSERT_TRUE(scorer.score(L.kv(), L.vv(), L.tv(), opt, &mixed).ok());
+      opt.score.query = fc::QueryInput::tail;
+      opt.score.tail_weight = w;
+      opt.score.tail_mix = mix;
+      ASSERT_TRUE(scorer.score(L.kv(), L.vv(), opt.score, &mixed, fc::ScoreInputs{{}, L.tv()}).ok());
       for (std::int64_t h = 0; h < L.h; ++h) {
         double mr = 0, mt = 0;
         for (std::int64_t t = 0; t < L.n; ++t) {
@@ -293,8 +293,8 @@ TEST(QueryTailScore, NonFiniteTokenStaysInfinite) {
   fc::Scorer<float> scorer;
   fc::LayerScores out;
   fc::Options opt;
-  opt.query = fc::QueryInput::tail;
-  ASSERT_TRUE(scorer.score(L.kv(), L.vv(), L.tv(), opt, &out).ok());
+  opt.score.query = fc::QueryInput::tail;
+  ASSERT_TRUE(scorer.score(L.kv(), L.vv(), opt.score, &out, fc::ScoreInputs{{}, L.tv()}).ok());
   EXPECT_TRUE(std::isinf(out(0, 5)));
   for (std::int64_t t = 0; t < L.n; ++t)
     if (t != 5) {
@@ -308,17 +308,17 @@ TEST(QueryTailScore, RefusesMismatchedInput) {
   fc::Scorer<float> scorer;
   fc::LayerScores out;
   const auto message = [&](fc::TailView<const float> t, const fc::Options& o) {
-    const fc::Status s = scorer.score(L.kv(), L.vv(), t, o, &out);
+    const fc::Status s = scorer.score(L.kv(), L.vv(), o.score, &out, fc::ScoreInputs{{}, t});
     return s.ok() ? std::string("ok") : s.message();
   };
   fc::Options tail;
-  tail.query = fc::QueryInput::tail;
-  EXPECT_NE(message(L.tv(), fc::Options{}).find("Options::query is none"), std::string::npos);
+  tail.score.query = fc::QueryInput::tail;
+  EXPECT_NE(message(L.tv(), fc::Options{}).find("ScoreOptions::query is none"), std::string::npos);
   EXPECT_NE(message({}, tail).find("no tails were given"), std::string::npos);
   EXPECT_NE(message({L.tails.data(), 1, L.n}, tail).find("tails are 1x61"), std::string::npos);
   L.tails[3] = 1.5f;
   EXPECT_NE(message(L.tv(), tail).find("tail of head 0, token 3 is 1.5"), std::string::npos);
-  tail.tail_weight = 1.1;
+  tail.score.tail_weight = 1.1;
   EXPECT_NE(message(L.tv(), tail).find("tail_weight 1.1"), std::string::npos);
 }
 
@@ -335,13 +335,13 @@ TEST(QueryTailScore, PolicyKeepsTheKeyOneQueryNeeds) {
   const auto vv = fc::hnd<const float>(v.data(), fc::Heads(1), fc::Tokens(n), fc::HeadDim(d));
   const auto qv = fc::hnd<const float>(q.data(), fc::Heads(1), fc::Tokens(n), fc::HeadDim(d));
   fc::Options opt;
-  opt.query = fc::QueryInput::tail;
-  opt.tail_weight = 1.0;
+  opt.score.query = fc::QueryInput::tail;
+  opt.score.tail_weight = 1.0;
   fc::LayerScores tail_scores, plain;
   ASSERT_TRUE(
-      fc::policies::score_with_policy<float>(fc::policies::Policy::flashcache, qv, kv, vv, opt, {}, &tail_scores).ok());
+      fc::policies::score_with_policy<float>(fc::policies::Policy::flashcache, qv, kv, vv, opt.score, {}, &tail_scores).ok());
   ASSERT_TRUE(
-      fc::policies::score_with_policy<float>(fc::policies::Policy::flashcache, {}, kv, vv, fc::Options{}, {}, &plain)
+      fc::policies::score_with_policy<float>(fc::policies::Policy::flashcache, {}, kv, vv, fc::Options{}.score, {}, &plain)
           .ok());
   std::int64_t above_tail = 0, above_plain = 0;  // tokens outranking key 70
   for (std::int64_t t = 0; t < n; ++t) {
@@ -351,7 +351,7 @@ TEST(QueryTailScore, PolicyKeepsTheKeyOneQueryNeeds) {
   EXPECT_LT(above_tail, 5);
   EXPECT_GT(above_plain, 20);
   EXPECT_FALSE(
-      fc::policies::score_with_policy<float>(fc::policies::Policy::flashcache, {}, kv, vv, opt, {}, &plain).ok());
+      fc::policies::score_with_policy<float>(fc::policies::Policy::flashcache, {}, kv, vv, opt.score, {}, &plain).ok());
 }
 
 }  // namespace

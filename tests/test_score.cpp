@@ -45,16 +45,16 @@ TEST_P(ScoreVsReference, DoubleAndFloatMatchNaive) {
   const std::int64_t heads = 3, dim = 5;
   const Layer l = random_layer(heads, n, dim, static_cast<std::uint64_t>(n * 31 + block));
   fc::Options opt;
-  opt.base = fc::Base::lowpass;  // the reference's base (test_base covers the others)
-  opt.transform = transform;
-  opt.block_size = block;
+  opt.score.base = fc::Base::lowpass;  // the reference's base (test_base covers the others)
+  opt.score.transform = transform;
+  opt.score.block_size = block;
   const auto kv = fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
   const auto vv = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
-  const fc::LayerScores sd = fc::score_layer<double>(kv, vv, opt);
-  const fc::LayerScores sf = fc::score_layer<float>(kv, vv, opt);
+  const fc::LayerScores sd = fc::score_layer<double>(kv, vv, opt.score);
+  const fc::LayerScores sf = fc::score_layer<float>(kv, vv, opt.score);
   ASSERT_EQ(sd.score.size(), static_cast<std::size_t>(heads * n));
   for (std::int64_t h = 0; h < heads; ++h) {
-    const auto ref = naive_score(l.head_rows(l.k, h), l.head_rows(l.v, h), n, dim, opt.gamma,
+    const auto ref = naive_score(l.head_rows(l.k, h), l.head_rows(l.v, h), n, dim, opt.score.gamma,
                                  transform == fc::Transform::blocked ? block : 0);
     double max_ref = 1e-30;
     for (double s : ref.score) max_ref = std::max(max_ref, s);
@@ -106,9 +106,9 @@ TEST(Score, LayoutDoesNotChangeTheResult) {
   EXPECT_EQ(a.score, b.score);
 }
 
-// After the caller's own check_options, the AlreadyChecked form scores the same,
+// After the caller's own check_options, the trusting form (detail::score_trusted) scores the same,
 // and still refuses a bad input the options do not cover (K and V of other shapes).
-TEST(Score, AlreadyCheckedScoresTheSame) {
+TEST(Score, TrustedFormScoresTheSame) {
   const std::int64_t heads = 2, n = 67, dim = 6;
   const Layer l = random_layer(heads, n, dim, 78);
   const auto k = fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
@@ -117,20 +117,17 @@ TEST(Score, AlreadyCheckedScoresTheSame) {
   for (const fc::Options& opt : {fc::Options{}, fc::Options::paper()}) {
     std::vector<float> a(static_cast<std::size_t>(heads * n)), b(a.size());
     std::vector<fc::HeadEnergy> ea(static_cast<std::size_t>(heads)), eb(ea.size());
-    ASSERT_TRUE(scorer.score(k, v, opt, a.data(), ea.data()).ok());
+    ASSERT_TRUE(scorer.score(k, v, opt.score, fc::ScoreBuffers{a.data(), ea.data()}).ok());
     ASSERT_TRUE(fc::check_options(opt).ok());
-    ASSERT_TRUE(
-        scorer.score(k, v, fc::TailView<const float>{}, opt, b.data(), eb.data(), nullptr, fc::already_checked).ok());
+    ASSERT_TRUE(fc::detail::score_trusted(&scorer, k, v, opt.score, fc::ScoreBuffers{b.data(), eb.data()}, {}).ok());
     EXPECT_EQ(a, b);
     EXPECT_EQ(ea[1].k_high, eb[1].k_high);
   }
   const auto short_v = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n - 1), fc::HeadDim(dim));
   std::vector<float> s(static_cast<std::size_t>(heads * n));
   std::vector<fc::HeadEnergy> e(static_cast<std::size_t>(heads));
-  EXPECT_FALSE(scorer
-                   .score(k, short_v, fc::TailView<const float>{}, fc::Options{}, s.data(), e.data(), nullptr,
-                          fc::already_checked)
-                   .ok());
+  EXPECT_FALSE(
+      fc::detail::score_trusted(&scorer, k, short_v, fc::ScoreOptions{}, fc::ScoreBuffers{s.data(), e.data()}, {}).ok());
 }
 
 TEST(Score, HalfInputsScoreTheirRoundedValues) {
@@ -171,10 +168,10 @@ TEST(Score, NonFiniteTokensScoreInfinityWithoutSpreading) {
   l.v[(0 * n + 0) * dim + 0] = std::numeric_limits<float>::infinity();    // head 0, token 0
   for (auto tr : {fc::Transform::global, fc::Transform::blocked}) {
     fc::Options opt;
-    opt.transform = tr;
-    opt.block_size = 16;
+    opt.score.transform = tr;
+    opt.score.block_size = 16;
     const auto s = fc::score_layer(fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
-                                   fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)), opt);
+                                   fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)), opt.score);
     EXPECT_EQ(s.nonfinite, 2);
     EXPECT_TRUE(std::isinf(s(1, 10)));
     EXPECT_TRUE(std::isinf(s(0, 0)));
@@ -192,7 +189,7 @@ TEST(Score, NonFiniteTokensScoreInfinityWithoutSpreading) {
       patched.v[(1 * n + 10) * dim + c] = clean.v[(1 * n + 9) * dim + c];
     }
     const auto p = fc::score_layer(fc::hnd(patched.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
-                                   fc::hnd(patched.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)), opt);
+                                   fc::hnd(patched.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)), opt.score);
     for (std::int64_t t = 0; t < n; ++t)
       if (t != 10) {
         EXPECT_FLOAT_EQ(s(1, t), p(1, t)) << t;
@@ -219,10 +216,10 @@ TEST(Score, EmptyLayerIsFine) {
 TEST(Score, BadInputThrowsNamedError) {
   std::vector<float> k(24), v(24);
   fc::Options opt;
-  opt.gamma = 2;
+  opt.score.gamma = 2;
   try {
     fc::score_layer(fc::hnd(k.data(), fc::Heads(2), fc::Tokens(3), fc::HeadDim(4)),
-                    fc::hnd(v.data(), fc::Heads(2), fc::Tokens(3), fc::HeadDim(4)), opt);
+                    fc::hnd(v.data(), fc::Heads(2), fc::Tokens(3), fc::HeadDim(4)), opt.score);
     FAIL() << "expected flashcache::Error";
   } catch (const fc::Error& e) {
     EXPECT_EQ(e.code(), fc::Errc::invalid_option);
@@ -242,16 +239,16 @@ TEST(Score, NormalizedTermsAreDividedByTheirHeadMeans) {
   const std::int64_t heads = 2, n = 57, dim = 6;
   const Layer l = random_layer(heads, n, dim, 99);
   fc::Options opt;
-  opt.base = fc::Base::lowpass;  // the reference's base
-  opt.normalize_terms = true;
+  opt.score.base = fc::Base::lowpass;  // the reference's base
+  opt.score.normalize_terms = true;
   const auto kv = fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
              vv = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
-  const fc::LayerScores s = fc::score_layer<double>(kv, vv, opt);
+  const fc::LayerScores s = fc::score_layer<double>(kv, vv, opt.score);
   for (std::int64_t h = 0; h < heads; ++h) {
     // The reference's score is the sum of both terms: rebuild each from K alone and V alone.
     const auto zeros = std::vector<double>(static_cast<std::size_t>(n * dim), 0.0);
-    const auto ref_k = naive_score(l.head_rows(l.k, h), zeros, n, dim, opt.gamma, 0);
-    const auto ref_v = naive_score(zeros, l.head_rows(l.v, h), n, dim, opt.gamma, 0);
+    const auto ref_k = naive_score(l.head_rows(l.k, h), zeros, n, dim, opt.score.gamma, 0);
+    const auto ref_v = naive_score(zeros, l.head_rows(l.v, h), n, dim, opt.score.gamma, 0);
     double mean_k = 0, mean_v = 0;
     for (std::int64_t t = 0; t < n; ++t) mean_k += ref_k.score[t] / n, mean_v += ref_v.score[t] / n;
     for (std::int64_t t = 0; t < n; ++t)
@@ -279,18 +276,18 @@ TEST(Score, DerotatedKeysScoreAsBeforeRope) {
         }
       }
     fc::Options opt;
-    opt.rope.derotate = true;
-    opt.rope.theta = theta;
-    opt.rope.layout = layout;
-    opt.rope.first_position = first;
+    opt.score.rope.derotate = true;
+    opt.score.rope.theta = theta;
+    opt.score.rope.layout = layout;
+    opt.score.rope.first_position = first;
     const float* rot = rotated.data();
     const auto vv = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
     const auto plain = fc::score_layer<double>(fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
-                                               vv, fc::Options{});
+                                               vv, fc::Options{}.score);
     const auto derotated =
-        fc::score_layer<double>(fc::hnd(rot, fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)), vv, opt);
+        fc::score_layer<double>(fc::hnd(rot, fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)), vv, opt.score);
     const auto as_cached =
-        fc::score_layer<double>(fc::hnd(rot, fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)), vv, fc::Options{});
+        fc::score_layer<double>(fc::hnd(rot, fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)), vv, fc::Options{}.score);
     double changed = 0;
     for (std::int64_t i = 0; i < heads * n; ++i) {
       EXPECT_NEAR(derotated.score[i], plain.score[i], 1e-5 * (1 + std::fabs(plain.score[i])));
@@ -299,10 +296,10 @@ TEST(Score, DerotatedKeysScoreAsBeforeRope) {
     EXPECT_GT(changed, 1e-3) << "the rotation should change the scores of the keys as cached";
   }
   fc::Options odd;
-  odd.rope.derotate = true;
+  odd.score.rope.derotate = true;
   std::vector<float> x(3 * 5, 1.0f);
   EXPECT_THROW(fc::score_layer(fc::hnd(x.data(), fc::Heads(1), fc::Tokens(3), fc::HeadDim(5)),
-                               fc::hnd(x.data(), fc::Heads(1), fc::Tokens(3), fc::HeadDim(5)), odd),
+                               fc::hnd(x.data(), fc::Heads(1), fc::Tokens(3), fc::HeadDim(5)), odd.score),
                fc::Error);
 }
 

@@ -32,9 +32,10 @@ fc::LayerScores random_scores(std::int64_t heads, std::int64_t tokens, std::uint
 
 // The selection rules themselves, without the default sink and recent window.
 std::vector<std::int32_t> select(const fc::LayerScores& s, std::int64_t budget,
-                                 const fc::Options& opt = fc::Options::paper(), fc::ProtectMask mask = {}) {
+                                 const fc::Options& opt = fc::Options::paper(), fc::ProtectMask mask = {},
+                                 const std::vector<fc::GridSpan>& spans = {}) {
   std::vector<std::int32_t> kept;
-  const fc::Status st = fc::select_tokens(s, budget, opt, &kept, mask);
+  const fc::Status st = fc::select_tokens(s, budget, opt.select, &kept, mask, spans);
   EXPECT_TRUE(st.ok()) << st.message();
   return kept;
 }
@@ -42,7 +43,7 @@ std::vector<std::int32_t> select(const fc::LayerScores& s, std::int64_t budget,
 // The naive rule: sort by (score desc, index asc) after the protected ones.
 std::vector<std::int32_t> naive_select(const fc::LayerScores& s, std::int64_t h, std::int64_t budget,
                                        const fc::Options& opt) {
-  const auto base = fc::protected_tokens(s.tokens, opt);
+  const auto base = fc::protected_tokens(s.tokens, opt.select);
   std::vector<std::int32_t> order(static_cast<std::size_t>(s.tokens));
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
@@ -71,8 +72,8 @@ TEST(Select, KeepsExactlyBudgetAscending) {
 
 TEST(Select, MatchesNaiveRuleIncludingTies) {
   fc::Options opt = fc::Options::paper();
-  opt.sink = 2;
-  opt.window = 3;
+  opt.select.sink = 2;
+  opt.select.window = 3;
   for (std::int64_t n : {7, 64, 301}) {
     const auto s = random_scores(2, n, static_cast<std::uint64_t>(n + 1), /*distinct=*/4);  // many ties
     for (std::int64_t budget : {std::int64_t{5}, std::max<std::int64_t>(5, n / 2), n}) {
@@ -96,8 +97,8 @@ TEST(Select, ProtectedTokensAreAlwaysKept) {
   std::vector<std::uint8_t> mask(10, 0);
   mask[6] = 1;
   fc::Options opt = fc::Options::paper();
-  opt.sink = 1;
-  opt.window = 2;
+  opt.select.sink = 1;
+  opt.select.window = 2;
   EXPECT_EQ(select(s, 5, opt, mask), (std::vector<std::int32_t>{0, 1, 6, 8, 9}));
   EXPECT_EQ(select(s, 4, opt, mask), (std::vector<std::int32_t>{0, 6, 8, 9}));
 }
@@ -111,10 +112,10 @@ TEST(Select, NonFiniteTokensAreAlwaysKept) {
 TEST(Select, BudgetBelowProtectedSetIsAnError) {
   const auto s = random_scores(2, 40, 1);
   fc::Options opt = fc::Options::paper();
-  opt.sink = 4;
-  opt.window = 8;
+  opt.select.sink = 4;
+  opt.select.window = 8;
   std::vector<std::int32_t> kept;
-  const fc::Status st = fc::select_tokens(s, 11, opt, &kept);
+  const fc::Status st = fc::select_tokens(s, 11, opt.select, &kept);
   EXPECT_EQ(st.code(), fc::Errc::invalid_budget);
   EXPECT_NE(st.message().find("keep budget 11 < 12 always-kept tokens"), std::string::npos) << st.message();
   EXPECT_EQ(fc::select_tokens(s, 41, {}, &kept).code(), fc::Errc::invalid_budget);
@@ -125,8 +126,8 @@ TEST(Select, ProtectedCountIsTheLargestHeadsSet) {
   const float inf = std::numeric_limits<float>::infinity();
   const auto s = scores_from(2, 6, {0, 0, 0, 0, 0, 0, inf, 0, inf, 0, 0, 0});
   fc::Options opt = fc::Options::paper();
-  opt.sink = 1;
-  EXPECT_EQ(fc::protected_count(s, fc::protected_tokens(6, opt)), 2);  // head 1: token 0 (sink, inf) and 2
+  opt.select.sink = 1;
+  EXPECT_EQ(fc::protected_count(s, fc::protected_tokens(6, opt.select)), 2);  // head 1: token 0 (sink, inf) and 2
 }
 
 }  // namespace
@@ -137,24 +138,24 @@ namespace {
 TEST(Select, WindowShareKeepsTheNewestShareOfTheBudget) {
   const auto s = random_scores(2, 50, 7);
   fc::Options opt = fc::Options::paper();
-  opt.window_share = 0.25;
+  opt.select.window_share = 0.25;
   const auto kept = select(s, 20, opt);  // 5 of 20 go to the recent window
   for (std::int64_t h = 0; h < 2; ++h) {
     const std::set<std::int32_t> heads(kept.begin() + h * 20, kept.begin() + (h + 1) * 20);
     for (std::int32_t t = 45; t < 50; ++t) EXPECT_TRUE(heads.count(t)) << "head " << h << " token " << t;
   }
   // The fixed window and the share do not add up: the larger applies.
-  opt.window = 8;
-  EXPECT_EQ(fc::window_tokens(opt, 20), 8);
-  opt.window = 2;
-  EXPECT_EQ(fc::window_tokens(opt, 20), 5);
+  opt.select.window = 8;
+  EXPECT_EQ(fc::window_tokens(opt.select, 20), 8);
+  opt.select.window = 2;
+  EXPECT_EQ(fc::window_tokens(opt.select, 20), 5);
 }
 
 TEST(Select, WindowShareNeverExceedsTheBudget) {
   const auto s = random_scores(1, 30, 3);
   fc::Options opt = fc::Options::paper();
-  opt.sink = 4;
-  opt.window_share = 1.0;  // the whole budget, but the sink comes first
+  opt.select.sink = 4;
+  opt.select.window_share = 1.0;  // the whole budget, but the sink comes first
   const auto kept = select(s, 10, opt);
   const std::vector<std::int32_t> want = {0, 1, 2, 3, 24, 25, 26, 27, 28, 29};
   EXPECT_EQ(kept, want);
@@ -166,7 +167,7 @@ TEST(Select, BaseShareSpreadsTokensEvenly) {
   for (int t = 0; t < 100; ++t) rising[t] = static_cast<float>(t);
   const auto s = scores_from(1, 100, rising);
   fc::Options opt = fc::Options::paper();
-  opt.base_share = 0.5;
+  opt.select.base_share = 0.5;
   const auto kept = select(s, 10, opt);
   // 5 evenly spaced among the 100 free tokens: ranks (2j + 1) * 100 / 10 = 10, 30, 50, 70, 90;
   // then the 5 highest of the rest: 95..99.
@@ -177,9 +178,9 @@ TEST(Select, BaseShareSpreadsTokensEvenly) {
 TEST(Select, BaseShareSkipsTokensAlreadyKept) {
   const auto s = random_scores(3, 41, 11);
   fc::Options opt = fc::Options::paper();
-  opt.sink = 3;
-  opt.window_share = 0.25;
-  opt.base_share = 0.5;
+  opt.select.sink = 3;
+  opt.select.window_share = 0.25;
+  opt.select.base_share = 0.5;
   for (std::int64_t budget : {3, 4, 12, 20, 41}) {
     const auto kept = select(s, budget, opt);
     ASSERT_EQ(kept.size(), static_cast<std::size_t>(3 * budget));
@@ -222,7 +223,7 @@ TEST(Select, RecentWindowSkipsImageSpans) {
     if (spans.size() > 1 && rng() % 2) std::swap(spans.front(), spans.back());
     const std::int64_t recent = static_cast<std::int64_t>(rng() % (n + 3));
     const std::vector<std::int64_t> want = text_window(n, recent, spans);
-    const std::int64_t start = fc::rules::recent_window_start(n, recent, fc::SpanList::of(spans));
+    const std::int64_t start = fc::rules::recent_window_start(n, recent, fc::ImageSpans(spans));
     // The window is exactly the text tokens at or after `start`.
     std::vector<std::int64_t> got;
     for (std::int64_t t = n - 1; t >= start; --t) {
@@ -244,9 +245,8 @@ TEST(Select, ImageOnlyCacheSpendsNoWindowOnPatches) {
   // CLS, then a 4 x 5 image: the window share finds only the CLS token.
   const auto s = random_scores(1, 21, 5);
   fc::Options opt = fc::Options::paper();
-  opt.window_share = 0.5;
-  opt.grids = {{1, 4, 5}};
-  const auto kept = select(s, 8, opt);
+  opt.select.window_share = 0.5;
+  const auto kept = select(s, 8, opt, {}, {{1, 4, 5}});
   // Without spans the window would be tokens 17..20; with them it is token 0,
   // and the other 7 are the highest-scoring patches.
   std::vector<std::int32_t> patches(20);

@@ -72,7 +72,7 @@ Ref reference(const Model& m, std::int64_t budget, const fc::Options& opt, const
   // 1. Always kept.
   std::vector<bool> forced(static_cast<std::size_t>(n), false);
   for (std::int64_t t = 0; t < n; ++t) {
-    bool f = t < opt.sink || t >= n - opt.window || (!mask.empty() && mask[static_cast<std::size_t>(t)] != 0);
+    bool f = t < opt.select.sink || t >= n - opt.select.window || (!mask.empty() && mask[static_cast<std::size_t>(t)] != 0);
     for (std::size_t l = 0; l < m.heads.size(); ++l)
       for (std::int64_t h = 0; h < m.heads[l]; ++h)
         f = f || unrankable(m.score[l][static_cast<std::size_t>(h * n + t)]);
@@ -147,7 +147,7 @@ Ref reference(const Model& m, std::int64_t budget, const fc::Options& opt, const
   // 4. Recent window: the newest eligible pages holding one of the last w eligible tokens.
   const std::int64_t eligible_tokens = eligible == pages ? n : eligible * page;
   const std::int64_t w =
-      std::max<std::int64_t>(opt.window, std::llround(opt.window_share * static_cast<double>(budget)));
+      std::max<std::int64_t>(opt.select.window, std::llround(opt.select.window_share * static_cast<double>(budget)));
   for (std::int64_t p = eligible - 1; p >= 0 && room > 0; --p) {
     if (end(p) <= eligible_tokens - w) break;
     if (!keep[static_cast<std::size_t>(p)]) keep[static_cast<std::size_t>(p)] = true, --room;
@@ -157,7 +157,7 @@ Ref reference(const Model& m, std::int64_t budget, const fc::Options& opt, const
     std::vector<std::int64_t> free;
     for (std::int64_t p = 0; p < eligible; ++p)
       if (!keep[static_cast<std::size_t>(p)]) free.push_back(p);
-    std::int64_t count = std::llround(opt.base_share * static_cast<double>(budget_pages));
+    std::int64_t count = std::llround(opt.select.base_share * static_cast<double>(budget_pages));
     count = std::min({count, room, static_cast<std::int64_t>(free.size())});
     for (std::int64_t j = 0; j < count; ++j) {
       const std::int64_t rank = static_cast<std::int64_t>(
@@ -190,7 +190,7 @@ Ref reference(const Model& m, std::int64_t budget, const fc::Options& opt, const
 
 fc::Status run(const Model& m, std::int64_t budget, const fc::Options& opt, const std::vector<std::uint8_t>& mask,
                fc::HeadCombine combine, std::int64_t page, std::vector<std::int32_t>* kept,
-               fc::KeepSet set = fc::KeepSet::per_sequence) {
+               fc::KeepSet set = fc::KeepSet::per_sequence, fc::ImageSpans spans = {}) {
   const auto views = m.views();
   fc::SharedKeepOptions so;
   so.keep_set = set;
@@ -198,8 +198,9 @@ fc::Status run(const Model& m, std::int64_t budget, const fc::Options& opt, cons
   so.page = page;
   fc::SharedKeepWorkspace ws;
   kept->assign(static_cast<std::size_t>(std::max<std::int64_t>(budget, 0)), -1);
-  return fc::select_shared_tokens(views.data(), static_cast<std::int64_t>(views.size()), budget, opt,
-                                  mask.empty() ? fc::ProtectMask{} : fc::ProtectMask{mask}, so, &ws, kept->data());
+  return fc::select_shared_tokens(views.data(), static_cast<std::int64_t>(views.size()), budget, opt.select,
+                                  mask.empty() ? fc::ProtectMask{} : fc::ProtectMask{mask}, spans, so, &ws,
+                                  kept->data());
 }
 
 std::vector<fc::Options> option_sets() {
@@ -207,10 +208,10 @@ std::vector<fc::Options> option_sets() {
   out.push_back(fc::Options::paper());
   out.push_back(fc::Options{});  // sink 4, window_share 0.5
   fc::Options o = fc::Options::paper();
-  o.sink = 2;
-  o.window = 3;
-  o.window_share = 0.25;
-  o.base_share = 0.2;
+  o.select.sink = 2;
+  o.select.window = 3;
+  o.select.window_share = 0.25;
+  o.select.base_share = 0.2;
   out.push_back(o);
   return out;
 }
@@ -240,7 +241,7 @@ TEST(SharedKeep, MatchesBruteForceReference) {
               const fc::Status st = run(m, budget, opt, mask, c, page, &kept);
               const std::string where = "n " + std::to_string(n) + " variant " + std::to_string(variant) + " combine " +
                                         fc::to_string(c) + " page " + std::to_string(page) + " budget " +
-                                        std::to_string(budget) + " sink " + std::to_string(opt.sink);
+                                        std::to_string(budget) + " sink " + std::to_string(opt.select.sink);
               ASSERT_EQ(st.ok(), !ref.error) << where << ": " << st.message() << " / ref " << ref.why;
               ++checked;
               if (ref.error) {
@@ -259,7 +260,7 @@ TEST(SharedKeep, MatchesBruteForceReference) {
 
 // The form a caller uses after checking the options itself keeps the same tokens,
 // and still refuses what the options do not cover (a budget below the always-kept).
-TEST(SharedKeep, AlreadyCheckedKeepsTheSameTokens) {
+TEST(SharedKeep, TrustedFormKeepsTheSameTokens) {
   const std::int64_t n = 53;
   const Model m = random_model({2, 3}, n, 91, 0);
   const auto views = m.views();
@@ -269,19 +270,21 @@ TEST(SharedKeep, AlreadyCheckedKeepsTheSameTokens) {
   for (const fc::Options& opt : option_sets())
     for (std::int64_t budget : {std::int64_t{13}, std::int64_t{29}, n}) {  // whole pages plus the last token
       std::vector<std::int32_t> checked(static_cast<std::size_t>(budget)), trusted(checked.size());
-      const fc::Status first = fc::select_shared_tokens(views.data(), 2, budget, opt, {}, so, &ws, checked.data());
+      const fc::Status first =
+          fc::select_shared_tokens(views.data(), 2, budget, opt.select, {}, {}, so, &ws, checked.data());
       ASSERT_TRUE(first.ok()) << first.message();
       ASSERT_TRUE(fc::check_options(opt).ok());
-      ASSERT_TRUE(
-          fc::select_shared_tokens(views.data(), 2, budget, opt, {}, so, &ws, trusted.data(), fc::already_checked)
-              .ok());
+      ASSERT_TRUE(fc::detail::select_shared_tokens_trusted(views.data(), 2, budget, opt.select, {}, {}, so, &ws,
+                                                           trusted.data())
+                      .ok());
       EXPECT_EQ(checked, trusted) << "budget " << budget;
     }
   fc::Options many_sinks;
-  many_sinks.sink = 40;
+  many_sinks.select.sink = 40;
   std::vector<std::int32_t> kept(4);
   EXPECT_EQ(
-      fc::select_shared_tokens(views.data(), 2, 4, many_sinks, {}, so, &ws, kept.data(), fc::already_checked).code(),
+      fc::detail::select_shared_tokens_trusted(views.data(), 2, 4, many_sinks.select, {}, {}, so, &ws, kept.data())
+          .code(),
       fc::Errc::invalid_budget);
 }
 
@@ -293,7 +296,7 @@ TEST(SharedKeep, ExactlyBudgetAscendingAndAlwaysKept) {
   std::vector<std::uint8_t> mask(static_cast<std::size_t>(n), 0);
   mask[40] = 1;
   fc::Options opt;  // sink 4, window_share 0.5
-  opt.window = 2;
+  opt.select.window = 2;
   for (fc::HeadCombine c : kCombines)
     for (std::int64_t page : {1, 4, 7})
       for (std::int64_t budget = 0; budget <= n; ++budget) {
@@ -320,8 +323,8 @@ TEST(SharedKeep, BudgetBelowAlwaysKeptIsNamedError) {
   std::vector<std::uint8_t> mask(static_cast<std::size_t>(n), 0);
   mask[12] = 1;
   fc::Options opt = fc::Options::paper();
-  opt.sink = 4;
-  opt.window = 3;  // 4 + 3 + mask 1 + NaN 1 = 9 always kept
+  opt.select.sink = 4;
+  opt.select.window = 3;  // 4 + 3 + mask 1 + NaN 1 = 9 always kept
   std::vector<std::int32_t> kept;
   fc::Status st = run(m, 8, opt, mask, fc::HeadCombine::mean_normalized, 1, &kept);
   ASSERT_FALSE(st.ok());
@@ -395,7 +398,7 @@ TEST(SharedKeep, OneHeadPerLayerEqualsSelectTokens) {
             const fc::Status a = run(m, budget, opt, mask, c, 1, &shared, fc::KeepSet::per_layer);
             fc::SelectWorkspace ws;
             const fc::Status b =
-                fc::select_tokens(m.views()[0], budget, opt, mask, &ws, fc::KeptView{single.data(), budget});
+                fc::select_tokens(m.views()[0], budget, opt.select, mask, {}, &ws, fc::KeptView{single.data(), budget});
             ASSERT_EQ(a.ok(), b.ok()) << a.message() << " / " << b.message();
             if (a.ok()) {
               ASSERT_EQ(shared, single) << fc::to_string(c) << " budget " << budget;
@@ -407,11 +410,13 @@ TEST(SharedKeep, OneHeadPerLayerEqualsSelectTokens) {
 TEST(SharedKeep, ImageSpansNeedPageOne) {
   const Model m = random_model({2}, 40, 2);
   fc::Options opt = fc::Options::paper();
-  opt.grids = {{4, 4, 4}};
-  opt.base_share = 0.5;
+  const std::vector<fc::GridSpan> spans = {{4, 4, 4}};
+  opt.select.base_share = 0.5;
   std::vector<std::int32_t> kept;
-  EXPECT_TRUE(run(m, 12, opt, {}, fc::HeadCombine::mean_normalized, 1, &kept).ok());
-  const fc::Status st = run(m, 12, opt, {}, fc::HeadCombine::mean_normalized, 4, &kept);
+  EXPECT_TRUE(
+      run(m, 12, opt, {}, fc::HeadCombine::mean_normalized, 1, &kept, fc::KeepSet::per_sequence, spans).ok());
+  const fc::Status st =
+      run(m, 12, opt, {}, fc::HeadCombine::mean_normalized, 4, &kept, fc::KeepSet::per_sequence, spans);
   EXPECT_EQ(st.code(), fc::Errc::unsupported);
 }
 
@@ -444,17 +449,17 @@ TEST(SharedKeep, WarmWorkspaceAllocatesNothing) {
       fc::SharedKeepOptions so;
       so.combine = c;
       so.page = page;
-      ASSERT_TRUE(fc::select_shared_tokens(views.data(), 3, 100, fc::Options{}, {}, so, &ws, kept.data()).ok());
+      ASSERT_TRUE(fc::select_shared_tokens(views.data(), 3, 100, fc::Options{}.select, {}, {}, so, &ws, kept.data()).ok());
       const long before = allocations.load();
       const fc::Status st =
-          fc::select_shared_tokens(other_views.data(), 3, 52, fc::Options{}, {}, so, &ws, kept.data());
+          fc::select_shared_tokens(other_views.data(), 3, 52, fc::Options{}.select, {}, {}, so, &ws, kept.data());
       const long during = allocations.load() - before;
       ASSERT_TRUE(st.ok()) << st.message();
       EXPECT_EQ(during, 0) << fc::to_string(c) << " page " << page;
     }
 }
 
-// The model-level convenience: per_head is compress_scored_model; per_layer
+// compress_scored_model with each keep-set: per_head keeps what kKeepPerHead keeps; per_layer
 // plans as it does; per_sequence keeps round(ratio * N) everywhere.
 TEST(SharedKeep, CompressModelShared) {
   const std::int64_t heads = 3, n = 64, d = 8, layers = 3;
@@ -476,19 +481,20 @@ TEST(SharedKeep, CompressModelShared) {
   const auto scored = [&] {
     std::vector<fc::LayerScores> s(layers);
     fc::Scorer<float> scorer;
-    for (std::int64_t l = 0; l < layers; ++l) EXPECT_TRUE(scorer.score(kv[l], vv[l], fc::Options{}, &s[l]).ok());
+    for (std::int64_t l = 0; l < layers; ++l) EXPECT_TRUE(scorer.score(kv[l], vv[l], fc::Options{}.score, &s[l]).ok());
     return s;
   };
   const auto budget = fc::Budget::ratio(0.25);
   fc::CompressedModel<float> base, head, layer, seq;
-  ASSERT_TRUE(fc::compress_scored_model<float>(kv, vv, scored(), budget, fc::Options{}, {}, &base).ok());
+  ASSERT_TRUE(fc::compress_scored_model<float>(kv, vv, scored(), budget, fc::Options{}, fc::kKeepPerHead, {}, {}, &base)
+                  .ok());
   fc::SharedKeepOptions so;
   so.keep_set = fc::KeepSet::per_head;
-  ASSERT_TRUE(fc::compress_model_shared<float>(kv, vv, scored(), budget, fc::Options{}, {}, so, &head).ok());
+  ASSERT_TRUE(fc::compress_scored_model<float>(kv, vv, scored(), budget, fc::Options{}, so, {}, {}, &head).ok());
   for (std::int64_t l = 0; l < layers; ++l) EXPECT_EQ(head.layers[l].kept, base.layers[l].kept);
 
   so.keep_set = fc::KeepSet::per_layer;
-  const fc::Status sl = fc::compress_model_shared<float>(kv, vv, scored(), budget, fc::Options{}, {}, so, &layer);
+  const fc::Status sl = fc::compress_scored_model<float>(kv, vv, scored(), budget, fc::Options{}, so, {}, {}, &layer);
   ASSERT_TRUE(sl.ok()) << sl.message();
   EXPECT_EQ(layer.tokens_after(), base.tokens_after());
   EXPECT_EQ(layer.budgets, base.budgets);  // same plan: the shared floors are below the budgets here
@@ -500,7 +506,8 @@ TEST(SharedKeep, CompressModelShared) {
     fc::SharedKeepOptions one;
     one.keep_set = fc::KeepSet::per_layer;
     const fc::ScoreView view = all_scores[l].view();
-    ASSERT_TRUE(fc::select_shared_tokens(&view, 1, out.budget, fc::Options{}, {}, one, &ws, want.data()).ok());
+    ASSERT_TRUE(
+        fc::select_shared_tokens(&view, 1, out.budget, fc::Options{}.select, {}, {}, one, &ws, want.data()).ok());
     for (std::int64_t h = 0; h < heads; ++h)
       EXPECT_EQ(std::vector<std::int32_t>(out.kept_head(h), out.kept_head(h) + out.budget), want);
     // K' holds the kept rows.
@@ -512,13 +519,14 @@ TEST(SharedKeep, CompressModelShared) {
 
   so.keep_set = fc::KeepSet::per_sequence;
   so.page = 4;  // 16 = round(0.25 * 64) is whole pages
-  const fc::Status ss = fc::compress_model_shared<float>(kv, vv, scored(), budget, fc::Options{}, {}, so, &seq);
+  const fc::Status ss = fc::compress_scored_model<float>(kv, vv, scored(), budget, fc::Options{}, so, {}, {}, &seq);
   ASSERT_TRUE(ss.ok()) << ss.message();
   std::vector<fc::ScoreView> views;
   for (const auto& s : all_scores) views.push_back(s.view());
   std::vector<std::int32_t> want(16);
   fc::SharedKeepWorkspace ws;
-  ASSERT_TRUE(fc::select_shared_tokens(views.data(), layers, 16, fc::Options{}, {}, so, &ws, want.data()).ok());
+  ASSERT_TRUE(
+      fc::select_shared_tokens(views.data(), layers, 16, fc::Options{}.select, {}, {}, so, &ws, want.data()).ok());
   for (std::int64_t l = 0; l < layers; ++l) {
     EXPECT_EQ(seq.budgets[l], 16);
     for (std::int64_t h = 0; h < heads; ++h)
@@ -531,10 +539,10 @@ TEST(SharedKeep, CompressModelShared) {
   std::vector<fc::LayerScores> short_scores(layers);
   fc::Scorer<float> scorer;
   for (std::int64_t l = 0; l < layers; ++l)
-    ASSERT_TRUE(scorer.score(short_k[l], short_v[l], fc::Options{}, &short_scores[l]).ok());
+    ASSERT_TRUE(scorer.score(short_k[l], short_v[l], fc::Options{}.score, &short_scores[l]).ok());
   so.page = 1;
   EXPECT_EQ(
-      fc::compress_model_shared<float>(short_k, short_v, std::move(short_scores), budget, fc::Options{}, {}, so, &seq)
+      fc::compress_scored_model<float>(short_k, short_v, std::move(short_scores), budget, fc::Options{}, so, {}, {}, &seq)
           .code(),
       fc::Errc::invalid_shape);
 }

@@ -41,8 +41,8 @@ void instantiate(std::vector<fc::KVView<T>>& k, std::vector<fc::KVView<const T>>
   fc::BatchWorkspace<Real> ws;
   fc::BatchOutputs<T> out;
   (void)fc::compress_batch(kc.data(), kc.data(), static_cast<int>(kc.size()), fc::Batch{}, fc::Budget::ratio(0.2), opt,
-                           nullptr, &ws, out);
-  (void)fc::score_layer<Real>(k[0], k[0], opt);
+                           nullptr, {}, &ws, out);
+  (void)fc::score_layer<Real>(k[0], k[0], opt.score);
   // Query tails: fed, merged, and read by the score.
   fc::TailAccumulator acc;
   std::vector<float> tails(1), other(1);
@@ -50,8 +50,8 @@ void instantiate(std::vector<fc::KVView<T>>& k, std::vector<fc::KVView<const T>>
   (void)fc::merge_tails(fc::TailView<const float>{other.data(), 1, 1}, fc::TailView<float>{tails.data(), 1, 1});
   fc::Scorer<Real> scorer;
   fc::LayerScores scores;
-  (void)scorer.score(kc[0], kc[0], fc::TailView<const float>{tails.data(), 1, 1}, fc::Options::with_query_tail(),
-                     &scores);
+  (void)scorer.score(kc[0], kc[0], fc::Options::with_query_tail().score, &scores,
+                     fc::ScoreInputs{{}, fc::TailView<const float>{tails.data(), 1, 1}});
 }
 
 void instantiate_all() {

@@ -2,7 +2,7 @@
 // head dim 128, bf16) at 8K and 64K tokens, keep ratio 0.2, blocked and
 // global transforms, beside a device-to-device copy of the same bytes (the
 // bandwidth reference, measured in the same run); both again with four
-// 24 x 24 image spans (Options::grids, 8 x 8 tiles with blocked): the cost
+// 24 x 24 image spans (Cache::spans, 8 x 8 tiles with blocked): the cost
 // of the 2D pass.
 //
 // A plain CUDA program, so that it builds with nothing but the toolkit (the
@@ -141,15 +141,18 @@ std::vector<Result> bench_tokens(std::int64_t tokens) {
   out.out_capacity = tokens;
   const double compress_bytes = static_cast<double>(2 * cache_bytes + 2 * out_bytes);
 
+  std::vector<flashcache::GridSpan> spans;  // Cache::spans points here
   for (const bool grids : {false, true}) {
     for (flashcache::Transform transform : {flashcache::Transform::blocked, flashcache::Transform::global}) {
       flashcache::Options opt;
-      opt.transform = transform;
-      opt.base = flashcache::Base::lowpass;  // both transforms on one base (the blocked kernel has no other)
-      opt.block_size = 64;
-      opt.allocation = flashcache::Allocation::dynamic;
+      opt.score.transform = transform;
+      opt.score.base = flashcache::Base::lowpass;  // both transforms on one base (the blocked kernel has no other)
+      opt.score.block_size = 64;
+      opt.allocate.mode = flashcache::Allocation::dynamic;
+      spans.clear();
       if (grids)  // four 24 x 24 images (2304 tokens) after a 512-token prompt, 128 text tokens apart
-        for (std::int64_t i = 0; i < 4; ++i) opt.grids.push_back({512 + i * (576 + 128), 24, 24});
+        for (std::int64_t i = 0; i < 4; ++i) spans.push_back({512 + i * (576 + 128), 24, 24});
+      cache.spans = spans;
       fcc::GlobalTransform plan;
       const fcc::GlobalTransform* plan_ptr = nullptr;
       if (transform == flashcache::Transform::global) {
@@ -193,6 +196,8 @@ std::vector<Result> bench_tokens(std::int64_t tokens) {
       BENCH_CHECK(cudaFree(ws));
     }
   }
+
+  cache.spans = {};
 
   // The bandwidth reference: the same K and V bytes, device to device.
   const double copy_ms = time_ms(

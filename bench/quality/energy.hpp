@@ -69,13 +69,13 @@ inline std::vector<float> energy_variant(const float* x, std::int64_t heads, std
 inline std::vector<HeadEnergy> layer_energy(const float* k, const float* v, std::int64_t heads, std::int64_t tokens,
                                             std::int64_t d, double gamma) {
   Options opt;
-  opt.gamma = gamma;
-  opt.base = Base::lowpass;  // the paper's observation is about the lowest frequencies
-  opt.transform = Transform::global;
+  opt.score.gamma = gamma;
+  opt.score.base = Base::lowpass;  // the paper's observation is about the lowest frequencies
+  opt.score.transform = Transform::global;
   Scorer<double> scorer;
   LayerScores scores;
   throw_if_error(scorer.score(hnd(k, Heads(heads), Tokens(tokens), HeadDim(d)),
-                              hnd(v, Heads(heads), Tokens(tokens), HeadDim(d)), opt, &scores));
+                              hnd(v, Heads(heads), Tokens(tokens), HeadDim(d)), opt.score, &scores));
   return scores.energy;
 }
 

@@ -15,7 +15,7 @@
 // Rows:
 //   flashcache-1d-global, flashcache-1d-blocked (block 64): the paper's 1D
 //     scores (Options::paper(), no grids);
-//   flashcache-2d-global, flashcache-2d-tiles (grid_tile 8): Options::grids =
+//   flashcache-2d-global, flashcache-2d-tiles (grid_tile 8): the image spans (ImageSpans) =
 //     the entry's spans, 2D low-pass zone --zone at gamma 0.2;
 //   each with "+base": grid_base_share (2D) or base_share (1D) = --base-share;
 //   random (seeds 0..4 averaged), knorm, keydiff, snapkv (window 32, pool 7),

@@ -54,14 +54,15 @@ inline void evaluate_entry(const Entry& e, const std::vector<Variant>& variants,
     const auto& qv = qviews[static_cast<std::size_t>(l)];
     std::map<std::string, std::vector<fc::LayerScores>> scored;  // score key -> per seed
     for (const Variant& v : variants) {
-      const fc::Options opt = variant_options(v, e);
+      const fc::Options opt = variant_options(v);
+      const fc::ImageSpans spans = variant_spans(v, e);
       const int runs = v.policy == fp::Policy::random ? seeds : 1;
       auto& scores = scored[v.score_key()];
       if (scores.empty())
         for (int s = 0; s < runs; ++s) {
           po.seed = static_cast<std::uint64_t>(s);
           fc::LayerScores ls;
-          fc::throw_if_error(fp::score_with_policy<float>(v.policy, qv, kv, vv, opt, po, &ls));
+          fc::throw_if_error(fp::score_with_policy<float>(v.policy, qv, kv, vv, opt.score, po, &ls, spans));
           scores.push_back(std::move(ls));
         }
       for (double ratio : ratios) {
@@ -70,7 +71,8 @@ inline void evaluate_entry(const Entry& e, const std::vector<Variant>& variants,
         slot.emplace_back();
         for (const fc::LayerScores& ls : scores) {
           kept.assign(static_cast<std::size_t>(c.heads * budget), 0);
-          fc::throw_if_error(fc::select_tokens(ls.view(), budget, opt, mask, &ws, fc::KeptView{kept.data(), budget}));
+          fc::throw_if_error(fc::select_tokens(ls.view(), budget, opt.select, mask, spans, &ws,
+                                             fc::KeptView{kept.data(), budget}));
           const double err = att.relative_error(kept, budget);
           if (verify && l == 0) {
             const ErrorSums ref =

@@ -28,7 +28,7 @@ namespace fp = flashcache::policies;
 using json = nlohmann::ordered_json;
 
 inline json make_record(const Variant& v, const Entry& e, double ratio, const Result& r, int seeds) {
-  const fc::Options o = variant_options(v, e);
+  const fc::Options o = variant_options(v);
   json j;
   j["label"] = v.label();
   j["split"] = e.split;
@@ -90,7 +90,7 @@ inline json run_header(json header, const std::string& caches, const std::string
       "other rows saw no queries";
   header["rows"] =
       "flashcache-1d-*: Options::paper() scores along tokens (global, or blocked over 64 tokens), no grids; "
-      "flashcache-2d-*: Options::grids = the entry's spans, 2D DCT low-pass over each patch grid (global, or "
+      "flashcache-2d-*: the image spans (ImageSpans) = the entry's spans, 2D DCT low-pass over each patch grid (global, or "
       "8 x 8 tiles), gamma 0.2; +base: grid_base_share (2D) or base_share (1D) = base_share above; random seeds "
       "0..S-1 averaged; snapkv observation window 32, pool 7";
   header["entries"] = json::array();

@@ -103,7 +103,7 @@ inline Variant make_variant(const std::string& label, fc::GridZone zone, double 
     if (v.base) fail("row " + label + ": the defaults rows take no +base");
     v.defaults = true;
     v.grid2d = v.family == "defaults-grid";
-    v.transform = fc::Options{}.transform;
+    v.transform = fc::Options{}.score.transform;
   } else if (v.family.rfind("flashcache-", 0) == 0) {
     v.grid2d = v.family.find("-2d-") != std::string::npos;
     v.transform = v.family.find("global") != std::string::npos ? fc::Transform::global : fc::Transform::blocked;
@@ -151,29 +151,32 @@ inline std::vector<Variant> make_variants(const std::vector<std::string>& labels
   return variants;
 }
 
-inline fc::Options variant_options(const Variant& v, const Entry& e) {
+inline fc::Options variant_options(const Variant& v) {
   if (v.defaults) {  // what `flashcache compress --keep-ratio r [--grid ...]` selects, layer by layer
-    fc::Options o;
-    if (v.grid2d) o.grids = e.grids;
-    return o;
+    return fc::Options{};
   }
   fc::Options o = fc::Options::paper();
-  o.gamma = kGamma;
-  o.sink = 0;
-  o.window = 0;
-  o.window_share = 0.0;
-  o.allocation = fc::Allocation::uniform;
-  o.transform = v.transform;
-  o.block_size = kBlock;
-  o.grid_tile = kTile;
+  o.score.gamma = kGamma;
+  o.select.sink = 0;
+  o.select.window = 0;
+  o.select.window_share = 0.0;
+  o.allocate.mode = fc::Allocation::uniform;
+  o.score.transform = v.transform;
+  o.score.block_size = kBlock;
+  o.score.grid_tile = kTile;
   if (v.grid2d) {
-    o.grids = e.grids;
-    o.grid_zone = v.zone;
-    o.grid_base_share = v.share;
+    o.score.grid_zone = v.zone;
+    o.select.grid_base_share = v.share;
   } else if (v.policy == fp::Policy::flashcache) {
-    o.base_share = v.share;
+    o.select.base_share = v.share;
   }
   return o;
+}
+
+// The image spans a variant scores and selects with: the entry's for the 2D
+// rows, none for the 1D ones.
+inline fc::ImageSpans variant_spans(const Variant& v, const Entry& e) {
+  return v.grid2d ? fc::ImageSpans(e.grids) : fc::ImageSpans();
 }
 
 inline json variant_json(const Variant& v, const fc::Options& o, const fp::PolicyOptions& po, int seeds) {
@@ -182,25 +185,25 @@ inline json variant_json(const Variant& v, const fc::Options& o, const fp::Polic
   if (v.defaults) {
     j["options"] = "flashcache::Options{} (the library's defaults)";
     j["grids"] = v.grid2d ? "the entry's spans" : "none";
-    j["base"] = fc::to_string(o.base);
-    j["transform"] = fc::to_string(o.transform);
-    j["sink"] = o.sink;
-    j["window_share"] = o.window_share;
-    j["grid_base_share"] = o.grid_base_share;
+    j["base"] = fc::to_string(o.score.base);
+    j["transform"] = fc::to_string(o.score.transform);
+    j["sink"] = o.select.sink;
+    j["window_share"] = o.select.window_share;
+    j["grid_base_share"] = o.select.grid_base_share;
   } else if (v.policy == fp::Policy::flashcache) {
     j["scores"] = v.grid2d ? "2d" : "1d";
     j["transform"] = fc::to_string(v.transform);
-    if (!v.grid2d && v.transform == fc::Transform::blocked) j["block_size"] = o.block_size;
-    j["gamma"] = o.gamma;
+    if (!v.grid2d && v.transform == fc::Transform::blocked) j["block_size"] = o.score.block_size;
+    j["gamma"] = o.score.gamma;
     if (v.grid2d) {
       j["grids"] = "the entry's spans";
-      j["grid_zone"] = fc::to_string(o.grid_zone);
-      if (v.transform == fc::Transform::blocked) j["grid_tile"] = o.grid_tile;
-      j["grid_base_share"] = o.grid_base_share;
+      j["grid_zone"] = fc::to_string(o.score.grid_zone);
+      if (v.transform == fc::Transform::blocked) j["grid_tile"] = o.score.grid_tile;
+      j["grid_base_share"] = o.select.grid_base_share;
     } else {
-      j["base_share"] = o.base_share;
+      j["base_share"] = o.select.base_share;
     }
-    j["normalize_terms"] = o.normalize_terms;
+    j["normalize_terms"] = o.score.normalize_terms;
   }
   if (v.policy == fp::Policy::random) j["seeds"] = seeds;
   if (v.policy == fp::Policy::snapkv) {

@@ -67,7 +67,7 @@ PAPER = {"gamma": 0.2, "base": "lowpass", "transform": "global", "sink": 0, "win
          "base_share": 0.0, "normalize_terms": False, "rope_theta": 0, "allocation": "dynamic"}
 # The base study's choice (bench/quality/study/RULE.md): the peak base, gamma 0.1, global.
 DEFAULT = dict(PAPER, gamma=0.1, base="peak", sink=4, window_share=0.5, transform="global", block_size=64)
-# The same with keys de-rotated with the model's RoPE base (Options::rope, which a default
+# The same with keys de-rotated with the model's RoPE base (ScoreOptions::rope, which a default
 # cannot know).
 ROPE = dict(DEFAULT, rope_theta=100000.0, rope_layout="half")
 # The previous defaults (before the base study): low-pass base over 64-token blocks.
@@ -358,7 +358,7 @@ def study_rows(stage: str, base: Dict) -> List[Tuple[str, str, Dict]]:
     elif stage == "combine":
         # The stage-2 changes that beat its base by more than the tie margin (gamma 0.1,
         # blocked, de-rotated keys), together. De-rotation needs the model's RoPE base, which
-        # Options{} cannot know: its rows say what a caller gains by setting Options::rope.
+        # Options{} cannot know: its rows say what a caller gains by setting ScoreOptions::rope.
         for rope in (0.0, 100000.0):
             for gamma in (0.2, 0.1):
                 for transform in ("global", "blocked"):

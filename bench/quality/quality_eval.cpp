@@ -153,12 +153,12 @@ json row_options(const Row& r, const fc::Options& o, const fp::PolicyOptions& po
   j["label"] = r.label;
   if (r.policy == fp::Policy::flashcache) {
     j["transform"] = fc::to_string(r.transform);
-    if (r.transform == fc::Transform::blocked) j["block"] = o.block_size;
+    if (r.transform == fc::Transform::blocked) j["block"] = o.score.block_size;
     j["allocation"] = fc::to_string(r.allocation);
-    j["gamma"] = o.gamma;
+    j["gamma"] = o.score.gamma;
   }
-  j["sink"] = o.sink;
-  j["window"] = o.window;
+  j["sink"] = o.select.sink;
+  j["window"] = o.select.window;
   if (r.policy == fp::Policy::random) j["seeds"] = seeds;
   if (r.policy == fp::Policy::snapkv) {
     j["observation_window"] = po.observation_window;
@@ -243,8 +243,8 @@ void evaluate_attention(const Fixture& f, const std::vector<double>& ratios, con
       // The paper preset (gamma 0.2, sink 0, window 0, block 64): the options these committed
       // fixture results were measured with, before the defaults changed (bench/quality/README.md).
       fc::Options opt = fc::Options::paper();
-      opt.transform = row.transform;
-      opt.allocation = row.allocation;
+      opt.score.transform = row.transform;
+      opt.allocate.mode = row.allocation;
       fp::PolicyOptions po;  // seed 0, observation window 32, pool 7
       const int runs = row.policy == fp::Policy::random ? seeds : 1;
       std::vector<double> per_layer(static_cast<std::size_t>(c.layers), 0.0);
@@ -379,7 +379,7 @@ int main(int argc, char** argv) {
       const Fixture f = load_fixture(fixtures, name);
       header["fixtures"].push_back(fixture_json(f, src));
       evaluate_attention(f, ratios, rows, seeds, &records);
-      evaluate_energy(f, fc::Options::paper().gamma, &records);
+      evaluate_energy(f, fc::Options::paper().score.gamma, &records);
     }
     header["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

@@ -17,7 +17,7 @@
 //              "page": 1, "query": "none", "tail_weight": 0.5, "tail_mix": "max", "tail_stride": 1,
 //              "tail_min_distance": 32, "tail_last": 256},
 //              "seed": 0}, ...]}
-// query "tail" (Options::query) scores with each key's tail from q.npy, fed by every
+// query "tail" (ScoreOptions::query) scores with each key's tail from q.npy, fed by every
 // tail_stride-th prompt query (only the last tail_last when above 0); the tail
 // fields left out take Options::with_query_tail()'s and PolicyOptions{}'s values.
 // Every configuration keeps per_head * L tokens in all: per_head in every
@@ -25,7 +25,7 @@
 // keep_set (shared_keep.hpp): per_head (the default) keeps a set per (layer,
 // head); per_layer one set for a layer's heads, per_sequence one set for all
 // layers (per_head tokens in each: the allocation does not apply), both
-// through compress_model_shared with "combine" and "page"; the output layout
+// through compress_scored_model with "combine" and "page"; the output layout
 // is the same, every head repeating its layer's set.
 // Output: DIR/kept_<id>.npy (int32, the layers' [H][B_l] blocks one after the
 // other) and DIR/result.json ({"configs": [{"id", "budgets", "keep_set", "seconds"}]}).
@@ -55,37 +55,37 @@ using Json = nlohmann::json;
 namespace fq = flashcache::quality;
 fc::Options options_from(const Json& j) {
   fc::Options o;
-  o.gamma = j.value("gamma", o.gamma);
+  o.score.gamma = j.value("gamma", o.score.gamma);
   const std::string base = j.value("base", std::string("lowpass"));
   if (base != "lowpass" && base != "peak" && base != "mixed")
-    throw std::runtime_error("options.base " + base + " is not lowpass, peak or mixed");
-  o.base = base == "peak" ? fc::Base::peak : base == "mixed" ? fc::Base::mixed : fc::Base::lowpass;
-  o.transform =
+    throw std::runtime_error("options.score.base " + base + " is not lowpass, peak or mixed");
+  o.score.base = base == "peak" ? fc::Base::peak : base == "mixed" ? fc::Base::mixed : fc::Base::lowpass;
+  o.score.transform =
       j.value("transform", std::string("global")) == "blocked" ? fc::Transform::blocked : fc::Transform::global;
-  o.block_size = j.value("block_size", o.block_size);
-  o.sink = j.value("sink", o.sink);
-  o.window = j.value("window", o.window);
-  o.window_share = j.value("window_share", o.window_share);
-  o.base_share = j.value("base_share", o.base_share);
-  o.normalize_terms = j.value("normalize_terms", o.normalize_terms);
+  o.score.block_size = j.value("block_size", o.score.block_size);
+  o.select.sink = j.value("sink", o.select.sink);
+  o.select.window = j.value("window", o.select.window);
+  o.select.window_share = j.value("window_share", o.select.window_share);
+  o.select.base_share = j.value("base_share", o.select.base_share);
+  o.score.normalize_terms = j.value("normalize_terms", o.score.normalize_terms);
   const double theta = j.value("rope_theta", 0.0);
-  o.rope.derotate = theta > 0;
-  if (theta > 0) o.rope.theta = theta;
-  o.rope.layout =
+  o.score.rope.derotate = theta > 0;
+  if (theta > 0) o.score.rope.theta = theta;
+  o.score.rope.layout =
       j.value("rope_layout", std::string("half")) == "interleaved" ? fc::RopeLayout::interleaved : fc::RopeLayout::half;
-  o.allocation =
+  o.allocate.mode =
       j.value("allocation", std::string("dynamic")) == "uniform" ? fc::Allocation::uniform : fc::Allocation::dynamic;
   const std::string query = j.value("query", std::string("none"));
-  if (query != "none" && query != "tail") throw std::runtime_error("options.query " + query + " is not none or tail");
+  if (query != "none" && query != "tail") throw std::runtime_error("options.score.query " + query + " is not none or tail");
   if (query == "tail") o = fc::Options::with_query_tail(o);  // the preset, but for what the row sets
-  o.tail_weight = j.value("tail_weight", o.tail_weight);
-  const std::string mix = j.value("tail_mix", std::string(fc::to_string(o.tail_mix)));
-  if (mix != "sum" && mix != "max") throw std::runtime_error("options.tail_mix " + mix + " is not sum or max");
-  o.tail_mix = mix == "max" ? fc::TailMix::max : fc::TailMix::sum;
+  o.score.tail_weight = j.value("tail_weight", o.score.tail_weight);
+  const std::string mix = j.value("tail_mix", std::string(fc::to_string(o.score.tail_mix)));
+  if (mix != "sum" && mix != "max") throw std::runtime_error("options.score.tail_mix " + mix + " is not sum or max");
+  o.score.tail_mix = mix == "max" ? fc::TailMix::max : fc::TailMix::sum;
   return o;
 }
 
-// Which prompt queries feed the tails (Options::query = tail).
+// Which prompt queries feed the tails (ScoreOptions::query = tail).
 void tail_options_from(const Json& j, fp::PolicyOptions* po) {
   po->tail.stride = j.value("tail_stride", po->tail.stride);
   po->tail.min_distance = j.value("tail_min_distance", po->tail.min_distance);
@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
     for (const Json& cfg : doc.at("configs")) {
       fp::Policy p = fp::Policy::flashcache;  // set by parse_policy (GCC 12 cannot see it)
       fc::throw_if_error(fp::parse_policy(cfg.at("policy").get<std::string>(), &p));
-      want_q |= fp::needs_queries(p, options_from(cfg.value("options", Json::object())));
+      want_q |= fp::needs_queries(p, options_from(cfg.value("options", Json::object())).score);
     }
     // float32, no meta.json; q.npy only when a policy needs queries.
     const fq::Cache c = fq::read_cache(cache_dir, {/*meta=*/false, /*queries=*/want_q, /*float32_only=*/true});
@@ -165,9 +165,9 @@ int main(int argc, char** argv) {
 
       // Query tails: the residual scores (without tails) and the tails of this feed, each
       // computed once, mixed as the Scorer mixes them (mix_query_tail).
-      const bool with_tail = policy == fp::Policy::flashcache && opt.query == fc::QueryInput::tail;
+      const bool with_tail = policy == fp::Policy::flashcache && opt.score.query == fc::QueryInput::tail;
       fc::Options residual_opt = opt;
-      residual_opt.query = fc::QueryInput::none;
+      residual_opt.score.query = fc::QueryInput::none;
       const std::string residual_key = score_key(policy_name, options, po.seed, false);
       auto base_it = scored.find(residual_key);
       if (base_it == scored.end()) {
@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
         for (std::int64_t l = 0; l < c.layers; ++l) {
           const auto ql = fp::needs_queries(policy) ? q[static_cast<std::size_t>(l)] : fc::KVView<const float>{};
           fc::throw_if_error(fp::score_with_policy<float>(policy, ql, k[static_cast<std::size_t>(l)],
-                                                          v[static_cast<std::size_t>(l)], residual_opt, po,
+                                                          v[static_cast<std::size_t>(l)], residual_opt.score, po,
                                                           &scores[static_cast<std::size_t>(l)]));
         }
         base_it = scored.emplace(residual_key, std::move(scores)).first;
@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
           std::vector<fc::LayerScores> scores = base_it->second;
           for (std::size_t l = 0; l < scores.size(); ++l)
             for (std::int64_t h = 0; h < scores[l].heads; ++h)
-              fc::mix_query_tail(opt.tail_weight, opt.tail_mix, tail_it->second[l].data() + h * scores[l].tokens,
+              fc::mix_query_tail(opt.score.tail_weight, opt.score.tail_mix, tail_it->second[l].data() + h * scores[l].tokens,
                                  scores[l].score.data() + h * scores[l].tokens, scores[l].tokens);
           it = scored.emplace(key, std::move(scores)).first;
         }
@@ -206,10 +206,7 @@ int main(int argc, char** argv) {
       // ratio per_head / P: per layer round(ratio * P) = per_head, in all per_head * L.
       const auto budget = fc::Budget::ratio(static_cast<double>(per_head) / static_cast<double>(c.tokens));
       fc::CompressedModel<float> model;
-      if (shared.keep_set == fc::KeepSet::per_head)
-        fc::throw_if_error(fc::compress_scored_model<float>(k, v, it->second, budget, opt, {}, &model));
-      else
-        fc::throw_if_error(fc::compress_model_shared<float>(k, v, it->second, budget, opt, {}, shared, &model));
+      fc::throw_if_error(fc::compress_scored_model<float>(k, v, it->second, budget, opt, shared, {}, {}, &model));
       std::vector<std::int32_t> kept;
       std::int64_t total = 0;
       for (const auto& layer : model.layers) kept.insert(kept.end(), layer.kept.begin(), layer.kept.end());

@@ -55,10 +55,10 @@ int main() {
   const auto cache = fcc::Cache<bfloat16_t>::dense_nhd(1, k_layers, v_layers, kHeads, kHeadDim, tokens, 2, dindptr);
 
   flashcache::Options opt;
-  opt.transform = flashcache::Transform::blocked;  // one fused pass, no cuFFT plan
-  opt.base = flashcache::Base::lowpass;            // the blocked kernel builds the low-pass base
-  opt.block_size = 32;
-  opt.sink = 1;  // always keep each sequence's first token
+  opt.score.transform = flashcache::Transform::blocked;  // one fused pass, no cuFFT plan
+  opt.score.base = flashcache::Base::lowpass;            // the blocked kernel builds the low-pass base
+  opt.score.block_size = 32;
+  opt.select.sink = 1;  // always keep each sequence's first token
   fcc::Outputs<bfloat16_t> out;
   out.kept = dkept;
   out.kept_indptr = dkept_indptr;

@@ -63,10 +63,10 @@ int main() {
   while (ranks * 2 <= devices && ranks * 2 <= kHeads) ranks *= 2;
   const int heads = kHeads / ranks;
   flashcache::Options opt;
-  opt.transform = flashcache::Transform::blocked;
-  opt.base = flashcache::Base::lowpass;  // the blocked kernel builds the low-pass base
-  opt.block_size = 64;
-  opt.sink = 4;
+  opt.score.transform = flashcache::Transform::blocked;
+  opt.score.base = flashcache::Base::lowpass;  // the blocked kernel builds the low-pass base
+  opt.score.block_size = 64;
+  opt.select.sink = 4;
   const flashcache::Budget budget = flashcache::Budget::ratio(0.25);
 
   std::vector<Rank> rank(static_cast<std::size_t>(ranks));

@@ -102,9 +102,9 @@ class CacheCompressor {
                             cache.layers(), " (gather them during this prompt's prefill)");
     // The library's defaults (with query tails when gathered), but for what the caller set.
     fc::Options opt = tails != nullptr ? fc::Options::with_query_tail() : fc::Options{};
-    if (s.sink >= 0) opt.sink = s.sink;
-    if (s.window >= 0) opt.window = s.window;
-    opt.allocation = s.uniform ? fc::Allocation::uniform : fc::Allocation::dynamic;
+    if (s.sink >= 0) opt.select.sink = s.sink;
+    if (s.window >= 0) opt.select.window = s.window;
+    opt.allocate.mode = s.uniform ? fc::Allocation::uniform : fc::Allocation::dynamic;
 
     // The cache as one view per layer: [kv_heads][capacity][head_dim], `length` tokens in use.
     const int layers = cache.layers();
@@ -127,14 +127,14 @@ class CacheCompressor {
       const fc::TailView<const float> t = tails != nullptr ? tails->layer(l, heads) : fc::TailView<const float>{};
       fc::Status& st = status_[static_cast<std::size_t>(l)];
       st = policy == fp::Policy::flashcache
-               ? scorers_[static_cast<std::size_t>(w)].score(k, v, t, opt, &scores)
-               : fp::score_with_policy(policy, {}, k, v, opt, fp::PolicyOptions{}, &scores);
-      if (st.ok()) summary_[static_cast<std::size_t>(l)] = fc::summarize(scores.view(), scores.energy.data(), opt, {});
+               ? scorers_[static_cast<std::size_t>(w)].score(k, v, opt.score, &scores, fc::ScoreInputs{{}, t})
+               : fp::score_with_policy(policy, {}, k, v, opt.score, fp::PolicyOptions{}, &scores);
+      if (st.ok()) summary_[static_cast<std::size_t>(l)] = fc::summarize(scores.view(), scores.energy.data(), opt.select, {});
     };
     pool_.run(layers, score_layer);
     for (const fc::Status& st : status_) FLASHCACHE_RETURN_IF_ERROR(st);
     FLASHCACHE_RETURN_IF_ERROR(
-        planner_.plan(summary_.data(), layers, fc::Budget::ratio(s.keep_ratio), opt, budgets->data()));
+        planner_.plan(summary_.data(), layers, fc::Budget::ratio(s.keep_ratio), opt.allocate, budgets->data()));
 
     // A new, smaller cache: layer l holds budgets[l] tokens per head, plus room for new ones.
     std::vector<std::int64_t> capacity(static_cast<std::size_t>(layers));
@@ -143,7 +143,7 @@ class CacheCompressor {
     for (int l = 0; l < layers; ++l) {
       const std::int64_t budget = (*budgets)[l];
       kept_.resize(static_cast<std::size_t>(heads * budget));
-      FLASHCACHE_RETURN_IF_ERROR(fc::select_tokens(scores_[static_cast<std::size_t>(l)].view(), budget, opt, {},
+      FLASHCACHE_RETURN_IF_ERROR(fc::select_tokens(scores_[static_cast<std::size_t>(l)].view(), budget, opt.select, {}, {},
                                                    &select_, fc::KeptView{kept_.data(), budget}));
       const fc::KVView<float> k_out(small.k(l, 0, 0), heads, budget, dim, small.capacity(l) * dim, dim);
       const fc::KVView<float> v_out(small.v(l, 0, 0), heads, budget, dim, small.capacity(l) * dim, dim);

@@ -8,7 +8,7 @@
 // batch this large (Transform::global).
 //
 //   flashcache::BatchWorkspace<> ws;                  // reuse across calls
-//   flashcache::Status s = flashcache::compress_batch(k, v, layers, batch, budget, opt, masks, &ws, out);
+//   flashcache::Status s = flashcache::compress_batch(k, v, layers, batch, budget, opt, masks, spans, &ws, out);
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -112,13 +112,15 @@ Status check_batch(const KVView<const T>* k, const KVView<const T>* v, int layer
 
 // Compresses every sequence of the batch into the caller's outputs; see the
 // top of this file. `masks` holds one mask per layer over the packed tokens,
-// or is null.
+// or is null; `spans` are image spans at the same positions in every sequence
+// (as the GPU takes them), or none.
 template <class T, class U, class Real>
 Status compress_batch(const KVView<const T>* k, const KVView<const T>* v, int layers, Batch batch, Budget budget,
-                      const Options& opt, const ProtectMask* masks, BatchWorkspace<Real>* ws,
+                      const Options& opt, const ProtectMask* masks, ImageSpans spans, BatchWorkspace<Real>* ws,
                       const BatchOutputs<U>& out) {
   static_assert(std::is_same_v<T, U>, "outputs hold the cache's element type");
   FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
+  if (ws == nullptr) return make_error(Errc::invalid_shape, "compress_batch: null workspace");
   FLASHCACHE_RETURN_IF_ERROR(detail::check_batch(k, v, layers, batch, masks, out));
   if (layers == 0) return Status::success();
   const int sequences = batch.sequences;
@@ -146,15 +148,15 @@ Status compress_batch(const KVView<const T>* k, const KVView<const T>* v, int la
       HeadEnergy* energy = ws->energy.data() + energy_at;
       std::int64_t nonfinite = 0;
       FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(
-          ws->scorer.score(token_range(k[l], first, len), token_range(v[l], first, len), opt, scores, energy,
-                           &nonfinite),
+          ws->scorer.score(token_range(k[l], first, len), token_range(v[l], first, len), opt.score,
+                           ScoreBuffers{scores, energy, &nonfinite}, ScoreInputs{spans, {}}),
           sequences, b, l));
-      ws->summary[static_cast<std::size_t>(l)] = summarize({scores, k[l].heads, len}, energy, opt, mask);
+      ws->summary[static_cast<std::size_t>(l)] = summarize({scores, k[l].heads, len}, energy, opt.select, mask);
       if (out.nonfinite) out.nonfinite[l * sequences + b] = nonfinite;
       score_at += k[l].heads * len;
       energy_at += k[l].heads;
     }
-    Status planned = ws->planner.plan(ws->summary.data(), layers, budget, opt, ws->budgets.data());
+    Status planned = ws->planner.plan(ws->summary.data(), layers, budget, opt.allocate, ws->budgets.data());
     if (!planned.ok())
       return sequences > 1 ? make_error(planned.code(), "sequence ", b, ": ", planned.message()) : planned;
 
@@ -168,8 +170,8 @@ Status compress_batch(const KVView<const T>* k, const KVView<const T>* v, int la
       const ProtectMask mask = masks ? masks[l].slice(first, len) : ProtectMask{};
       std::int32_t* kept = out.kept[l] + row;
       FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(
-          select_tokens(ScoreView{ws->scores.data() + score_at, k[l].heads, len}, keep, opt, mask, &ws->select,
-                        KeptView{kept, capacity}),
+          select_tokens(ScoreView{ws->scores.data() + score_at, k[l].heads, len}, keep, opt.select, mask, spans,
+                        &ws->select, KeptView{kept, capacity}),
           sequences, b, l));
       out.kept_indptr[l * (sequences + 1) + b + 1] = row + static_cast<std::int32_t>(keep);
       const KVView<const T>* const sources[2] = {k, v};

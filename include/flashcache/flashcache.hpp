@@ -100,10 +100,12 @@ Status gather_layer(KVView<const T> k, KVView<const T> v, std::int64_t budget, L
 
 // Select and gather one scored layer into an owning CompressedLayer.
 template <class T>
-Status select_and_gather(KVView<const T> k, KVView<const T> v, std::int64_t budget, const Options& opt,
-                         ProtectMask mask, SelectWorkspace* ws, LayerScores scores, CompressedLayer<T>* out) {
+Status select_and_gather(KVView<const T> k, KVView<const T> v, std::int64_t budget, const SelectOptions& opt,
+                         ProtectMask mask, ImageSpans spans, SelectWorkspace* ws, LayerScores scores,
+                         CompressedLayer<T>* out) {
   if (budget >= 0 && budget <= k.tokens) out->kept.resize(static_cast<std::size_t>(k.heads * budget));
-  FLASHCACHE_RETURN_IF_ERROR(select_tokens(scores.view(), budget, opt, mask, ws, KeptView{out->kept.data(), budget}));
+  FLASHCACHE_RETURN_IF_ERROR(
+      select_tokens(scores.view(), budget, opt, mask, spans, ws, KeptView{out->kept.data(), budget}));
   return gather_layer<T>(k, v, budget, std::move(scores), out);
 }
 
@@ -145,7 +147,7 @@ Status summarize_model(const std::vector<KVView<const T>>& k, const std::vector<
   model->nonfinite = 0;
   for (std::size_t l = 0; l < k.size(); ++l) {
     FLASHCACHE_RETURN_IF_ERROR(at_layer(layer_mask(masks, l, k[l].tokens, &(*mask)[l]), 1, 0, static_cast<int>(l)));
-    (*summary)[l] = summarize(scores[l].view(), scores[l].energy.data(), opt, (*mask)[l]);
+    (*summary)[l] = summarize(scores[l].view(), scores[l].energy.data(), opt.select, (*mask)[l]);
     model->energy_ratio[l] = (*summary)[l].energy_ratio();
     model->nonfinite += scores[l].nonfinite;
   }
@@ -153,31 +155,6 @@ Status summarize_model(const std::vector<KVView<const T>>& k, const std::vector<
 }
 
 }  // namespace detail
-
-// Plan, select and gather for a whole model whose layers are scored already,
-// by Scorer or by any policy that writes LayerScores (masks: one per layer, or
-// none). The owning no-throw form of compress_model's second half.
-template <class T>
-Status compress_scored_model(const std::vector<KVView<const T>>& k, const std::vector<KVView<const T>>& v,
-                             std::vector<LayerScores> scores, Budget budget, const Options& opt,
-                             const std::vector<ProtectMask>& masks, CompressedModel<T>* model) {
-  FLASHCACHE_RETURN_IF_ERROR(detail::check_model_layers(k.size(), v.size(), scores.size(), masks.size()));
-  const int layers = static_cast<int>(k.size());
-  std::vector<ProtectMask> mask;
-  std::vector<LayerSummary> summary;
-  FLASHCACHE_RETURN_IF_ERROR(detail::summarize_model(k, scores, opt, masks, &mask, &summary, model));
-  model->budgets.resize(k.size());
-  BudgetPlanner planner;
-  FLASHCACHE_RETURN_IF_ERROR(planner.plan(summary.data(), layers, budget, opt, model->budgets.data()));
-  model->layers.resize(k.size());
-  SelectWorkspace ws;
-  for (std::size_t l = 0; l < k.size(); ++l)
-    FLASHCACHE_RETURN_IF_ERROR(
-        detail::at_layer(detail::select_and_gather<T>(k[l], v[l], model->budgets[l], opt, mask[l], &ws,
-                                                      std::move(scores[l]), &model->layers[l]),
-                         1, 0, static_cast<int>(l)));
-  return Status::success();
-}
 
 namespace detail {
 
@@ -192,47 +169,38 @@ Status gather_shared(KVView<const T> k, KVView<const T> v, const std::vector<std
   return gather_layer<T>(k, v, budget, std::move(scores), out);
 }
 
-}  // namespace detail
-
-// compress_scored_model with keep-sets shared by heads (shared_keep.hpp), so
-// that every head of a layer keeps the same tokens (layers[l].kept repeats
-// the set for each head):
-//   per_head      compress_scored_model itself;
-//   per_layer     the budgets planned as compress_scored_model plans them
-//                 (Allocation::dynamic re-splits the same total), each layer's
-//                 floor being its shared always-kept count (the union over its
-//                 heads, in whole pages); then select_shared_tokens per layer.
-//                 With page > 1 every planned budget must be whole pages, or
-//                 the layer's error names the nearest (Allocation::uniform and
-//                 a per-layer budget of whole pages always are);
-//   per_sequence  one set for all layers and heads of budget.resolve(N) tokens
-//                 (round(ratio * N), or the count), N the layers' common token
-//                 count; the allocation does not apply (every layer keeps the
-//                 same tokens), and the masks are united.
+// compress_scored_model's per_head keep-set: planned budgets, each head its own set.
 template <class T>
-Status compress_model_shared(const std::vector<KVView<const T>>& k, const std::vector<KVView<const T>>& v,
-                             std::vector<LayerScores> scores, Budget budget, const Options& opt,
-                             const std::vector<ProtectMask>& masks, const SharedKeepOptions& shared,
-                             CompressedModel<T>* model) {
-  FLASHCACHE_RETURN_IF_ERROR(check_shared_options(shared));
-  if (shared.keep_set == KeepSet::per_head)
-    return compress_scored_model<T>(k, v, std::move(scores), budget, opt, masks, model);
-  FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
-  FLASHCACHE_RETURN_IF_ERROR(detail::check_model_layers(k.size(), v.size(), scores.size(), masks.size()));
-  const int layers = static_cast<int>(k.size());
+Status compress_per_head(const std::vector<KVView<const T>>& k, const std::vector<KVView<const T>>& v,
+                         std::vector<LayerScores> scores, Budget budget, const Options& opt,
+                         const std::vector<ProtectMask>& mask, ImageSpans spans,
+                         const std::vector<LayerSummary>& summary, CompressedModel<T>* model) {
+  model->budgets.resize(k.size());
+  BudgetPlanner planner;
+  FLASHCACHE_RETURN_IF_ERROR(
+      planner.plan(summary.data(), static_cast<int>(k.size()), budget, opt.allocate, model->budgets.data()));
+  model->layers.resize(k.size());
+  SelectWorkspace ws;
   for (std::size_t l = 0; l < k.size(); ++l)
-    if (scores[l].heads != k[l].heads || scores[l].tokens != k[l].tokens)
-      return detail::at_layer(make_error(Errc::invalid_shape, "scores are ", scores[l].heads, " heads x ",
-                                         scores[l].tokens, " tokens but K is ", k[l].heads, " x ", k[l].tokens),
-                              1, 0, static_cast<int>(l));
-  std::vector<ProtectMask> mask;
-  std::vector<LayerSummary> summary;
-  FLASHCACHE_RETURN_IF_ERROR(detail::summarize_model(k, scores, opt, masks, &mask, &summary, model));
+    FLASHCACHE_RETURN_IF_ERROR(
+        at_layer(select_and_gather<T>(k[l], v[l], model->budgets[l], opt.select, mask[l], spans, &ws,
+                                      std::move(scores[l]), &model->layers[l]),
+                 1, 0, static_cast<int>(l)));
+  return Status::success();
+}
+
+// compress_scored_model's per_layer and per_sequence keep-sets (see there).
+template <class T>
+Status compress_shared(const std::vector<KVView<const T>>& k, const std::vector<KVView<const T>>& v,
+                       std::vector<LayerScores> scores, Budget budget, const Options& opt,
+                       const SharedKeepOptions& shared, const std::vector<ProtectMask>& mask, ImageSpans spans,
+                       std::vector<LayerSummary> summary, CompressedModel<T>* model) {
+  const int layers = static_cast<int>(k.size());
   // A layer's floor is its shared always-kept count: the union over its heads, in whole pages.
   std::vector<ScoreView> views(k.size());
   for (std::size_t l = 0; l < k.size(); ++l) {
     views[l] = scores[l].view();
-    summary[l].protected_count = shared_protected_count(&views[l], 1, opt, mask[l], shared.page);
+    summary[l].protected_count = shared_protected_count(&views[l], 1, opt.select, mask[l], shared.page);
   }
   model->budgets.resize(k.size());
   model->layers.resize(k.size());
@@ -240,14 +208,15 @@ Status compress_model_shared(const std::vector<KVView<const T>>& k, const std::v
   std::vector<std::int32_t> set;
   if (shared.keep_set == KeepSet::per_layer) {
     BudgetPlanner planner;
-    FLASHCACHE_RETURN_IF_ERROR(planner.plan(summary.data(), layers, budget, opt, model->budgets.data()));
+    FLASHCACHE_RETURN_IF_ERROR(planner.plan(summary.data(), layers, budget, opt.allocate, model->budgets.data()));
     for (std::size_t l = 0; l < k.size(); ++l) {
       const int at = static_cast<int>(l);
       set.resize(static_cast<std::size_t>(model->budgets[l]));
-      FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(
-          select_shared_tokens(&views[l], 1, model->budgets[l], opt, mask[l], shared, &ws, set.data()), 1, 0, at));
-      FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(
-          detail::gather_shared<T>(k[l], v[l], set, std::move(scores[l]), &model->layers[l]), 1, 0, at));
+      FLASHCACHE_RETURN_IF_ERROR(at_layer(select_shared_tokens_trusted(&views[l], 1, model->budgets[l], opt.select,
+                                                                       mask[l], spans, shared, &ws, set.data()),
+                                          1, 0, at));
+      FLASHCACHE_RETURN_IF_ERROR(
+          at_layer(gather_shared<T>(k[l], v[l], set, std::move(scores[l]), &model->layers[l]), 1, 0, at));
     }
     return Status::success();
   }
@@ -266,58 +235,102 @@ Status compress_model_shared(const std::vector<KVView<const T>>& k, const std::v
   std::int64_t keep = 0;
   FLASHCACHE_RETURN_IF_ERROR(budget.resolve(n, &keep));
   set.resize(static_cast<std::size_t>(keep));
-  FLASHCACHE_RETURN_IF_ERROR(select_shared_tokens(views.data(), static_cast<std::int64_t>(views.size()), keep, opt,
-                                                  united.empty() ? ProtectMask{} : ProtectMask{united}, shared, &ws,
-                                                  set.data()));
+  FLASHCACHE_RETURN_IF_ERROR(select_shared_tokens_trusted(views.data(), static_cast<std::int64_t>(views.size()), keep,
+                                                          opt.select, united.empty() ? ProtectMask{} : ProtectMask{united},
+                                                          spans, shared, &ws, set.data()));
   for (std::size_t l = 0; l < k.size(); ++l) {
     model->budgets[l] = keep;
-    FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(
-        detail::gather_shared<T>(k[l], v[l], set, std::move(scores[l]), &model->layers[l]), 1, 0, static_cast<int>(l)));
+    FLASHCACHE_RETURN_IF_ERROR(
+        at_layer(gather_shared<T>(k[l], v[l], set, std::move(scores[l]), &model->layers[l]), 1, 0, static_cast<int>(l)));
   }
   return Status::success();
+}
+
+}  // namespace detail
+
+// Plan, select and gather for a whole model whose layers are scored already,
+// by Scorer or by any policy that writes LayerScores, into an owning result,
+// without throwing (compress_model's second half). `masks`: one per layer, or
+// none; `spans`: the request's image spans. The keep-set:
+//   per_head      every head its own tokens, the budgets planned over the
+//                 layers (opt.allocate);
+//   per_layer     one set per layer shared by its heads (shared_keep.hpp), the
+//                 budgets planned as per_head plans them, each layer's floor
+//                 being its shared always-kept count (the union over its
+//                 heads, in whole pages). With page > 1 every planned budget
+//                 must be whole pages, or the layer's error names the nearest;
+//   per_sequence  one set for all layers and heads of budget.resolve(N) tokens
+//                 (N the layers' common token count); the allocation does not
+//                 apply, and the masks are united.
+// layers[l].kept repeats a shared set for each head.
+template <class T>
+Status compress_scored_model(const std::vector<KVView<const T>>& k, const std::vector<KVView<const T>>& v,
+                             std::vector<LayerScores> scores, Budget budget, const Options& opt,
+                             const SharedKeepOptions& shared, const std::vector<ProtectMask>& masks,
+                             ImageSpans spans, CompressedModel<T>* model) {
+  // The scores are given: only the selection and the allocation are read.
+  FLASHCACHE_RETURN_IF_ERROR(check_options(opt.select));
+  FLASHCACHE_RETURN_IF_ERROR(check_options(opt.allocate));
+  FLASHCACHE_RETURN_IF_ERROR(check_shared_options(shared));
+  FLASHCACHE_RETURN_IF_ERROR(detail::check_model_layers(k.size(), v.size(), scores.size(), masks.size()));
+  if (model == nullptr) return make_error(Errc::invalid_shape, "compress_scored_model: null model");
+  for (std::size_t l = 0; l < k.size(); ++l)
+    if (scores[l].heads != k[l].heads || scores[l].tokens != k[l].tokens)
+      return detail::at_layer(make_error(Errc::invalid_shape, "scores are ", scores[l].heads, " heads x ",
+                                         scores[l].tokens, " tokens but K is ", k[l].heads, " x ", k[l].tokens),
+                              1, 0, static_cast<int>(l));
+  std::vector<ProtectMask> mask;
+  std::vector<LayerSummary> summary;
+  FLASHCACHE_RETURN_IF_ERROR(detail::summarize_model(k, scores, opt, masks, &mask, &summary, model));
+  if (shared.keep_set == KeepSet::per_head)
+    return detail::compress_per_head<T>(k, v, std::move(scores), budget, opt, mask, spans, summary, model);
+  return detail::compress_shared<T>(k, v, std::move(scores), budget, opt, shared, mask, spans, std::move(summary),
+                                    model);
 }
 
 #if FLASHCACHE_EXCEPTIONS
 
 // Compresses one layer: every head keeps `budget` tokens (a count, or a ratio
 // of the layer's tokens), chosen by outlier score; `mask` marks tokens always
-// kept. Throws flashcache::Error.
+// kept and `spans` the layer's image spans. Reads opt.score and opt.select
+// (opt.allocate splits a model's budget: compress_model). Throws flashcache::Error.
 template <class Real = float, class T>
 CompressedLayer<std::remove_const_t<T>> compress(KVView<T> k, KVView<T> v, Budget budget, const Options& opt = {},
-                                                 ProtectMask mask = {}) {
+                                                 ProtectMask mask = {}, ImageSpans spans = {}) {
   using E = std::remove_const_t<T>;
   const KVView<const E> kc(k), vc(v);
   Scorer<Real> scorer;
   LayerScores scores;
-  throw_if_error(scorer.score(kc, vc, opt, &scores));
+  throw_if_error(scorer.score(kc, vc, opt.score, &scores, ScoreInputs{spans, {}}));
   std::int64_t keep = 0;
   throw_if_error(budget.resolve(k.tokens, &keep));
-  ProtectMask layer;
-  throw_if_error(detail::layer_mask(mask.empty() ? std::vector<ProtectMask>{} : std::vector<ProtectMask>{mask}, 0,
-                                    k.tokens, &layer));
+  throw_if_error(check_mask(mask, k.tokens));
   CompressedLayer<E> out;
   SelectWorkspace ws;
-  throw_if_error(detail::select_and_gather<E>(kc, vc, keep, opt, layer, &ws, std::move(scores), &out));
+  throw_if_error(detail::select_and_gather<E>(kc, vc, keep, opt.select, mask, spans, &ws, std::move(scores), &out));
   return out;
 }
 
 // Compresses a whole model, one view per layer. The budget is per layer (a
 // count or a ratio of each layer's tokens); with Allocation::dynamic the same
 // total is re-split across layers in proportion to their energy ratios R_l.
-// `masks` is empty or holds one protect mask per layer.
+// `masks` is empty or holds one protect mask per layer; `spans` are the
+// request's image spans (the same in every layer).
 template <class Real = float, class T>
 CompressedModel<std::remove_const_t<T>> compress_model(const std::vector<KVView<T>>& k, const std::vector<KVView<T>>& v,
                                                        Budget budget, const Options& opt = {},
-                                                       const std::vector<ProtectMask>& masks = {}) {
+                                                       const std::vector<ProtectMask>& masks = {},
+                                                       ImageSpans spans = {}) {
   using E = std::remove_const_t<T>;
   throw_if_error(detail::check_model_inputs(k, v.size(), opt));
   const auto kc = detail::const_views(k), vc = detail::const_views(v);
   std::vector<LayerScores> scores(k.size());
   Scorer<Real> scorer;
   for (std::size_t l = 0; l < k.size(); ++l)
-    throw_if_error(detail::at_layer(scorer.score(kc[l], vc[l], opt, &scores[l]), 1, 0, static_cast<int>(l)));
+    throw_if_error(detail::at_layer(scorer.score(kc[l], vc[l], opt.score, &scores[l], ScoreInputs{spans, {}}), 1, 0,
+                                    static_cast<int>(l)));
   CompressedModel<E> model;
-  throw_if_error(compress_scored_model<E>(kc, vc, std::move(scores), budget, opt, masks, &model));
+  throw_if_error(compress_scored_model<E>(kc, vc, std::move(scores), budget, opt, kKeepPerHead, masks, spans, &model));
   return model;
 }
 

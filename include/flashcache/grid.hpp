@@ -8,6 +8,7 @@
 // low-pass zone below); every other token keeps the 1D transform. The rules
 // here are shared by the CPU and GPU paths.
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -26,6 +27,32 @@ struct GridSpan {
 
   FLASHCACHE_INLINE std::int64_t tokens() const { return rows * cols; }
   FLASHCACHE_INLINE std::int64_t end() const { return first + rows * cols; }
+};
+
+// The image spans of one request's sequence: a view of the caller's GridSpan
+// array, given per call beside the protect mask (per-request data, not a
+// setting). The same positions hold in every layer (and, on the GPU, in every
+// sequence of the batch).
+class ImageSpans {
+ public:
+  ImageSpans() = default;
+  // Implicit, as a view: a std::vector<GridSpan> passes where ImageSpans is asked.
+  ImageSpans(const std::vector<GridSpan>& spans) : data_(spans.data()), size_(spans.size()) {}  // NOLINT
+  ImageSpans(const GridSpan* data, std::size_t size) : data_(data), size_(size) {}
+
+  const GridSpan* begin() const { return data_; }
+  const GridSpan* end() const { return data_ + size_; }
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const GridSpan& operator[](std::size_t i) const { return data_[i]; }
+  // As rules::recent_window_start() reads spans.
+  int span_count() const { return static_cast<int>(size_); }
+  std::int64_t span_first(int g) const { return data_[g].first; }
+  std::int64_t span_end(int g) const { return data_[g].end(); }
+
+ private:
+  const GridSpan* data_ = nullptr;
+  std::size_t size_ = 0;
 };
 
 // Which 2D frequencies (u down the rows, v across the columns) of a grid of
@@ -121,7 +148,7 @@ FLASHCACHE_INLINE std::int64_t grid_sample_token(std::int64_t first, std::int64_
 
 // Spans must have at least one row and column, start at a token >= 0 and not
 // overlap (in any order).
-inline Status check_grid_spans(const std::vector<GridSpan>& spans) {
+inline Status check_grid_spans(ImageSpans spans) {
   for (std::size_t i = 0; i < spans.size(); ++i) {
     const GridSpan& g = spans[i];
     if (g.first < 0 || g.rows < 1 || g.cols < 1)
@@ -138,7 +165,7 @@ inline Status check_grid_spans(const std::vector<GridSpan>& spans) {
 }
 
 // Every span must lie inside a sequence of `tokens` tokens.
-inline Status check_grids_fit(const std::vector<GridSpan>& spans, std::int64_t tokens) {
+inline Status check_grids_fit(ImageSpans spans, std::int64_t tokens) {
   for (std::size_t i = 0; i < spans.size(); ++i)
     if (spans[i].end() > tokens)
       return make_error(Errc::invalid_shape, "grid span ", i, " [", spans[i].first, ", ", spans[i].end(),

@@ -3,7 +3,6 @@
 // refuse anything out of range before any work starts.
 #include <cmath>
 #include <cstdint>
-#include <vector>
 
 #include "config.hpp"
 #include "error.hpp"
@@ -46,7 +45,7 @@ inline const char* to_string(Allocation a) { return a == Allocation::dynamic ? "
 enum class QueryInput {
   none,  // nothing: the score is the residual alone (works without queries)
   tail,  // each key's tail, the largest attention probability a prompt query gave it,
-         // mixed with the residual by Options::tail_weight
+         // mixed with the residual by ScoreOptions::tail_weight
 };
 
 inline const char* to_string(QueryInput q) { return q == QueryInput::none ? "none" : "tail"; }
@@ -78,107 +77,94 @@ struct RopeOptions {
   std::int64_t first_position = 0;
 };
 
-struct Options {
-  // The defaults are the configuration the base study chose on dev data
-  // (bench/quality/study/RULE.md: retrieval of a planted key first, then the
-  // NLL of real continuations; SmolLM2-135M, prompts of 1-4K tokens): a base of
-  // the strongest frequencies over the whole sequence, with the attention-sink
-  // tokens and a recent window kept. Options::paper() is the paper's algorithm
-  // exactly. Measured numbers: bench/RESULTS.md.
-  //
-  // Base ratio: m = max(1, ceil(gamma * N)) frequencies form the Base KV. With
-  // the peak base 0.1 found the most dev keys of {0.1, 0.2, 0.3}; the paper's
-  // low-pass ablation was best at 0.2.
+// How a layer's tokens are scored (score.hpp, the GPU's stage 1). Where each
+// default comes from: docs/DEFAULTS.md.
+struct ScoreOptions {
+  // Base ratio: m = max(1, ceil(gamma * N)) frequencies form the Base KV.
   double gamma = 0.1;
-  // Which m frequencies form the base (see Base). The low-pass base ranks
-  // roughness, and text is rough everywhere: it lost the planted key on every
-  // dev template where the peak base kept it.
-  Base base = Base::peak;
-  // The paper's transform is global; blocked is ours (one fused pass on the
-  // GPU). A peak base needs the repeats of a pattern inside one transform:
-  // 64-token blocks lost most dev keys, 256-token blocks some.
-  Transform transform = Transform::global;
+  Base base = Base::peak;                   // which m frequencies (see Base)
+  Transform transform = Transform::global;  // the paper's; blocked is one fused pass on the GPU
   // Tokens per block for Transform::blocked; the last block may be shorter and
   // is transformed at its own length.
   std::int64_t block_size = 64;
-  // Protected tokens; they count toward the budget. Without the first tokens
-  // (the attention sink) the continuation's NLL rose sharply on dev texts
-  // (bench/RESULTS.md).
-  std::int64_t sink = 4;    // the first `sink` tokens
+  // Divide the K and V terms each by its head's mean over the tokens, so that
+  // neither dominates by scale (the paper sums them unweighted). CPU only.
+  bool normalize_terms = false;
+  RopeOptions rope;  // score keys in their pre-RoPE form (CPU only)
+  // What the score reads of the prompt's queries. With QueryInput::tail the
+  // caller passes each key's tail (query_tail.hpp) and a token scores
+  //   (1 - tail_weight) * residual / mean residual + tail_weight * tail / mean tail
+  // (or the larger of the two terms: tail_mix), means over the head's finite
+  // tokens; none scores the residual alone, as the paper does.
+  QueryInput query = QueryInput::none;
+  double tail_weight = 0.5;
+  TailMix tail_mix = TailMix::sum;
+  // Image spans (given per request, grid.hpp's ImageSpans) are scored by a 2D
+  // DCT over their patch grid with a low-pass zone of about gamma of the 2D
+  // coefficients; with Transform::blocked a span is cut into grid_tile x
+  // grid_tile tiles (the edge tiles at their own size), as JPEG does.
+  GridZone grid_zone = GridZone::rectangle;
+  std::int64_t grid_tile = 8;
+};
+
+// Which tokens every head keeps before the scores rank the rest (select.hpp,
+// the GPU's stage 3). The protected tokens count toward the budget.
+struct SelectOptions {
+  std::int64_t sink = 4;    // the first `sink` tokens (the attention sink)
   std::int64_t window = 0;  // the last `window` tokens
   // A recent window that scales with the budget: after the always-kept tokens,
   // the last round(window_share * B) tokens are kept (B = the layer's budget
-  // per head), newest first while the budget lasts. Half of the budget measured
-  // best of {0, 1/8, 1/4, 1/2} on dev texts.
+  // per head), newest first while the budget lasts.
   double window_share = 0.5;
   // Base + outliers: after the always-kept tokens and the window, up to
   // round(base_share * B) evenly spaced tokens, a regular sample of the smooth
   // base the outlier score discards; the rest to the highest scores.
   double base_share = 0.0;
-  // The same inside image spans (grids below): a span's share of the budget
-  // (by its free tokens) times grid_base_share goes to a regular sub-grid.
-  // 0.75 measured best of {0, 1/4, 1/2, 3/4} on dev ViT images (attention
-  // error; bench/quality/README.md): ViT attention spreads over many similar
-  // patches, which a sample of the base covers and outliers alone do not.
+  // The same inside image spans: a span's share of the budget (by its free
+  // tokens) times grid_base_share goes to a regular sub-grid.
   double grid_base_share = 0.75;
-  // Divide the K and V terms of the score each by its head's mean over the
-  // tokens, so that neither dominates by scale (the paper sums them unweighted).
-  bool normalize_terms = false;
-  // Score keys in their pre-RoPE form (see RopeOptions).
-  RopeOptions rope;
-  // What the score reads of the prompt's queries. With QueryInput::tail the
-  // caller passes each key's tail (query_tail.hpp) and a token scores
-  //   (1 - tail_weight) * residual / mean residual + tail_weight * tail / mean tail
-  // (or the larger of the two terms: tail_mix), means over the head's finite
-  // tokens; none scores the residual alone, as the paper does, and needs no queries.
-  QueryInput query = QueryInput::none;
-  double tail_weight = 0.5;
-  TailMix tail_mix = TailMix::sum;
-  // Image spans (grid.hpp): their tokens are scored by a 2D DCT over the patch
-  // grid, with a low-pass zone of about gamma of the 2D coefficients; the
-  // other tokens keep the 1D scores they have without spans. With
-  // Transform::blocked a span is cut into grid_tile x grid_tile tiles (the
-  // edge tiles at their own size), as JPEG does. The base sample (base_share)
-  // takes a regular sub-grid inside each span. Positions are within the
-  // sequence (each sequence of a batch), and must lie inside it.
-  std::vector<GridSpan> grids;
-  // Rectangle and triangle were close on dev images, rectangle the lower (bench/RESULTS.md).
-  GridZone grid_zone = GridZone::rectangle;
-  std::int64_t grid_tile = 8;
-  // compress_model: how the total budget is split, and a floor on every
-  // layer's share as a fraction of its tokens.
-  Allocation allocation = Allocation::dynamic;
-  double min_layer_ratio = 0.0;
+};
 
-  // The query-informed preset: the defaults with each key's tail in the score
-  // (QueryInput::tail), for callers that have the prompt's queries. Chosen on
-  // dev data by bench/quality/study/QUERY_RULE.md (bench/RESULTS.md).
-  // Its feed: QueryTailOptions{} and last_queries() (query_tail.hpp). With
-  // `base`, the preset's query fields over the caller's other settings.
-  static Options with_query_tail(Options base) {
-    base.query = QueryInput::tail;
-    base.tail_weight = 0.5;
-    base.tail_mix = TailMix::max;
+// How a model-wide budget is split over layers (compress_model, the GPU's stage 2).
+struct AllocateOptions {
+  Allocation mode = Allocation::dynamic;
+  double min_layer_ratio = 0.0;  // a floor on every layer's share, as a fraction of its tokens
+};
+
+// Everything a caller can set, in the stages' order. An entry point reads and
+// checks only its stages' parts: Scorer::score the score, select_tokens the
+// selection, compress() both, compress_model all three. What a request holds
+// (the protect mask, image spans, the keys' tails) is given beside the data, not here.
+// The defaults were chosen on dev data (docs/DEFAULTS.md); paper() is the paper's algorithm.
+struct Options {
+  ScoreOptions score;
+  SelectOptions select;
+  AllocateOptions allocate;
+
+  // The query-informed preset: `base` with each key's tail in the score
+  // (QueryInput::tail), for callers that have the prompt's queries. Its feed:
+  // QueryTailOptions{} and last_queries() (query_tail.hpp).
+  static Options with_query_tail(Options base = {}) {
+    base.score.query = QueryInput::tail;
+    base.score.tail_weight = 0.5;
+    base.score.tail_mix = TailMix::max;
     return base;
   }
-  static Options with_query_tail() { return with_query_tail(Options{}); }
 
   // The paper's algorithm exactly: no sink, no window, no base sample, K and V
-  // terms unweighted, keys as cached, global DCT, gamma 0.2, dynamic allocation.
+  // terms unweighted, keys as cached, global low-pass DCT, gamma 0.2, dynamic allocation.
   static Options paper() {
     Options o;
-    o.gamma = 0.2;
-    o.base = Base::lowpass;
-    o.transform = Transform::global;
-    o.sink = 0;
-    o.window = 0;
-    o.window_share = 0.0;
-    o.base_share = 0.0;
-    o.grid_base_share = 0.0;
-    o.normalize_terms = false;
-    o.rope = RopeOptions{};
-    o.query = QueryInput::none;
-    o.allocation = Allocation::dynamic;
+    o.score = ScoreOptions{};
+    o.score.gamma = 0.2;
+    o.score.base = Base::lowpass;
+    o.score.transform = Transform::global;
+    o.select.sink = 0;
+    o.select.window = 0;
+    o.select.window_share = 0.0;
+    o.select.base_share = 0.0;
+    o.select.grid_base_share = 0.0;
+    o.allocate = AllocateOptions{};
     return o;
   }
 };
@@ -194,15 +180,26 @@ FLASHCACHE_INLINE std::int64_t lowpass_cutoff(std::int64_t n, double gamma) {
 
 // The tiles of span g's 2D pass under opt: grid_tile x grid_tile patches with
 // Transform::blocked, the whole span with Transform::global.
-inline SpanTiling span_tiling(const GridSpan& g, const Options& opt) {
+inline SpanTiling span_tiling(const GridSpan& g, const ScoreOptions& opt) {
   return span_tiling(g.rows, g.cols, opt.transform == Transform::global ? 0 : opt.grid_tile);
 }
 
-inline Status check_options(const Options& o) {
+inline Status check_options(const ScoreOptions& o) {
   if (!(o.gamma > 0.0 && o.gamma <= 1.0))
     return make_error(Errc::invalid_option, "gamma ", o.gamma, " is outside (0, 1]");
   if (o.transform == Transform::blocked && !rules::block_size_ok(o.block_size, false))
     return make_error(Errc::invalid_option, "block_size ", o.block_size, " must be at least 1");
+  if (!(o.tail_weight >= 0.0 && o.tail_weight <= 1.0))
+    return make_error(Errc::invalid_option, "tail_weight ", o.tail_weight, " is outside [0, 1]");
+  if (o.grid_tile < 1) return make_error(Errc::invalid_option, "grid_tile ", o.grid_tile, " must be at least 1");
+  if (o.rope.derotate && !(o.rope.theta > 1.0 && std::isfinite(o.rope.theta)))
+    return make_error(Errc::invalid_option, "rope theta ", o.rope.theta, " must be finite and > 1");
+  if (o.rope.derotate && o.rope.first_position < 0)
+    return make_error(Errc::invalid_option, "rope first_position ", o.rope.first_position, " is negative");
+  return Status::success();
+}
+
+inline Status check_options(const SelectOptions& o) {
   if (o.sink < 0) return make_error(Errc::invalid_option, "sink ", o.sink, " is negative");
   if (o.window < 0) return make_error(Errc::invalid_option, "window ", o.window, " is negative");
   if (!(o.window_share >= 0.0 && o.window_share <= 1.0))
@@ -211,27 +208,22 @@ inline Status check_options(const Options& o) {
     return make_error(Errc::invalid_option, "base_share ", o.base_share, " is outside [0, 1]");
   if (!(o.grid_base_share >= 0.0 && o.grid_base_share <= 1.0))
     return make_error(Errc::invalid_option, "grid_base_share ", o.grid_base_share, " is outside [0, 1]");
-  if (!(o.tail_weight >= 0.0 && o.tail_weight <= 1.0))
-    return make_error(Errc::invalid_option, "tail_weight ", o.tail_weight, " is outside [0, 1]");
-  if (o.grid_tile < 1) return make_error(Errc::invalid_option, "grid_tile ", o.grid_tile, " must be at least 1");
-  FLASHCACHE_RETURN_IF_ERROR(check_grid_spans(o.grids));
-  if (o.rope.derotate && !(o.rope.theta > 1.0 && std::isfinite(o.rope.theta)))
-    return make_error(Errc::invalid_option, "rope theta ", o.rope.theta, " must be finite and > 1");
-  if (o.rope.derotate && o.rope.first_position < 0)
-    return make_error(Errc::invalid_option, "rope first_position ", o.rope.first_position, " is negative");
+  return Status::success();
+}
+
+inline Status check_options(const AllocateOptions& o) {
+  if (o.mode != Allocation::dynamic && o.mode != Allocation::uniform)
+    return make_error(Errc::invalid_option, "unknown allocation mode");
   if (!(o.min_layer_ratio >= 0.0 && o.min_layer_ratio <= 1.0))
     return make_error(Errc::invalid_option, "min_layer_ratio ", o.min_layer_ratio, " is outside [0, 1]");
   return Status::success();
 }
 
-// Passed on by a call that has run check_options (and check_shared_options) on
-// the options it hands on, as std::adopt_lock tells a lock it is held: the
-// callee checks every other input but not those again, so that one call checks
-// each rule once (llama/compress.hpp scores L layers and selects once).
-struct AlreadyChecked {
-  explicit AlreadyChecked() = default;
-};
-inline constexpr AlreadyChecked already_checked{};
+inline Status check_options(const Options& o) {
+  FLASHCACHE_RETURN_IF_ERROR(check_options(o.score));
+  FLASHCACHE_RETURN_IF_ERROR(check_options(o.select));
+  return check_options(o.allocate);
+}
 
 // How many tokens to keep: an absolute count or a ratio of what is there.
 // For one layer it is the count per head. For compress_model it is per layer

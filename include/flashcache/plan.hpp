@@ -39,7 +39,8 @@ struct LayerSummary {
 
 // The summary of a scored layer: energy[h] for each head, its scores, the
 // caller's protected set. Allocates nothing.
-inline LayerSummary summarize(ScoreView scores, const HeadEnergy* energy, const Options& opt, ProtectMask mask) {
+inline LayerSummary summarize(ScoreView scores, const HeadEnergy* energy, const SelectOptions& opt,
+                              ProtectMask mask) {
   LayerSummary s;
   s.tokens = scores.tokens;
   for (std::int64_t h = 0; h < scores.heads; ++h) {
@@ -70,7 +71,8 @@ inline LayerSummary combine(const LayerSummary& a, const LayerSummary& b) {
 // this many layers.
 class BudgetPlanner {
  public:
-  Status plan(const LayerSummary* summary, int layers, Budget budget, const Options& opt, std::int64_t* budgets) {
+  Status plan(const LayerSummary* summary, int layers, Budget budget, const AllocateOptions& opt,
+              std::int64_t* budgets) {
     FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
     if (layers < 0) return make_error(Errc::invalid_shape, "layer count ", layers, " is negative");
     if (layers > 0 && (summary == nullptr || budgets == nullptr))
@@ -89,7 +91,7 @@ class BudgetPlanner {
       if (!resolved.ok()) return make_error(resolved.code(), "layer ", l, ": ", resolved.message());
       tokens_sum += s.tokens;
     }
-    if (opt.allocation != Allocation::dynamic) return Status::success();
+    if (opt.mode != Allocation::dynamic) return Status::success();
     // The model-wide total is round(ratio * all tokens), not a sum of per-layer roundings.
     const std::int64_t total =
         rules::model_total(budget.is_ratio(), budget.ratio_value(), budget.token_count(), tokens_sum, layers);

@@ -30,7 +30,7 @@
 // A non-finite query adds nothing; a non-finite key gets probability 0 and
 // changes no other key's (the scorer keeps non-finite keys in any case). Keys
 // within min_distance of the last fed query get no tail: the recent window
-// (Options::window_share) is what keeps them.
+// (SelectOptions::window_share) is what keeps them.
 #include <Eigen/Core>
 
 #include <algorithm>

@@ -2,14 +2,14 @@
 // Stage 1, score: per-token outlier score and per-head energies (CPU).
 //
 // For every KV head: Base = the chosen frequencies of K along tokens (the
-// strongest by default, the lowest in the paper; Options::base, score/base.hpp), score[n] = MSE(K[n], Kb[n]) + MSE(V[n],
+// strongest by default, the lowest in the paper; ScoreOptions::base, score/base.hpp), score[n] = MSE(K[n], Kb[n]) + MSE(V[n],
 // Vb[n]), and the energies E(K), E_high(K) = ||K - Kb||^2 (Parseval), likewise
 // for V, from which the layer's ratio R_l follows.
 //
-// With Options::query = QueryInput::tail the caller passes each key's tail
-// (query_tail.hpp), and the score mixes the residual with it (Options::tail_weight).
+// With ScoreOptions::query = QueryInput::tail the caller passes each key's tail
+// (query_tail.hpp), and the score mixes the residual with it (ScoreOptions::tail_weight).
 //
-// Tokens of an image span (Options::grids) are scored the same way over their
+// Tokens of an image span (ScoreInputs::spans) are scored the same way over their
 // 2D patch grid instead: Base = the 2D low-pass of the grid (or of each tile).
 //
 // Non-finite values: a token whose K or V row holds a NaN or infinity is
@@ -103,6 +103,30 @@ inline void mix_query_tail(double weight, TailMix mix, const float* tail, float*
     if (!rules::always_kept_score(score[t])) score[t] = rules::mixed_tail_score(s, mix == TailMix::max, score[t], tail[t]);
 }
 
+// What a layer's score reads besides K and V; both are optional.
+struct ScoreInputs {
+  ImageSpans spans;             // the request's image spans (grid.hpp): scored over their 2D grid
+  TailView<const float> tails;  // each key's tail [heads][tokens] (query_tail.hpp), for QueryInput::tail
+};
+
+// Caller memory for one layer's scores.
+struct ScoreBuffers {
+  float* score = nullptr;              // [heads][tokens]
+  HeadEnergy* energy = nullptr;        // [heads]
+  std::int64_t* nonfinite = nullptr;   // optional: the count of non-finite (head, token) rows
+};
+
+template <class Real>
+class Scorer;
+
+namespace detail {
+// Scorer::score for a caller that has run check_options(opt) itself (the
+// llama.cpp adapter scores every layer under one check): every other input is checked.
+template <class Real, class T>
+Status score_trusted(Scorer<Real>* scorer, KVView<const T> k, KVView<const T> v, const ScoreOptions& opt,
+                     ScoreBuffers out, const ScoreInputs& in);
+}  // namespace detail
+
 // Scores layers one after another and keeps its transforms, bases and
 // buffers between calls, so scoring a whole model allocates once per shape.
 // Real is the arithmetic type (float in production, double for references).
@@ -116,39 +140,51 @@ class Scorer {
   static constexpr int kLanes = detail::GlobalResidual<Real>::kLanes;
 
   // Scores one layer into caller buffers: score[h * tokens + t] and energy[h]
-  // for every head, and the count of non-finite (head, token) rows into
-  // *nonfinite when it is not null. Nothing is allocated once the scorer has
-  // seen this sequence length and block size (a test counts, Eigen's
-  // allocations included).
+  // for every head, and the count of non-finite (head, token) rows. Nothing is
+  // allocated once the scorer has seen this sequence length and block size (a
+  // test counts, Eigen's allocations included).
   template <class T>
-  Status score(KVView<const T> k, KVView<const T> v, const Options& opt, float* score, HeadEnergy* energy,
-               std::int64_t* nonfinite = nullptr) {
-    return this->score(k, v, TailView<const float>{}, opt, score, energy, nonfinite);  // the member, not the buffer
-  }
-
-  // The same with the keys' tails [heads][tokens] (query_tail.hpp), which
-  // Options::query = QueryInput::tail needs and QueryInput::none refuses.
-  template <class T>
-  Status score(KVView<const T> k, KVView<const T> v, TailView<const float> tails, const Options& opt, float* score,
-               HeadEnergy* energy, std::int64_t* nonfinite = nullptr) {
+  Status score(KVView<const T> k, KVView<const T> v, const ScoreOptions& opt, ScoreBuffers out,
+               const ScoreInputs& in = {}) {
     FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
-    return this->score(k, v, tails, opt, score, energy, nonfinite, already_checked);
+    return run(k, v, opt, out, in);
   }
 
-  // The same from a caller that has checked opt (options.hpp: AlreadyChecked).
+  // Scores one layer into an owning LayerScores (resized to the layer).
   template <class T>
-  Status score(KVView<const T> k, KVView<const T> v, TailView<const float> tails, const Options& opt, float* score,
-               HeadEnergy* energy, std::int64_t* nonfinite, AlreadyChecked) {
+  Status score(KVView<const T> k, KVView<const T> v, const ScoreOptions& opt, LayerScores* out,
+               const ScoreInputs& in = {}) {
     FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
-    FLASHCACHE_RETURN_IF_ERROR(check_query_input(opt, tails, k.heads, k.tokens));
+    if (out == nullptr) return make_error(Errc::invalid_shape, "score: null output");
+    out->heads = k.heads;
+    out->tokens = k.tokens;
+    out->score.resize(static_cast<std::size_t>(k.heads * k.tokens));
+    out->energy.resize(static_cast<std::size_t>(k.heads));
+    return score(k, v, opt, ScoreBuffers{out->score.data(), out->energy.data(), &out->nonfinite}, in);
+  }
+
+ private:
+  template <class Real2, class T>
+  friend Status detail::score_trusted(Scorer<Real2>* scorer, KVView<const T> k, KVView<const T> v,
+                                      const ScoreOptions& opt, ScoreBuffers out, const ScoreInputs& in);
+
+  // The score itself, opt already checked.
+  template <class T>
+  Status run(KVView<const T> k, KVView<const T> v, const ScoreOptions& opt, ScoreBuffers out,
+             const ScoreInputs& in) {
+    FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
+    FLASHCACHE_RETURN_IF_ERROR(check_query_input(opt, in.tails, k.heads, k.tokens));
     const std::int64_t heads = k.heads, n = k.tokens;
-    if (nonfinite != nullptr) *nonfinite = 0;
+    float* score = out.score;
+    HeadEnergy* energy = out.energy;
+    if (out.nonfinite != nullptr) *out.nonfinite = 0;
     if (heads * n > 0 && score == nullptr) return make_error(Errc::invalid_shape, "score: null score buffer");
     if (heads > 0 && energy == nullptr) return make_error(Errc::invalid_shape, "score: null energy buffer");
     std::fill(score, score + heads * n, 0.0f);
     std::fill(energy, energy + heads, HeadEnergy{});
     if (k.empty()) return Status::success();
-    FLASHCACHE_RETURN_IF_ERROR(check_grids_fit(opt.grids, n));
+    FLASHCACHE_RETURN_IF_ERROR(check_grid_spans(in.spans));
+    FLASHCACHE_RETURN_IF_ERROR(check_grids_fit(in.spans, n));
     if (opt.rope.derotate && k.head_dim % 2 != 0)
       return make_error(Errc::invalid_option, "rope derotate needs an even head_dim, got ", k.head_dim);
 
@@ -165,46 +201,30 @@ class Scorer {
         detail::derotate_head(k, v, h, opt.rope, &derotated_);
         const KVView<const float> kh = hnd(derotated_.k.data(), Heads(1), Tokens(n), HeadDim(k.head_dim));
         const KVView<const float> vh = hnd(derotated_.v.data(), Heads(1), Tokens(n), HeadDim(k.head_dim));
-        residuals(kh, vh, 0, opt, &e);
+        residuals(kh, vh, 0, opt, in.spans, &e);
       } else {
-        residuals(k, v, h, opt, &e);
+        residuals(k, v, h, opt, in.spans, &e);
       }
       write_scores(opt.normalize_terms, k.head_dim, score + h * n);
       if (opt.query == QueryInput::tail)
-        mix_query_tail(opt.tail_weight, opt.tail_mix, tails.data + h * tails.tokens, score + h * n, n);
+        mix_query_tail(opt.tail_weight, opt.tail_mix, in.tails.data + h * in.tails.tokens, score + h * n, n);
     }
-    if (nonfinite != nullptr) *nonfinite = bad;
+    if (out.nonfinite != nullptr) *out.nonfinite = bad;
     return Status::success();
   }
 
-  // Scores one layer into an owning LayerScores (resized to the layer).
-  template <class T>
-  Status score(KVView<const T> k, KVView<const T> v, const Options& opt, LayerScores* out) {
-    return score(k, v, TailView<const float>{}, opt, out);
-  }
-  template <class T>
-  Status score(KVView<const T> k, KVView<const T> v, TailView<const float> tails, const Options& opt,
-               LayerScores* out) {
-    FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
-    out->heads = k.heads;
-    out->tokens = k.tokens;
-    out->score.resize(static_cast<std::size_t>(k.heads * k.tokens));
-    out->energy.resize(static_cast<std::size_t>(k.heads));
-    return score(k, v, tails, opt, out->score.data(), out->energy.data(), &out->nonfinite);
-  }
-
- private:
   // Per-token residual and total energies of head h (1D, then the 2D spans
   // over their own tokens), and the head's energies from them (Parseval).
   template <class T>
-  void residuals(KVView<const T> k, KVView<const T> v, std::int64_t h, const Options& opt, HeadEnergy* e) {
+  void residuals(KVView<const T> k, KVView<const T> v, std::int64_t h, const ScoreOptions& opt, ImageSpans spans,
+                 HeadEnergy* e) {
     sums_.total_k.assign(static_cast<std::size_t>(k.tokens), Real(0));
     sums_.total_v.assign(static_cast<std::size_t>(k.tokens), Real(0));
     if (opt.transform == Transform::global)
       global_.compute(k, v, h, source_, opt.gamma, opt.base, &sums_);
     else
       blocked_.compute(k, v, h, source_, opt.gamma, opt.block_size, opt.base, &sums_);
-    for (const GridSpan& g : opt.grids) {
+    for (const GridSpan& g : spans) {
       const SpanTiling tiling = span_tiling(g, opt);
       for (std::int64_t q = 0; q < tiling.count(); ++q)
         grid_.compute(k, v, h, source_, g, tiling.at(q), opt.grid_zone, opt.gamma, &sums_);
@@ -244,16 +264,16 @@ class Scorer {
   }
 
   // Tails go with QueryInput::tail and nothing else, one per key and head.
-  static Status check_query_input(const Options& opt, TailView<const float> tails, std::int64_t heads,
+  static Status check_query_input(const ScoreOptions& opt, TailView<const float> tails, std::int64_t heads,
                                   std::int64_t tokens) {
     if (opt.query == QueryInput::none) {
       if (tails.data != nullptr)
-        return make_error(Errc::invalid_option, "score: tails were given but Options::query is none (set it to tail)");
+        return make_error(Errc::invalid_option, "score: tails were given but ScoreOptions::query is none (set it to tail)");
       return Status::success();
     }
     if (heads * tokens == 0) return Status::success();  // nothing to read
     if (tails.data == nullptr)
-      return make_error(Errc::invalid_option, "score: Options::query is tail but no tails were given (query_tail.hpp)");
+      return make_error(Errc::invalid_option, "score: ScoreOptions::query is tail but no tails were given (query_tail.hpp)");
     FLASHCACHE_RETURN_IF_ERROR(check_tails(tails, heads, tokens, "score"));
     for (std::int64_t h = 0; h < heads; ++h)
       for (std::int64_t t = 0; t < tokens; ++t)
@@ -278,13 +298,21 @@ class Scorer {
   detail::GridResidual<Real> grid_;
 };
 
+namespace detail {
+template <class Real, class T>
+Status score_trusted(Scorer<Real>* scorer, KVView<const T> k, KVView<const T> v, const ScoreOptions& opt,
+                     ScoreBuffers out, const ScoreInputs& in) {
+  return scorer->run(k, v, opt, out, in);
+}
+}  // namespace detail
+
 #if FLASHCACHE_EXCEPTIONS
 // One-shot scoring of one layer; throws flashcache::Error on bad input.
 template <class Real = float, class T>
-LayerScores score_layer(KVView<T> k, KVView<T> v, const Options& opt = {}) {
+LayerScores score_layer(KVView<T> k, KVView<T> v, const ScoreOptions& opt = {}, const ScoreInputs& in = {}) {
   LayerScores out;
   Scorer<Real> scorer;
-  throw_if_error(scorer.score(KVView<const T>(k), KVView<const T>(v), opt, &out));
+  throw_if_error(scorer.score(KVView<const T>(k), KVView<const T>(v), opt, &out, in));
   return out;
 }
 #endif

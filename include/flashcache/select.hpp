@@ -6,7 +6,7 @@
 //   - protected tokens are always kept: the first `sink`, the last `window`,
 //     those the caller's mask marks, and non-finite tokens (score +inf or NaN);
 //   - the recent window (window_share) takes the newest tokens outside image
-//     spans (Options::grids), never a span's patches;
+//     spans (ImageSpans), never a span's patches;
 //   - the rest are the highest scores, ties to the lower token index;
 //   - a budget below the protected set is an error, never a silent drop.
 // The rules shared with the GPU come from rules.hpp.
@@ -28,13 +28,14 @@ inline bool is_forced_score(float s) { return rules::always_kept_score(s); }
 
 // Whether token t of a layer of n tokens is in the caller's protected set
 // (sink, window, mask); shared by all heads.
-inline bool is_protected(std::int64_t t, std::int64_t n, const Options& opt, ProtectMask mask) {
+inline bool is_protected(std::int64_t t, std::int64_t n, const SelectOptions& opt, ProtectMask mask) {
   return rules::is_protected(t, n, opt.sink, opt.window, mask[t]);
 }
 
 // The protected set (sink, window, mask) of a layer of `tokens` tokens as
 // bytes (tests and the GPU tests' references use it).
-inline std::vector<std::uint8_t> protected_tokens(std::int64_t tokens, const Options& opt, ProtectMask mask = {}) {
+inline std::vector<std::uint8_t> protected_tokens(std::int64_t tokens, const SelectOptions& opt,
+                                                  ProtectMask mask = {}) {
   std::vector<std::uint8_t> keep(static_cast<std::size_t>(tokens), 0);
   for (std::int64_t t = 0; t < tokens; ++t) keep[static_cast<std::size_t>(t)] = is_protected(t, tokens, opt, mask);
   return keep;
@@ -42,7 +43,7 @@ inline std::vector<std::uint8_t> protected_tokens(std::int64_t tokens, const Opt
 
 // The largest always-kept set over the layer's heads (protected or with an
 // unrankable score): the least budget the layer can take.
-inline std::int64_t protected_count(ScoreView s, const Options& opt, ProtectMask mask) {
+inline std::int64_t protected_count(ScoreView s, const SelectOptions& opt, ProtectMask mask) {
   std::int64_t most = 0;
   for (std::int64_t h = 0; h < s.heads; ++h) {
     const float* score = s.head(h);
@@ -67,23 +68,12 @@ inline std::int64_t protected_count(const LayerScores& s, const std::vector<std:
 
 // The recent window of a layer whose heads keep `budget` tokens: the fixed
 // `window` or round(window_share * budget), whichever is larger.
-inline std::int64_t window_tokens(const Options& opt, std::int64_t budget) {
+inline std::int64_t window_tokens(const SelectOptions& opt, std::int64_t budget) {
   return rules::recent_window(opt.window, opt.window_share, budget);
 }
 
-// Image spans as rules::recent_window_start() reads them (host and device
-// callable, as that rule is).
-struct SpanList {
-  const GridSpan* spans = nullptr;
-  int count = 0;
-  static SpanList of(const std::vector<GridSpan>& v) { return {v.data(), static_cast<int>(v.size())}; }
-  FLASHCACHE_INLINE int span_count() const { return count; }
-  FLASHCACHE_INLINE std::int64_t span_first(int g) const { return spans[g].first; }
-  FLASHCACHE_INLINE std::int64_t span_end(int g) const { return spans[g].end(); }
-};
-
 // Evenly spaced tokens of the base sample for a layer budget.
-inline std::int64_t base_tokens(const Options& opt, std::int64_t budget) {
+inline std::int64_t base_tokens(const SelectOptions& opt, std::int64_t budget) {
   return rules::base_sample_tokens(opt.base_share, budget);
 }
 
@@ -98,10 +88,10 @@ inline std::int64_t keep_recent(std::int64_t n, std::int64_t window, std::int64_
 
 // The same window over the newest `window` tokens outside image spans
 // (rules::recent_window_start): a span's tokens are never the recent window.
-inline std::int64_t keep_recent(std::int64_t n, std::int64_t window, std::int64_t room,
-                                const std::vector<GridSpan>& spans, std::uint8_t* keep) {
+inline std::int64_t keep_recent(std::int64_t n, std::int64_t window, std::int64_t room, ImageSpans spans,
+                                std::uint8_t* keep) {
   if (spans.empty()) return keep_recent(n, window, room, keep);
-  const std::int64_t start = rules::recent_window_start(n, window, SpanList::of(spans));
+  const std::int64_t start = rules::recent_window_start(n, window, spans);
   std::int64_t marked = 0;
   for (std::int64_t t = n - 1; t >= start && marked < room; --t) {
     bool in_span = false;
@@ -154,22 +144,22 @@ inline std::int64_t keep_grid_sample(const GridSpan& g, std::int64_t count, std:
 // round(grid_base_share * budget * free_g / free) as a sub-grid, the tokens
 // outside the spans round(base_share * budget * free_rest / free) evenly
 // spaced among themselves.
-inline std::int64_t keep_base_sample(std::int64_t n, std::int64_t budget, std::int64_t room, const Options& opt,
-                                     std::uint8_t* keep) {
-  if (opt.grids.empty()) return keep_evenly_spaced(n, std::min(base_tokens(opt, budget), room), keep);
+inline std::int64_t keep_base_sample(std::int64_t n, std::int64_t budget, std::int64_t room, const SelectOptions& opt,
+                                     ImageSpans spans, std::uint8_t* keep) {
+  if (spans.empty()) return keep_evenly_spaced(n, std::min(base_tokens(opt, budget), room), keep);
   std::int64_t free = 0;
   for (std::int64_t t = 0; t < n; ++t) free += !keep[t];
   if (free == 0 || room <= 0) return 0;
   const auto share = [&](double ratio, std::int64_t part) { return rules::base_share_of(ratio, budget, part, free); };
   std::int64_t marked = 0, free_in_spans = 0;
-  for (const GridSpan& g : opt.grids) {
+  for (const GridSpan& g : spans) {
     std::int64_t part = 0;
     for (std::int64_t t = g.first; t < g.end(); ++t) part += !keep[t];
     free_in_spans += part;
     marked += keep_grid_sample(g, std::min(share(opt.grid_base_share, part), room - marked), keep);
   }
-  const auto in_span = [&opt](std::int64_t t) {
-    for (const GridSpan& g : opt.grids)
+  const auto in_span = [spans](std::int64_t t) {
+    for (const GridSpan& g : spans)
       if (t >= g.first && t < g.end()) return true;
     return false;
   };
@@ -191,13 +181,15 @@ struct KeptView {
 };
 
 // Writes the `budget` kept tokens of every head, ascending, into `kept`.
-// The mask, when given, must cover the layer's tokens. No allocation once
-// `ws` has seen a layer this long.
-inline Status select_tokens(ScoreView s, std::int64_t budget, const Options& opt, ProtectMask mask, SelectWorkspace* ws,
-                            KeptView kept) {
+// The mask and the image spans, when given, must lie inside the layer's
+// tokens. No allocation once `ws` has seen a layer this long.
+inline Status select_tokens(ScoreView s, std::int64_t budget, const SelectOptions& opt, ProtectMask mask,
+                            ImageSpans spans, SelectWorkspace* ws, KeptView kept) {
   FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
   FLASHCACHE_RETURN_IF_ERROR(check_mask(mask, s.tokens));
-  FLASHCACHE_RETURN_IF_ERROR(check_grids_fit(opt.grids, s.tokens));
+  FLASHCACHE_RETURN_IF_ERROR(check_grid_spans(spans));
+  FLASHCACHE_RETURN_IF_ERROR(check_grids_fit(spans, s.tokens));
+  if (ws == nullptr) return make_error(Errc::invalid_shape, "select: null workspace");
   const std::int64_t n = s.tokens;
   if (s.heads < 0 || n < 0) return make_error(Errc::invalid_shape, "select: ", s.heads, " heads x ", n, " tokens");
   if (n > std::numeric_limits<std::int32_t>::max())
@@ -232,8 +224,8 @@ inline Status select_tokens(ScoreView s, std::int64_t budget, const Options& opt
                         ", non-finite ", nonfinite, "; overlaps counted once)");
     }
     std::int64_t taken = forced;
-    taken += keep_recent(n, window_tokens(opt, budget), budget - taken, opt.grids, keep.data());
-    taken += keep_base_sample(n, budget, budget - taken, opt, keep.data());
+    taken += keep_recent(n, window_tokens(opt, budget), budget - taken, spans, keep.data());
+    taken += keep_base_sample(n, budget, budget - taken, opt, spans, keep.data());
     candidates.clear();
     for (std::int64_t t = 0; t < n; ++t)
       if (!keep[static_cast<std::size_t>(t)]) candidates.push_back(static_cast<std::int32_t>(t));
@@ -252,11 +244,11 @@ inline Status select_tokens(ScoreView s, std::int64_t budget, const Options& opt
 }
 
 // Owning form: kept[h * budget + i].
-inline Status select_tokens(const LayerScores& s, std::int64_t budget, const Options& opt,
-                            std::vector<std::int32_t>* kept, ProtectMask mask = {}) {
+inline Status select_tokens(const LayerScores& s, std::int64_t budget, const SelectOptions& opt,
+                            std::vector<std::int32_t>* kept, ProtectMask mask = {}, ImageSpans spans = {}) {
   if (budget >= 0 && budget <= s.tokens) kept->resize(static_cast<std::size_t>(s.heads * budget));
   SelectWorkspace ws;
-  return select_tokens(s.view(), budget, opt, mask, &ws, KeptView{kept->data(), budget});
+  return select_tokens(s.view(), budget, opt, mask, spans, &ws, KeptView{kept->data(), budget});
 }
 
 }  // namespace flashcache

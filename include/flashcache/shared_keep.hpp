@@ -107,6 +107,9 @@ struct SharedKeepOptions {
   std::int64_t page = 1;
 };
 
+// No shared set: every head keeps its own tokens (compress_scored_model).
+inline constexpr SharedKeepOptions kKeepPerHead{KeepSet::per_head, HeadCombine::mean_normalized, 1};
+
 inline Status check_shared_options(const SharedKeepOptions& s) {
   if (s.page < 1) return make_error(Errc::invalid_option, "page ", s.page, " must be at least 1");
   if (s.keep_set != KeepSet::per_head && s.keep_set != KeepSet::per_layer && s.keep_set != KeepSet::per_sequence)
@@ -173,8 +176,8 @@ inline Status split_pages(std::int64_t n, std::int64_t budget, std::int64_t page
 // Tokens always kept by a shared set over `layers` (all of the same token
 // count): the protected set and every token with an unrankable score in some
 // head, expanded to whole pages. Allocates nothing.
-inline std::int64_t shared_protected_count(const ScoreView* layers, std::int64_t layer_count, const Options& opt,
-                                           ProtectMask mask, std::int64_t page = 1) {
+inline std::int64_t shared_protected_count(const ScoreView* layers, std::int64_t layer_count,
+                                           const SelectOptions& opt, ProtectMask mask, std::int64_t page = 1) {
   if (layer_count <= 0 || page < 1) return 0;
   const std::int64_t n = layers[0].tokens;
   std::int64_t count = 0;
@@ -201,23 +204,27 @@ inline std::int64_t shared_protected_count(const ScoreView* layers, std::int64_t
 // (layer, head), max_normalized takes the largest; votes: every head votes for
 // its `budget` highest scores among the tokens not always kept (ties to the
 // lower index), tokens rank by votes, then by mean_normalized.
-// With AlreadyChecked the caller has run check_options(opt) and
-// check_shared_options(shared); the form without it runs them.
-inline Status select_shared_tokens(const ScoreView* layers, std::int64_t layer_count, std::int64_t budget,
-                                   const Options& opt, ProtectMask mask, const SharedKeepOptions& shared,
-                                   SharedKeepWorkspace* ws, std::int32_t* kept, AlreadyChecked);
+namespace detail {
+// select_shared_tokens for a caller that has run check_options(opt) and
+// check_shared_options(shared) itself; every other input is checked.
+inline Status select_shared_tokens_trusted(const ScoreView* layers, std::int64_t layer_count, std::int64_t budget,
+                                          const SelectOptions& opt, ProtectMask mask, ImageSpans spans,
+                                          const SharedKeepOptions& shared, SharedKeepWorkspace* ws,
+                                          std::int32_t* kept);
+}  // namespace detail
 
 inline Status select_shared_tokens(const ScoreView* layers, std::int64_t layer_count, std::int64_t budget,
-                                   const Options& opt, ProtectMask mask, const SharedKeepOptions& shared,
-                                   SharedKeepWorkspace* ws, std::int32_t* kept) {
+                                   const SelectOptions& opt, ProtectMask mask, ImageSpans spans,
+                                   const SharedKeepOptions& shared, SharedKeepWorkspace* ws, std::int32_t* kept) {
   FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
   FLASHCACHE_RETURN_IF_ERROR(check_shared_options(shared));
-  return select_shared_tokens(layers, layer_count, budget, opt, mask, shared, ws, kept, already_checked);
+  return detail::select_shared_tokens_trusted(layers, layer_count, budget, opt, mask, spans, shared, ws, kept);
 }
 
-inline Status select_shared_tokens(const ScoreView* layers, std::int64_t layer_count, std::int64_t budget,
-                                   const Options& opt, ProtectMask mask, const SharedKeepOptions& shared,
-                                   SharedKeepWorkspace* ws, std::int32_t* kept, AlreadyChecked) {
+inline Status detail::select_shared_tokens_trusted(const ScoreView* layers, std::int64_t layer_count,
+                                                   std::int64_t budget, const SelectOptions& opt, ProtectMask mask,
+                                                   ImageSpans spans, const SharedKeepOptions& shared,
+                                                   SharedKeepWorkspace* ws, std::int32_t* kept) {
   if (shared.keep_set == KeepSet::per_head)
     return make_error(Errc::invalid_option, "keep set per_head has no shared set (select_tokens keeps one per head)");
   if (layer_count < 1 || layers == nullptr)
@@ -237,13 +244,14 @@ inline Status select_shared_tokens(const ScoreView* layers, std::int64_t layer_c
       return make_error(Errc::invalid_shape, "shared select: layer ", l, ": null scores");
   }
   FLASHCACHE_RETURN_IF_ERROR(check_mask(mask, n));
-  FLASHCACHE_RETURN_IF_ERROR(check_grids_fit(opt.grids, n));
+  FLASHCACHE_RETURN_IF_ERROR(check_grid_spans(spans));
+  FLASHCACHE_RETURN_IF_ERROR(check_grids_fit(spans, n));
   if (n > std::numeric_limits<std::int32_t>::max())
     return make_error(Errc::unsupported, n, " tokens do not fit the int32 token indices");
   if (budget < 0 || budget > n)
     return make_error(Errc::invalid_budget, "keep budget ", budget, " is outside [0, ", n, "] tokens");
   if (budget > 0 && kept == nullptr) return make_error(Errc::invalid_shape, "shared select: null kept buffer");
-  if (shared.page > 1 && !opt.grids.empty())
+  if (shared.page > 1 && !spans.empty())
     return make_error(Errc::unsupported, "shared keep-sets with page ", shared.page,
                       " > 1 do not take image spans (their sub-grid sample is per token)");
   detail::PageSplit pages;
@@ -344,8 +352,8 @@ inline Status select_shared_tokens(const ScoreView* layers, std::int64_t layer_c
   const std::int64_t w = std::min(window_tokens(opt, budget), eligible_tokens);
   const std::int64_t window_pages = w <= 0 ? 0 : eligible - (eligible_tokens - w) / pages.page;
   const std::int64_t want = pages.budget_pages;
-  taken += keep_recent(eligible, window_pages, want - taken, opt.grids, keep);  // spans: page 1 only
-  taken += keep_base_sample(eligible, want, want - taken, opt, keep);
+  taken += keep_recent(eligible, window_pages, want - taken, spans, keep);  // spans: page 1 only
+  taken += keep_base_sample(eligible, want, want - taken, opt, spans, keep);
 
   // 5. The highest summed scores, ties to the lower page.
   std::vector<std::int32_t>& c = ws->candidates;

@@ -124,40 +124,25 @@ Tensor<T> make_tensor(FuzzedDataProvider& in, std::int64_t heads, std::int64_t t
   return t;
 }
 
-// Options::window_share / base_share, where this version of the library has them.
-template <class O, class = void>
-struct HasShares : std::false_type {};
-template <class O>
-struct HasShares<O, std::void_t<decltype(O::window_share), decltype(O::base_share)>> : std::true_type {};
-
-template <class O>
-void set_shares(FuzzedDataProvider& in, O* o) {
-  if constexpr (HasShares<O>::value) {
-    if (in.ConsumeBool()) o->window_share = pick_real(in, {0.0, 0.1, 1.0, -0.1, 1.5, kNaN});
-    if (in.ConsumeBool()) o->base_share = pick_real(in, {0.0, 0.25, 1.0, -0.1, 1.5, kNaN});
-  } else {
-    (void)in;
-    (void)o;
-  }
-}
-
-fc::Options make_options(FuzzedDataProvider& in) {
+// Options, and the image spans the request gives with them.
+fc::Options make_options(FuzzedDataProvider& in, std::vector<fc::GridSpan>* grids) {
   fc::Options o;
-  if (in.ConsumeBool()) o.gamma = pick_real(in, {0.2, 1.0, 0.0, -0.5, 1e-12, 1.0000001, kNaN, kInf});
-  o.transform = in.ConsumeBool() ? fc::Transform::blocked : fc::Transform::global;
-  if (in.ConsumeBool()) o.block_size = pick_count(in, -2, 70);
-  if (in.ConsumeBool()) o.sink = pick_count(in, -2, 50);
-  if (in.ConsumeBool()) o.window = pick_count(in, -2, 50);
-  o.allocation = in.ConsumeBool() ? fc::Allocation::uniform : fc::Allocation::dynamic;
-  if (in.ConsumeBool()) o.min_layer_ratio = pick_real(in, {0.0, 0.5, 1.0, -0.1, 1.5, kNaN});
-  set_shares(in, &o);
+  if (in.ConsumeBool()) o.score.gamma = pick_real(in, {0.2, 1.0, 0.0, -0.5, 1e-12, 1.0000001, kNaN, kInf});
+  o.score.transform = in.ConsumeBool() ? fc::Transform::blocked : fc::Transform::global;
+  if (in.ConsumeBool()) o.score.block_size = pick_count(in, -2, 70);
+  if (in.ConsumeBool()) o.select.sink = pick_count(in, -2, 50);
+  if (in.ConsumeBool()) o.select.window = pick_count(in, -2, 50);
+  o.allocate.mode = in.ConsumeBool() ? fc::Allocation::uniform : fc::Allocation::dynamic;
+  if (in.ConsumeBool()) o.allocate.min_layer_ratio = pick_real(in, {0.0, 0.5, 1.0, -0.1, 1.5, kNaN});
+  if (in.ConsumeBool()) o.select.window_share = pick_real(in, {0.0, 0.1, 1.0, -0.1, 1.5, kNaN});
+  if (in.ConsumeBool()) o.select.base_share = pick_real(in, {0.0, 0.25, 1.0, -0.1, 1.5, kNaN});
   if (in.ConsumeIntegralInRange(0, 3) == 0) {  // image spans, possibly overlapping or outside the layer
     const int spans = in.ConsumeIntegralInRange(1, 2);
     for (int i = 0; i < spans; ++i)
-      o.grids.push_back({pick_count(in, -1, 40), pick_count(in, -1, 8), pick_count(in, -1, 8)});
-    if (in.ConsumeBool()) o.grid_zone = fc::GridZone::triangle;
-    if (in.ConsumeBool()) o.grid_tile = pick_count(in, -1, 9);
-    if (in.ConsumeBool()) o.grid_base_share = pick_real(in, {0.0, 0.5, 1.0, -0.1, kNaN});
+      grids->push_back({pick_count(in, -1, 40), pick_count(in, -1, 8), pick_count(in, -1, 8)});
+    if (in.ConsumeBool()) o.score.grid_zone = fc::GridZone::triangle;
+    if (in.ConsumeBool()) o.score.grid_tile = pick_count(in, -1, 9);
+    if (in.ConsumeBool()) o.select.grid_base_share = pick_real(in, {0.0, 0.5, 1.0, -0.1, kNaN});
   }
   return o;
 }
@@ -202,7 +187,7 @@ void check_layer(const fc::CompressedLayer<T>& out, KVView<const T> k, KVView<co
       FUZZ_CHECK(std::memcmp(&out.v[row], v.row(h, idx[j]), bytes) == 0, where + ": V' row differs");
     }
     for (std::int64_t t = 0; t < n; ++t) {
-      const bool forced = t < o.sink || t >= n - o.window || (!mask.empty() && mask[static_cast<std::size_t>(t)]) ||
+      const bool forced = t < o.select.sink || t >= n - o.select.window || (!mask.empty() && mask[static_cast<std::size_t>(t)]) ||
                           fc::is_forced_score(out.scores(h, t));
       FUZZ_CHECK(!forced || kept[static_cast<std::size_t>(t)],
                  where + ": protected or non-finite token " + std::to_string(t) + " dropped");
@@ -221,14 +206,14 @@ void check_model(const fc::CompressedModel<T>& m, const std::vector<KVView<const
     check_layer(m.layers[l], k[l], v[l], m.budgets[l], o, mask);
     sum += m.budgets[l];
     all_tokens += k[l].tokens;
-    if (o.allocation == fc::Allocation::uniform) {
+    if (o.allocate.mode == fc::Allocation::uniform) {
       FUZZ_CHECK(m.budgets[l] == resolved(b, k[l].tokens), "uniform budget of layer " + std::to_string(l));
     } else {
-      const double floor = std::ceil(o.min_layer_ratio * static_cast<double>(k[l].tokens) - 1e-9);
+      const double floor = std::ceil(o.allocate.min_layer_ratio * static_cast<double>(k[l].tokens) - 1e-9);
       FUZZ_CHECK(static_cast<double>(m.budgets[l]) >= floor, "layer " + std::to_string(l) + " below min_layer_ratio");
     }
   }
-  if (o.allocation == fc::Allocation::dynamic) {
+  if (o.allocate.mode == fc::Allocation::dynamic) {
     const std::int64_t total = b.is_ratio() ? resolved(b, all_tokens) : b.token_count() * static_cast<std::int64_t>(L);
     FUZZ_CHECK(sum == total, "budgets sum to " + std::to_string(sum) + ", not " + std::to_string(total));
   }
@@ -278,7 +263,8 @@ void run(FuzzedDataProvider& in) {
     mask.resize(static_cast<std::size_t>(ks[0].view.tokens));
     for (auto& m : mask) m = in.ConsumeIntegralInRange(0, 5) == 0 ? in.ConsumeIntegral<std::uint8_t>() : 0;
   }
-  const fc::Options opt = make_options(in);
+  std::vector<fc::GridSpan> spans;
+  const fc::Options opt = make_options(in, &spans);
   // One mask for every layer: a layer of another length is a named error.
   const fc::ProtectMask layer_mask = mask.empty() ? fc::ProtectMask{} : fc::ProtectMask(mask);
   const std::vector<fc::ProtectMask> masks(mask.empty() ? 0 : ks.size(), layer_mask);
@@ -296,16 +282,16 @@ void run(FuzzedDataProvider& in) {
 
   try {
     if (entry == 0) {
-      const auto out = exact ? fc::compress<double, const T>(k[0], v[0], budget, opt, layer_mask)
-                             : fc::compress<float, const T>(k[0], v[0], budget, opt, layer_mask);
+      const auto out = exact ? fc::compress<double, const T>(k[0], v[0], budget, opt, layer_mask, spans)
+                             : fc::compress<float, const T>(k[0], v[0], budget, opt, layer_mask, spans);
       check_layer(out, k[0], v[0], resolved(budget, k[0].tokens), opt, mask);
     } else if (entry == 1) {
-      const auto m = exact ? fc::compress_model<double, const T>(k, v, budget, opt, masks)
-                           : fc::compress_model<float, const T>(k, v, budget, opt, masks);
+      const auto m = exact ? fc::compress_model<double, const T>(k, v, budget, opt, masks, spans)
+                           : fc::compress_model<float, const T>(k, v, budget, opt, masks, spans);
       check_model(m, k, v, budget, opt, mask);
     } else {
-      const auto m = exact ? fc::policies::compress_model<double, const T>(policy, q, k, v, budget, opt, po, masks)
-                           : fc::policies::compress_model<float, const T>(policy, q, k, v, budget, opt, po, masks);
+      const auto m = exact ? fc::policies::compress_model<double, const T>(policy, q, k, v, budget, opt, po, masks, spans)
+                           : fc::policies::compress_model<float, const T>(policy, q, k, v, budget, opt, po, masks, spans);
       check_model(m, k, v, budget, opt, mask);
     }
   } catch (const fc::Error& e) {

@@ -40,7 +40,7 @@ TYPED_TEST_P(GpuPipeline, BlockedEveryCompiledHeadDimAndTheGenericOne) {
       c.lengths = {333};
       c.head_dim = d;
       c.opt = blocked(block);
-      c.opt.gamma = block == 16 ? 0.3 : 0.2;
+      c.opt.score.gamma = block == 16 ? 0.3 : 0.2;
       c.seed = static_cast<std::uint64_t>(d * 1000 + block);
       run_and_check<TypeParam>(c);
     }
@@ -73,10 +73,10 @@ TYPED_TEST_P(GpuPipeline, RaggedBatchWithProtectionNaNsAndDynamicAllocation) {
       c.head_dim = 64;
       c.lengths = {0, 33, 300, 1000, 57};
       c.opt = transform == Transform::blocked ? blocked(64) : global_transform();
-      c.opt.allocation = allocation;
-      c.opt.sink = 1;
-      c.opt.window = 2;
-      c.opt.min_layer_ratio = 0.05;
+      c.opt.allocate.mode = allocation;
+      c.opt.select.sink = 1;
+      c.opt.select.window = 2;
+      c.opt.allocate.min_layer_ratio = 0.05;
       c.mask_every = 50;
       c.nan_tokens = 6;
       c.budget = Budget::ratio(0.3);
@@ -99,16 +99,16 @@ TYPED_TEST_P(GpuPipeline, DefaultOptionsKeepTheRecentWindowShare) {
     c.lengths = {0, 33, 300, 1000, 57};
     c.opt = Options{};
     if (variant == 1) {
-      c.opt.transform = Transform::global;
+      c.opt.score.transform = Transform::global;
       // Larger than round(0.25 * budget) in the short sequences (budgets 10 and 17), yet
       // within every budget with the sink: the CPU refuses a sink + window above a budget.
-      c.opt.window = 5;
-      c.opt.window_share = 0.25;
+      c.opt.select.window = 5;
+      c.opt.select.window_share = 0.25;
     }
     if (variant == 2) {
       c.mask_every = 37;
       c.nan_tokens = 4;
-      c.opt.allocation = Allocation::uniform;
+      c.opt.allocate.mode = Allocation::uniform;
     }
     c.budget = Budget::ratio(0.3);
     c.seed = 4321 + static_cast<std::uint64_t>(variant);
@@ -129,7 +129,7 @@ TYPED_TEST_P(GpuPipeline, PagedCachesCompactInPlace) {
       c.page_size = page;
       c.nhd = nhd;
       c.opt = blocked(32);
-      c.opt.allocation = Allocation::uniform;
+      c.opt.allocate.mode = Allocation::uniform;
       c.budget = Budget::ratio(0.25);
       c.compact = true;
       c.seed = static_cast<std::uint64_t>(page) * 10 + nhd;
@@ -157,8 +157,8 @@ TYPED_TEST_P(GpuPipeline, BudgetBelowProtectedIsReported) {
   Case c;
   c.lengths = {100, 100};
   c.opt = blocked(64);
-  c.opt.sink = 8;
-  c.opt.window = 8;
+  c.opt.select.sink = 8;
+  c.opt.select.window = 8;
   c.budget = Budget::tokens(10);
   c.gather = false;
   const Status s = run_expecting_device_failure<TypeParam>(c);
@@ -198,12 +198,12 @@ TYPED_TEST_P(GpuPipeline, CapturesInACudaGraph) {
   c.lengths = {500, 77};
   c.head_dim = 128;
   c.opt = blocked(64);
-  c.opt.sink = 2;
+  c.opt.select.sink = 2;
   c.budget = Budget::ratio(0.3);
   EXPECT_EQ(graph_matches_direct<TypeParam>(c), "");
 }
 
-// Image spans (Options::grids): their tokens scored by the 2D pass, against
+// Image spans (Cache::spans): their tokens scored by the 2D pass, against
 // the CPU scorer, on odd shapes: spans of 7 x 5 and 6 x 6 patches in two
 // sequences of different lengths, tiles of 3 and 8 (edge tiles of their own
 // size), both zones, both transforms, the generic and a compiled head dim,
@@ -224,10 +224,10 @@ TYPED_TEST_P(GpuPipeline, ImageSpansMatchTheCpu) {
         c.lengths = {89, 120};
         c.nhd = tile == 3;
         c.opt = transform == Transform::blocked ? blocked(16) : global_transform();
-        c.opt.grids = {{3, 7, 5}, {40, 6, 6}};
-        c.opt.grid_zone = zone;
-        c.opt.grid_tile = tile;
-        c.opt.sink = 2;
+        c.spans = {{3, 7, 5}, {40, 6, 6}};
+        c.opt.score.grid_zone = zone;
+        c.opt.score.grid_tile = tile;
+        c.opt.select.sink = 2;
         c.mask_every = 17;
         c.bad_rows = {{0, 1, 44, 44}, {1, 0, 3, 4}, {1, 1, 48, 49}};
         c.budget = Budget::ratio(0.3);
@@ -248,10 +248,10 @@ TYPED_TEST_P(GpuPipeline, ImageSpansOfAFullImage) {
     c.head_dim = 128;
     c.lengths = {700, 650};
     c.opt = transform == Transform::blocked ? blocked(64) : global_transform();
-    c.opt.grids = {{10, 24, 24}, {600, 5, 9}};
-    c.opt.grid_zone = GridZone::triangle;
-    c.opt.grid_tile = 8;
-    c.opt.sink = 4;
+    c.spans = {{10, 24, 24}, {600, 5, 9}};
+    c.opt.score.grid_zone = GridZone::triangle;
+    c.opt.score.grid_tile = 8;
+    c.opt.select.sink = 4;
     if (transform == Transform::blocked) c.page_size = 16;
     c.nan_tokens = 3;
     c.budget = Budget::ratio(0.2);
@@ -275,12 +275,12 @@ TYPED_TEST_P(GpuPipeline, BaseSampleMatchesTheCpu) {
     c.head_dim = 64;
     c.lengths = {120, 97, 300};
     c.opt = Options{};  // sink 4, half the budget to the recent window, grid_base_share 0.75
-    c.opt.transform = transform;
-    if (transform == Transform::blocked) c.opt.base = Base::lowpass;  // the GPU's blocked kernel: low-pass only
-    c.opt.block_size = 32;
-    c.opt.base_share = spans ? 0.1 : 0.25;
-    c.opt.allocation = Allocation::uniform;  // exact budgets: the sample's picks follow the budget
-    if (spans) c.opt.grids = {{10, 7, 5}, {50, 6, 6}};
+    c.opt.score.transform = transform;
+    if (transform == Transform::blocked) c.opt.score.base = Base::lowpass;  // the GPU's blocked kernel: low-pass only
+    c.opt.score.block_size = 32;
+    c.opt.select.base_share = spans ? 0.1 : 0.25;
+    c.opt.allocate.mode = Allocation::uniform;  // exact budgets: the sample's picks follow the budget
+    if (spans) c.spans = {{10, 7, 5}, {50, 6, 6}};
     c.mask_every = 23;
     c.nan_tokens = 3;
     c.budget = Budget::ratio(0.4);
@@ -294,14 +294,14 @@ TYPED_TEST_P(GpuPipeline, GridSpanPastAShortSequenceIsReported) {
   Case c;
   c.lengths = {100, 50};
   c.opt = blocked(64);
-  c.opt.grids = {{20, 6, 6}};
+  c.spans = {{20, 6, 6}};
   c.gather = false;
   const Status s = run_expecting_device_failure<TypeParam>(c);
   EXPECT_EQ(s.code(), Errc::invalid_shape) << s.message();
   EXPECT_NE(s.message().find("reaches past the 50 tokens of sequence 1"), std::string::npos) << s.message();
 }
 
-// The Base KV chosen by energy (Options::base peak, mixed) on the global
+// The Base KV chosen by energy (ScoreOptions::base peak, mixed) on the global
 // transform, against the CPU (choose_base_frequencies, its scorer, the whole
 // pipeline): one ragged batch of odd lengths (a single token, an empty
 // sequence, 1000 tokens: more frequencies than the choose kernel's threads),
@@ -322,8 +322,8 @@ TYPED_TEST_P(GpuPipeline, GlobalPeakAndMixedBasesMatchTheCpu) {
         c.lengths = {37, 0, 101, 250, 1, 1000};
         c.nhd = variant % 2 == 0;
         c.opt = global_transform();
-        c.opt.base = kind;
-        c.opt.gamma = gamma;
+        c.opt.score.base = kind;
+        c.opt.score.gamma = gamma;
         c.mask_every = 29;  // no sink: the one-token sequence's model budget, round(0.3 x 2), is one token
         c.spectral = true;
         c.budget = Budget::ratio(0.3);
@@ -338,7 +338,7 @@ TYPED_TEST_P(GpuPipeline, BlockedRefusesAChosenBaseByName) {
   Case c;
   c.lengths = {100};
   c.opt = blocked(64);
-  c.opt.base = Base::peak;
+  c.opt.score.base = Base::peak;
   c.gather = false;
   const Status s = run_expecting_device_failure<TypeParam>(c);
   EXPECT_EQ(s.code(), Errc::unsupported) << s.message();

@@ -111,20 +111,21 @@ struct Case {
   bool all_zero = false;       // every K and V value 0: every score ties
   // K and V of each (layer, sequence, head) built from DCT-II basis vectors of
   // distinct strengths (spectral_rows below), plus a little noise and no
-  // outliers: a base chosen by energy (Options::base) then has a clear choice,
+  // outliers: a base chosen by energy (ScoreOptions::base) then has a clear choice,
   // so the GPU's float energies and the CPU's double ones cannot part at a near tie.
   bool spectral = false;
+  std::vector<GridSpan> spans;  // image spans, the same in every sequence (Cache::spans)
 };
 
 inline Options blocked(std::int64_t block) {
   Options o = Options::paper();
-  o.transform = Transform::blocked;
-  o.block_size = block;
+  o.score.transform = Transform::blocked;
+  o.score.block_size = block;
   return o;
 }
 inline Options global_transform() {
   Options o = Options::paper();
-  o.transform = Transform::global;
+  o.score.transform = Transform::global;
   return o;
 }
 
@@ -169,8 +170,8 @@ struct HostCache {
 inline std::vector<double> spectral_rows(std::int64_t n, std::int64_t d, const Options& opt, std::mt19937_64& rng) {
   std::vector<double> x(static_cast<std::size_t>(n * d), 0.0);
   if (n == 0) return x;
-  const std::int64_t m = lowpass_cutoff(n, opt.gamma);
-  const std::int64_t low = std::min(fcc::kernels::base_low_count(opt.base, m), n);
+  const std::int64_t m = lowpass_cutoff(n, opt.score.gamma);
+  const std::int64_t low = std::min(fcc::kernels::base_low_count(opt.score.base, m), n);
   std::vector<std::int64_t> others(static_cast<std::size_t>(n - low));
   std::iota(others.begin(), others.end(), low);
   std::shuffle(others.begin(), others.end(), rng);
@@ -308,14 +309,14 @@ Reference<T> cpu_reference(const HostCache<T>& hc, int b) {
   const ProtectMask mask = c.mask_every > 0 ? ProtectMask(bytes) : ProtectMask{};
   Reference<T> ref;
   if (c.layers == 1) {
-    auto layer = compress<double>(kv[0], vv[0], c.budget, opt, mask);
+    auto layer = compress<double>(kv[0], vv[0], c.budget, opt, mask, c.spans);
     ref.budgets.push_back(layer.budget);
     ref.kept.push_back(layer.kept);
     ref.ratio.push_back(layer.scores.energy_ratio());
     ref.scores.push_back(std::move(layer.scores));
   } else {
     const std::vector<ProtectMask> masks(mask.empty() ? 0 : static_cast<std::size_t>(c.layers), mask);
-    auto model = compress_model<double>(kv, vv, c.budget, opt, masks);
+    auto model = compress_model<double>(kv, vv, c.budget, opt, masks, c.spans);
     ref.budgets = model.budgets;
     ref.ratio = model.energy_ratio;
     for (auto& layer : model.layers) {
@@ -337,6 +338,7 @@ struct DeviceCache {
   fcc::Cache<T> cache;
   fcc::Outputs<T> out;
   Options opt;
+  std::vector<GridSpan> spans;
 
   explicit DeviceCache(const HostCache<T>& hc) {
     const Case& c = hc.c;
@@ -371,6 +373,8 @@ struct DeviceCache {
       cache.indptr = indptr.get();
     }
     opt = c.opt;
+    spans = c.spans;
+    cache.spans = spans;
     if (c.mask_every > 0) {
       mask.upload(hc.mask);
       cache.protect = mask.get();
@@ -426,7 +430,7 @@ void run_and_check(const Case& c) {
 
   fcc::GlobalTransform plan;
   const fcc::GlobalTransform* plan_ptr = nullptr;
-  if (c.opt.transform == Transform::global) {
+  if (c.opt.score.transform == Transform::global) {
     FLASHCACHE_OK(fcc::GlobalTransform::create(c.lengths.data(), B, H, d, &plan));
     plan_ptr = &plan;
   }
@@ -463,11 +467,11 @@ void run_and_check(const Case& c) {
       // Budget: exact for one layer or uniform; dynamic may move one token at a near-tie of R.
       const std::int64_t budget = kept_indptr[static_cast<std::size_t>(l * (B + 1) + b + 1)] -
                                   kept_indptr[static_cast<std::size_t>(l * (B + 1) + b)];
-      if (c.layers == 1 || c.opt.allocation == Allocation::uniform)
+      if (c.layers == 1 || c.opt.allocate.mode == Allocation::uniform)
         EXPECT_EQ(budget, ref.budgets[l]);
       else
         EXPECT_LE(std::abs(budget - ref.budgets[l]), 1);
-      const std::vector<std::uint8_t> base = protected_tokens(n, c.opt);
+      const std::vector<std::uint8_t> base = protected_tokens(n, c.opt.select);
       for (std::int64_t h = 0; h < H; ++h) {
         // Scores, relative to the largest finite score of the head.
         double largest = 0;

@@ -167,7 +167,7 @@ TEST(GpuDefects, SharedPageIsRefusedBeforeCompaction) {
   c.lengths = {40, 40};
   c.page_size = 16;
   c.opt = blocked(32);
-  c.opt.allocation = Allocation::uniform;
+  c.opt.allocate.mode = Allocation::uniform;
   c.compact = true;
   c.gather = false;
   HostCache<float> hc = make_cache<float>(c);
@@ -222,8 +222,8 @@ TEST(GpuTensorParallel, TwoRanksWithReducedSumsKeepWhatOneRankKeeps) {
     c.head_dim = 64;
     c.lengths = {300, 129};
     c.opt = transform == Transform::blocked ? blocked(64) : global_transform();
-    c.opt.sink = 2;
-    c.opt.min_layer_ratio = 0.05;
+    c.opt.select.sink = 2;
+    c.opt.allocate.min_layer_ratio = 0.05;
     c.nan_tokens = 3;
     c.budget = Budget::ratio(0.3);
     c.gather = false;
@@ -333,10 +333,10 @@ TEST(GpuDefectsHost, CompactionWithDynamicAllocationIsRefusedByName) {
   out.pages_freed = fake;
   Options opt = blocked(32);
   expect_error(gpu::can_implement(cache, Budget::ratio(0.5), opt, out), Errc::unsupported, "Allocation::dynamic");
-  opt.allocation = Allocation::uniform;
+  opt.allocate.mode = Allocation::uniform;
   EXPECT_TRUE(gpu::can_implement(cache, Budget::ratio(0.5), opt, out).ok());
   cache.layers = 1;  // one layer: nothing to disagree about
-  opt.allocation = Allocation::dynamic;
+  opt.allocate.mode = Allocation::dynamic;
   EXPECT_TRUE(gpu::can_implement(cache, Budget::ratio(0.5), opt, out).ok());
 }
 

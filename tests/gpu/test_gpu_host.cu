@@ -60,9 +60,9 @@ struct DenseFixture {
 
 Options blocked(std::int64_t block = 64) {
   Options o;
-  o.transform = Transform::blocked;
-  o.block_size = block;
-  o.base = flashcache::Base::lowpass;  // the GPU's blocked kernel takes the low-pass base only, whatever the default
+  o.score.transform = Transform::blocked;
+  o.score.block_size = block;
+  o.score.base = flashcache::Base::lowpass;  // the GPU's blocked kernel takes the low-pass base only, whatever the default
   return o;
 }
 
@@ -85,7 +85,7 @@ TEST(GpuCanImplement, RefusesLayerCounts) {
   expect_error(fcc::can_implement(g.cache, Budget::ratio(0.2), blocked()), Errc::unsupported, "layers");
 }
 
-// Query tails: Cache::tails given exactly when Options::query asks for them.
+// Query tails: Cache::tails given exactly when ScoreOptions::query asks for them.
 TEST(GpuCanImplement, QueryTailsNeedTheCachesTails) {
   DenseFixture f(1, 2, 16, 64);
   Options opt = Options::with_query_tail(blocked());
@@ -93,7 +93,7 @@ TEST(GpuCanImplement, QueryTailsNeedTheCachesTails) {
   f.cache.tails = fake<const float>(0x20000000u);
   EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.2), opt).ok());
   expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), blocked()), Errc::invalid_option,
-               "Options::query is none");
+               "ScoreOptions::query is none");
   f.cache.tails = fake<const float>(0x20000002u);
   expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::invalid_shape, "aligned");
 }
@@ -170,7 +170,7 @@ TEST(GpuCache, FactoriesSetTheStridesOfEachLayout) {
 TEST(GpuCanImplement, RefusesBadOptions) {
   DenseFixture f(1, 2, 16, 64);
   Options o = blocked();
-  o.gamma = 0;
+  o.score.gamma = 0;
   expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), o), Errc::invalid_option, "gamma");
   expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), blocked(flashcache::rules::kMaxGpuBlockSize + 1)), Errc::unsupported,
                "block_size");
@@ -194,7 +194,7 @@ TEST(GpuCanImplement, RefusesSharedMemoryOverflowNamingTheFix) {
 TEST(GpuCanImplement, GlobalNeedsAPlan) {
   DenseFixture f(1, 2, 16, 64);
   Options o;
-  o.transform = Transform::global;
+  o.score.transform = Transform::global;
   expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), o), Errc::invalid_option, "GlobalTransform");
   std::size_t bytes = 0;
   expect_error(fcc::workspace_size(f.cache, o, &bytes), Errc::invalid_option, "GlobalTransform");
@@ -260,7 +260,7 @@ TEST(GpuWorkspace, GlobalAddsSpectrumAndFftWork) {
   s.sequences = 1;
   s.capacity = 4099;
   Options g;
-  g.transform = Transform::global;
+  g.score.transform = Transform::global;
   fcc::WorkspaceLayout blocked_layout, global_layout;
   ASSERT_TRUE(fcc::make_layout(s, blocked(64), 0, 0, &blocked_layout).ok());
   ASSERT_TRUE(fcc::make_layout(s, g, 4099, 12345, &global_layout).ok());
@@ -304,8 +304,8 @@ TEST(GpuCompressAsync, RefusesAMissingOrShortWorkspaceWithoutTouchingTheDevice) 
 TEST(GpuSharedMemory, CommonShapesFitWithoutOptIn) {
   // bf16 / half at head dims 64..128 with blocks of 64 stay under 48 KB.
   for (std::int64_t d : {64, 96, 128})
-    EXPECT_LE(fcc::detail::blocked_smem_bytes(d, 2, blocked(64)), 48 * 1024) << "head_dim " << d;
-  EXPECT_LE(fcc::detail::blocked_smem_bytes(256, 4, blocked(64)), fcc::kMaxSharedBytes);
+    EXPECT_LE(fcc::detail::blocked_smem_bytes(d, 2, blocked(64).score), 48 * 1024) << "head_dim " << d;
+  EXPECT_LE(fcc::detail::blocked_smem_bytes(256, 4, blocked(64).score), fcc::kMaxSharedBytes);
 }
 
 TEST(GpuDeviceStatus, EveryCodeHasAMessageNamingTheProblem) {
@@ -356,13 +356,13 @@ TEST(GpuAllocate, OneDynamicLayerKeepsTheCpusMinLayerRatioFloor) {
           summary.tokens = n;
           summary.protected_count = protected_count;
           Options o;
-          o.min_layer_ratio = ratio_floor;
+          o.allocate.min_layer_ratio = ratio_floor;
           for (flashcache::Allocation allocation : {flashcache::Allocation::dynamic, flashcache::Allocation::uniform}) {
-            o.allocation = allocation;
+            o.allocate.mode = allocation;
             const bool dynamic = allocation == flashcache::Allocation::dynamic;
             std::int64_t planned = -1;
             flashcache::BudgetPlanner planner;
-            const Status cpu = planner.plan(&summary, 1, budget, o, &planned);
+            const Status cpu = planner.plan(&summary, 1, budget, o.allocate, &planned);
             const long long missed = kn::lone_layer_floor_missed(dynamic, want, protected_count, ratio_floor, n);
             if (missed > 0) {
               ++refused;
@@ -391,21 +391,31 @@ TEST(GpuGlobalTransform, RefusesBadArgumentsBeforeTouchingCufft) {
   expect_error(fcc::GlobalTransform::create(bad, 1, 4, 128, &plan), Errc::unsupported, "length");
 }
 
-// ---- image spans (Options::grids) ----------------------------------------------
+// ---- image spans (Cache::spans) ----------------------------------------------
 
-Options with_spans(Options o, std::vector<GridSpan> spans) {
-  o.grids = std::move(spans);
-  return o;
+// Options and the image spans a request gives with them (the cache's spans on the GPU).
+struct Spanned {
+  Options opt;
+  std::vector<GridSpan> spans;
+};
+Spanned with_spans(Options o, std::vector<GridSpan> spans) { return {o, std::move(spans)}; }
+
+// The fixture's cache holding the request's spans.
+template <class Fixture>
+fcc::Cache<bfloat16_t> with_cache_spans(const Fixture& f, const std::vector<GridSpan>& spans) {
+  fcc::Cache<bfloat16_t> c = f.cache;
+  c.spans = spans;
+  return c;
 }
 
 TEST(GpuGrids, AcceptedWithBothTransformsZonesAndTiles) {
   DenseFixture f(2, 2, 200, 64);
   for (GridZone zone : {GridZone::rectangle, GridZone::triangle})
     for (std::int64_t tile : {1, 3, 8, 100}) {
-      Options o = with_spans(blocked(16), {{3, 7, 5}, {40, 6, 6}});
-      o.grid_zone = zone;
-      o.grid_tile = tile;
-      EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.3), o).ok()) << "tile " << tile;
+      Spanned r = with_spans(blocked(16), {{3, 7, 5}, {40, 6, 6}});
+      r.opt.score.grid_zone = zone;
+      r.opt.score.grid_tile = tile;
+      EXPECT_TRUE(fcc::can_implement(with_cache_spans(f, r.spans), Budget::ratio(0.3), r.opt).ok()) << "tile " << tile;
     }
 }
 
@@ -413,18 +423,18 @@ TEST(GpuGrids, RefusesMoreSpansThanTheKernelParametersHold) {
   DenseFixture f(1, 2, 200, 64);
   std::vector<GridSpan> spans;
   for (int i = 0; i <= fcc::kMaxGridSpans; ++i) spans.push_back({3 * i, 1, 2});
-  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.3), with_spans(blocked(), spans)), Errc::unsupported,
+  expect_error(fcc::can_implement(with_cache_spans(f, spans), Budget::ratio(0.3), blocked()), Errc::unsupported,
                "at most 16");
   spans.pop_back();
-  EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.3), with_spans(blocked(), spans)).ok());
+  EXPECT_TRUE(fcc::can_implement(with_cache_spans(f, spans), Budget::ratio(0.3), blocked()).ok());
 }
 
 TEST(GpuGrids, RefusesOverlappingSpans) {
   DenseFixture f(1, 2, 200, 64);
-  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.3), with_spans(blocked(), {{40, 6, 6}, {3, 7, 6}})),
+  expect_error(fcc::can_implement(with_cache_spans(f, {{40, 6, 6}, {3, 7, 6}}), Budget::ratio(0.3), blocked()),
                Errc::invalid_option, "overlap");
   std::size_t bytes = 0;
-  EXPECT_TRUE(fcc::workspace_size(f.cache, with_spans(blocked(), {{40, 6, 6}, {3, 7, 5}}), &bytes).ok());
+  EXPECT_TRUE(fcc::workspace_size(with_cache_spans(f, {{40, 6, 6}, {3, 7, 5}}), blocked(), &bytes).ok());
 }
 
 TEST(GpuGrids, TheBaseSampleTakesOneByteATokenOfWorkspace) {
@@ -432,50 +442,56 @@ TEST(GpuGrids, TheBaseSampleTakesOneByteATokenOfWorkspace) {
   for (double base : {0.0, 0.25})
     for (double grid : {0.0, 0.75})
       for (bool spans : {false, true}) {
-        Options o = spans ? with_spans(blocked(), {{3, 7, 5}}) : blocked();
-        o.base_share = base;
-        o.grid_base_share = grid;
-        EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.3), o).ok());
+        const Spanned r = with_spans(blocked(), spans ? std::vector<GridSpan>{{3, 7, 5}} : std::vector<GridSpan>{});
+        Options o = r.opt;
+        o.select.base_share = base;
+        o.select.grid_base_share = grid;
+        const fcc::Cache<bfloat16_t> c = with_cache_spans(f, r.spans);
+        EXPECT_TRUE(fcc::can_implement(c, Budget::ratio(0.3), o).ok());
         fcc::WorkspaceLayout w;
-        ASSERT_TRUE(fcc::workspace_layout(f.cache, o, nullptr, &w).ok());
+        ASSERT_TRUE(fcc::workspace_layout(c, o, nullptr, &w).ok());
         // Without spans grid_base_share samples nothing, on the CPU too.
         const bool samples = base > 0 || (spans && grid > 0);
-        EXPECT_EQ(fcc::samples_base(o), samples);
+        EXPECT_EQ(fcc::samples_base(o.select, r.spans), samples);
         if (samples) EXPECT_GE(w.total - w.base_mark, 2u * 3 * 200);
       }
 }
 
 TEST(GpuGrids, RefusesASpanPastTheCapacity) {
   DenseFixture f(1, 2, 70, 64);
-  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.3), with_spans(blocked(), {{3, 7, 5}, {40, 6, 6}})),
+  expect_error(fcc::can_implement(with_cache_spans(f, {{3, 7, 5}, {40, 6, 6}}), Budget::ratio(0.3), blocked()),
                Errc::invalid_shape, "grid span 1 [40, 76) reaches past the capacity of 70 tokens");
 }
 
 TEST(GpuGrids, RefusesTilesTooLargeForSharedMemoryNamingTheFix) {
   // A 200 x 200 span as one tile: more shared memory than sm_90 has, even one column at a time.
   DenseFixture f(1, 2, 40000, 128);
-  Options o = with_spans(blocked(), {{0, 200, 200}});
-  o.grid_tile = 1000;
-  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.3), o), Errc::unsupported, "smaller grid_tile");
-  o.grid_tile = 16;
-  EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.3), o).ok());
-  Options g = with_spans(Options{}, {{0, 200, 200}});
+  const std::vector<GridSpan> big = {{0, 200, 200}};
+  const fcc::Cache<bfloat16_t> c = with_cache_spans(f, big);
+  Options o = blocked();
+  o.score.grid_tile = 1000;
+  expect_error(fcc::can_implement(c, Budget::ratio(0.3), o), Errc::unsupported, "smaller grid_tile");
+  o.score.grid_tile = 16;
+  EXPECT_TRUE(fcc::can_implement(c, Budget::ratio(0.3), o).ok());
+  flashcache::ScoreOptions g;
   g.transform = Transform::global;
   fcc::detail::GridLaunch launch;
-  expect_error(fcc::detail::size_grid_launch(128, g, fcc::kMaxSharedBytes, &launch), Errc::unsupported,
+  expect_error(fcc::detail::size_grid_launch(128, big, g, fcc::kMaxSharedBytes, &launch), Errc::unsupported,
                "use Transform::blocked");
   // The whole grid of a 24 x 24 image (LLaVA) fits, and a few thousand patches still do.
-  EXPECT_TRUE(fcc::detail::size_grid_launch(128, with_spans(g, {{0, 24, 24}}), fcc::kMaxSharedBytes, &launch).ok());
-  EXPECT_TRUE(fcc::detail::size_grid_launch(128, with_spans(g, {{0, 64, 64}}), fcc::kMaxSharedBytes, &launch).ok());
+  const std::vector<GridSpan> llava = {{0, 24, 24}}, larger = {{0, 64, 64}};
+  EXPECT_TRUE(fcc::detail::size_grid_launch(128, llava, g, fcc::kMaxSharedBytes, &launch).ok());
+  EXPECT_TRUE(fcc::detail::size_grid_launch(128, larger, g, fcc::kMaxSharedBytes, &launch).ok());
 }
 
 TEST(GpuGrids, LaunchStaysUnderTheDefaultSharedMemoryForUsualTiles) {
   for (std::int64_t d : {40, 64, 128, 256})
     for (std::int64_t tile : {3, 8, 16}) {
-      Options o = with_spans(blocked(), {{3, 7, 5}, {40, 24, 24}});
-      o.grid_tile = tile;
+      const std::vector<GridSpan> spans = {{3, 7, 5}, {40, 24, 24}};
+      Options o = blocked();
+      o.score.grid_tile = tile;
       fcc::detail::GridLaunch launch;
-      ASSERT_TRUE(fcc::detail::size_grid_launch(d, o, fcc::kMaxSharedBytes, &launch).ok());
+      ASSERT_TRUE(fcc::detail::size_grid_launch(d, spans, o.score, fcc::kMaxSharedBytes, &launch).ok());
       EXPECT_LE(launch.smem, fcc::kernels::kGridPreferredSmem) << "head_dim " << d << " tile " << tile;
       EXPECT_GE(launch.width, 1);
       EXPECT_LE(launch.width, d);
@@ -490,11 +506,12 @@ TEST(GpuGrids, TilesCoverEverySpanTokenOnceAndTheWorkspaceHoldsThem) {
     // The largest tile (a caller meaning "no tiling") must not overflow the tile count.
     for (std::int64_t tile :
          std::initializer_list<std::int64_t>{1, 3, 8, 1000, std::numeric_limits<std::int64_t>::max()}) {
-      Options o = with_spans(blocked(), {{40, 6, 6}, {3, 7, 5}, {80, 1, 9}});
-      o.transform = transform;
-      o.grid_tile = tile;
-      const fcc::kernels::GridSpans spans = fcc::detail::grid_spans(o);
-      ASSERT_EQ(spans.tiles(), fcc::grid_tile_count(o));
+      const std::vector<GridSpan> given = {{40, 6, 6}, {3, 7, 5}, {80, 1, 9}};
+      Options o = blocked();
+      o.score.transform = transform;
+      o.score.grid_tile = tile;
+      const fcc::kernels::GridSpans spans = fcc::detail::grid_spans(given, o.score);
+      ASSERT_EQ(spans.tiles(), fcc::grid_tile_count(given, o.score));
       std::vector<int> seen(100, 0);
       for (int q = 0; q < spans.tiles(); ++q) {
         const fcc::kernels::GridTile t = fcc::kernels::grid_tile_at(spans, q);
@@ -508,7 +525,7 @@ TEST(GpuGrids, TilesCoverEverySpanTokenOnceAndTheWorkspaceHoldsThem) {
       }
       for (std::int64_t token = 0; token < 100; ++token) {
         bool inside = false;
-        for (const GridSpan& g : o.grids) inside = inside || (token >= g.first && token < g.end());
+        for (const GridSpan& g : given) inside = inside || (token >= g.first && token < g.end());
         EXPECT_EQ(seen[static_cast<std::size_t>(token)], inside ? 1 : 0) << "token " << token << " tile " << tile;
         EXPECT_EQ(spans.contains(token), inside) << "token " << token;
       }
@@ -519,8 +536,9 @@ TEST(GpuGrids, TilesCoverEverySpanTokenOnceAndTheWorkspaceHoldsThem) {
       shape.sequences = 2;
       shape.capacity = 100;
       fcc::WorkspaceLayout with, without;
+      ASSERT_TRUE(fcc::make_layout(shape, o, 100, 0, &without).ok());
+      shape.spans = given;
       ASSERT_TRUE(fcc::make_layout(shape, o, 100, 0, &with).ok());
-      ASSERT_TRUE(fcc::make_layout(shape, with_spans(o, {}), 100, 0, &without).ok());
       EXPECT_EQ(with.grid_tiles, spans.tiles());
       const std::size_t parts = 2u * 3 * 2 * static_cast<std::size_t>(spans.tiles());
       EXPECT_GE(with.grid_protected - with.grid_energy, parts * 8);
@@ -536,11 +554,12 @@ TEST(GpuGrids, TileIndicesOfAVeryWideOrTallSpanAreTheHostsSixtyFourBitOnes) {
   const std::int64_t tile = (std::int64_t{1} << 30) + 1, along = 2147483638;  // rows x cols < 2^31
   for (bool wide : {true, false}) {
     SCOPED_TRACE(wide ? "one row" : "one column");
-    Options o = with_spans(blocked(), {{0, wide ? 1 : along, wide ? along : 1}});
-    o.grid_tile = tile;
-    const GridSpan& g = o.grids[0];
-    const kn::GridSpans spans = fcc::detail::grid_spans(o);
-    ASSERT_EQ(spans.tiles(), fcc::grid_tile_count(o));
+    const std::vector<GridSpan> given = {{0, wide ? 1 : along, wide ? along : 1}};
+    Options o = blocked();
+    o.score.grid_tile = tile;
+    const GridSpan& g = given[0];
+    const kn::GridSpans spans = fcc::detail::grid_spans(given, o.score);
+    ASSERT_EQ(spans.tiles(), fcc::grid_tile_count(given, o.score));
     ASSERT_EQ(spans.tiles(), 2);
     const std::int64_t across = kn::ceil_div(g.cols, tile), down = kn::ceil_div(g.rows, tile);
     EXPECT_GT(std::max(across, down) * tile, std::int64_t{2147483647});
@@ -572,12 +591,12 @@ struct HostGridRun {
 
 HostGridRun run_grid_pass_on_host(const std::vector<float>& k, const std::vector<float>& v,
                                   const std::vector<std::int32_t>& source, std::int64_t n, int d, const Options& opt,
-                                  int width) {
+                                  const std::vector<GridSpan>& spans, int width) {
   namespace kn = fcc::kernels;
   HostGridRun out;
   out.scores.assign(static_cast<std::size_t>(n), std::numeric_limits<float>::quiet_NaN());
   fcc::detail::GridLaunch g;
-  const flashcache::Status planned = fcc::detail::size_grid_launch(d, opt, fcc::kMaxSharedBytes, &g);
+  const flashcache::Status planned = fcc::detail::size_grid_launch(d, spans, opt.score, fcc::kMaxSharedBytes, &g);
   EXPECT_TRUE(planned.ok()) << planned.message();
   if (width > 0) g.width = width;
   const kn::GridSmem lay(g.max_rows, g.max_cols, g.max_tokens, g.max_u, g.max_v, g.width);
@@ -587,7 +606,7 @@ HostGridRun run_grid_pass_on_host(const std::vector<float>& k, const std::vector
     const kn::GridTile tile = kn::grid_tile_at(g.spans, q);
     kn::GridTileMath m(lay, base, tile.tr, tile.tc, g.width);
     const int tokens = m.tokens();
-    for (int u = 0; u < m.tr; ++u) m.zone_row(u, opt.grid_zone, opt.gamma);
+    for (int u = 0; u < m.tr; ++u) m.zone_row(u, opt.score.grid_zone, opt.score.gamma);
     m.zone_extent();
     EXPECT_LE(m.n_u, g.max_u);
     EXPECT_LE(m.n_v, g.max_v);
@@ -662,17 +681,18 @@ TEST(GpuGrids, HostRunOfTheKernelArithmeticMatchesTheCpuScorer) {
         for (double gamma : {0.2, 0.35})
           for (int width : {0, 1, 7}) {
             if (transform == Transform::global && tile != 3) continue;  // one tile per span
-            Options o = with_spans(blocked(16), {{3, 7, 5}, {40, 6, 6}});
-            o.transform = transform;
-            o.grid_zone = zone;
-            o.grid_tile = tile;
-            o.gamma = gamma;
+            const std::vector<GridSpan> spans = {{3, 7, 5}, {40, 6, 6}};
+            Options o = blocked(16);
+            o.score.transform = transform;
+            o.score.grid_zone = zone;
+            o.score.grid_tile = tile;
+            o.score.gamma = gamma;
             SCOPED_TRACE(std::string(flashcache::to_string(transform)) + " " + flashcache::to_string(zone) + " tile " +
                          std::to_string(tile) + " gamma " + std::to_string(gamma) + " width " + std::to_string(width));
             flashcache::Scorer<double> scorer;
             flashcache::LayerScores cpu;
-            ASSERT_TRUE(scorer.score(kv, vv, o, &cpu).ok());
-            const HostGridRun host = run_grid_pass_on_host(k, v, source, n, d, o, width);
+            ASSERT_TRUE(scorer.score(kv, vv, o.score, &cpu, flashcache::ScoreInputs{spans, {}}).ok());
+            const HostGridRun host = run_grid_pass_on_host(k, v, source, n, d, o, spans, width);
             double largest = 0;
             for (std::int64_t t = 0; t < n; ++t)
               if (std::isfinite(cpu(0, t))) largest = std::max(largest, static_cast<double>(cpu(0, t)));
@@ -706,17 +726,18 @@ TEST(GpuGrids, HostRunEnergyIsTheSpanTokensResidual) {
   std::vector<std::int32_t> source(static_cast<std::size_t>(n));
   for (std::int32_t t = 0; t < n; ++t) source[static_cast<std::size_t>(t)] = t;
   // Block size 1: the 1D residual of every token is 0, so E_high with spans is the 2D part alone.
-  Options o = with_spans(blocked(1), {{5, 5, 9}});
-  o.grid_tile = 4;
-  o.grid_zone = GridZone::triangle;
+  const std::vector<GridSpan> spans = {{5, 5, 9}};
+  Options o = blocked(1);
+  o.score.grid_tile = 4;
+  o.score.grid_zone = GridZone::triangle;
   const auto kv =
       flashcache::hnd<const float>(k.data(), flashcache::Heads(1), flashcache::Tokens(n), flashcache::HeadDim(d));
   const auto vv =
       flashcache::hnd<const float>(v.data(), flashcache::Heads(1), flashcache::Tokens(n), flashcache::HeadDim(d));
   flashcache::Scorer<double> scorer;
   flashcache::LayerScores cpu;
-  ASSERT_TRUE(scorer.score(kv, vv, o, &cpu).ok());
-  const HostGridRun host = run_grid_pass_on_host(k, v, source, n, d, o, 0);
+  ASSERT_TRUE(scorer.score(kv, vv, o.score, &cpu, flashcache::ScoreInputs{spans, {}}).ok());
+  const HostGridRun host = run_grid_pass_on_host(k, v, source, n, d, o, spans, 0);
   EXPECT_GT(host.k_high, 0.0);
   EXPECT_NEAR(host.k_high, cpu.energy[0].k_high, 1e-4 * cpu.energy[0].k_total);
   EXPECT_NEAR(host.v_high, cpu.energy[0].v_high, 1e-4 * cpu.energy[0].v_total);
@@ -728,11 +749,12 @@ TEST(GpuGrids, HostRunEnergyIsTheSpanTokensResidual) {
 // token or cell at a time where the kernel scans a CTA's worth: which tokens it
 // marks, given the forced ones.
 std::vector<std::uint8_t> base_sample_as_the_kernel_does(const std::vector<std::uint8_t>& forced, std::int64_t recent,
-                                                         std::int64_t budget, const Options& opt) {
+                                                         std::int64_t budget, const Options& opt,
+                                                         const std::vector<GridSpan>& spans) {
   namespace kn = fcc::kernels;
   const auto n = static_cast<std::int64_t>(forced.size());
   std::vector<std::uint8_t> mark(forced.size(), 0);
-  const kn::GridSpans grids = fcc::detail::grid_spans(opt);
+  const kn::GridSpans grids = fcc::detail::grid_spans(spans, opt.score);
   long long forced_count = 0;
   for (std::uint8_t f : forced) forced_count += f;
   const std::int64_t window_start = flashcache::rules::recent_window_start(n, recent, grids);
@@ -756,7 +778,7 @@ std::vector<std::uint8_t> base_sample_as_the_kernel_does(const std::vector<std::
   };
   if (room_left <= 0 || free <= 0) return mark;
   if (grids.count == 0) {
-    mark_evenly(std::min<long long>(std::llround(opt.base_share * static_cast<double>(budget)), room_left), free,
+    mark_evenly(std::min<long long>(std::llround(opt.select.base_share * static_cast<double>(budget)), room_left), free,
                 [&](std::int64_t t) { return !taken(t); });
     return mark;
   }
@@ -766,7 +788,7 @@ std::vector<std::uint8_t> base_sample_as_the_kernel_does(const std::vector<std::
     long long part = 0;
     for (long long t = first; t < first + rows * cols; ++t) part += !taken(t);
     free_in_spans += part;
-    long long count = kn::base_share_of(opt.grid_base_share, budget, part, free);
+    long long count = kn::base_share_of(opt.select.grid_base_share, budget, part, free);
     count = std::min({count, room_left - marked, rows * cols});
     if (count <= 0) continue;
     const kn::GridSampleShape shape = kn::grid_sample_shape(count, rows, cols);
@@ -779,7 +801,7 @@ std::vector<std::uint8_t> base_sample_as_the_kernel_does(const std::vector<std::
     }
     marked += std::min(eligible, count);
   }
-  const long long outside = kn::base_share_of(opt.base_share, budget, free - free_in_spans, free);
+  const long long outside = kn::base_share_of(opt.select.base_share, budget, free - free_in_spans, free);
   mark_evenly(std::min(outside, room_left - marked), free - free_in_spans,
               [&](std::int64_t t) { return !taken(t) && !grids.contains(t); });
   return mark;
@@ -797,10 +819,11 @@ TEST(GpuBaseSample, TheKernelsPassesPickWhatTheCpuPicks) {
     for (std::uint8_t f : forced) forced_count += f;
     const std::int64_t budget = forced_count + static_cast<std::int64_t>(rng() % (n - forced_count + 1));
     Options o;
-    o.window = 0;
-    o.window_share = (rng() % 3) * 0.25;
-    o.base_share = (rng() % 3) * 0.2;
-    o.grid_base_share = (rng() % 4) * 0.25;
+    std::vector<GridSpan> given;
+    o.select.window = 0;
+    o.select.window_share = (rng() % 3) * 0.25;
+    o.select.base_share = (rng() % 3) * 0.2;
+    o.select.grid_base_share = (rng() % 4) * 0.25;
     // Up to three spans that fit, in any order, sometimes none.
     const int spans = static_cast<int>(rng() % 4);
     std::int64_t at = static_cast<std::int64_t>(rng() % 8);
@@ -808,19 +831,19 @@ TEST(GpuBaseSample, TheKernelsPassesPickWhatTheCpuPicks) {
       const std::int64_t rows = 1 + static_cast<std::int64_t>(rng() % 7),
                          cols = 1 + static_cast<std::int64_t>(rng() % 9);
       if (at + rows * cols > n) break;
-      o.grids.push_back({at, rows, cols});
+      given.push_back({at, rows, cols});
       at += rows * cols + static_cast<std::int64_t>(rng() % 10);
     }
-    if (o.grids.size() > 1 && rng() % 2) std::swap(o.grids.front(), o.grids.back());
+    if (given.size() > 1 && rng() % 2) std::swap(given.front(), given.back());
     SCOPED_TRACE("trial " + std::to_string(trial));
     // The CPU: forced, then the window, then the sample (select_tokens' order).
     std::vector<std::uint8_t> keep = forced;
-    const std::int64_t recent = flashcache::window_tokens(o, budget);
+    const std::int64_t recent = flashcache::window_tokens(o.select, budget);
     std::int64_t taken = forced_count;
-    taken += flashcache::keep_recent(n, recent, budget - taken, o.grids, keep.data());
+    taken += flashcache::keep_recent(n, recent, budget - taken, given, keep.data());
     std::vector<std::uint8_t> before = keep;
-    flashcache::keep_base_sample(n, budget, budget - taken, o, keep.data());
-    const std::vector<std::uint8_t> mark = base_sample_as_the_kernel_does(forced, recent, budget, o);
+    flashcache::keep_base_sample(n, budget, budget - taken, o.select, given, keep.data());
+    const std::vector<std::uint8_t> mark = base_sample_as_the_kernel_does(forced, recent, budget, o, given);
     std::int64_t picks = 0;
     for (std::int64_t t = 0; t < n; ++t) {
       const bool cpu = keep[static_cast<std::size_t>(t)] && !before[static_cast<std::size_t>(t)];
@@ -894,7 +917,7 @@ TEST(GpuSelect, AWindowLongerThanTheKeysTakesItsNewestTokensAsTheCpu) {
   const std::int64_t n = 9'100'300, recent = 9'000'000;
   ASSERT_GT(recent, kn::kMaxWindowAge);
   const std::vector<GridSpan> spans{{n - 70'000, 100, 300}};  // inside the window: never part of it
-  const kn::GridSpans grids = fcc::detail::grid_spans(with_spans(Options{}, spans));
+  const kn::GridSpans grids = fcc::detail::grid_spans(spans, flashcache::ScoreOptions{});
   std::vector<std::uint8_t> forced(static_cast<std::size_t>(n), 0);
   for (std::int64_t t = 0; t < n; ++t) forced[static_cast<std::size_t>(t)] = t < 4 || t % 997 == 5 || t >= n - 16;
   const std::int64_t window_start = flashcache::rules::recent_window_start(n, recent, grids);
@@ -927,13 +950,13 @@ TEST(GpuSelect, AWindowLongerThanTheKeysTakesItsNewestTokensAsTheCpu) {
   EXPECT_TRUE(keys_only[static_cast<std::size_t>(window_start)] && !cpu[static_cast<std::size_t>(window_start)]);
 }
 
-// ---- a base chosen by energy (Options::base peak, mixed), global transform -------
+// ---- a base chosen by energy (ScoreOptions::base peak, mixed), global transform -------
 
 Options global_base(flashcache::Base kind, double gamma = 0.2) {
   Options o;
-  o.transform = Transform::global;
-  o.base = kind;
-  o.gamma = gamma;
+  o.score.transform = Transform::global;
+  o.score.base = kind;
+  o.score.gamma = gamma;
   return o;
 }
 
@@ -942,7 +965,7 @@ TEST(GpuChosenBase, CanImplementTakesPeakAndMixedGlobalAndRefusesThemBlockedByNa
   for (flashcache::Base kind : {flashcache::Base::peak, flashcache::Base::mixed}) {
     SCOPED_TRACE(flashcache::to_string(kind));
     Options b = blocked();
-    b.base = kind;
+    b.score.base = kind;
     const Status s = fcc::can_implement(f.cache, Budget::ratio(0.2), b);
     expect_error(s, Errc::unsupported, std::string("base ") + flashcache::to_string(kind) + " with Transform::blocked");
     expect_error(s, Errc::unsupported, "only the m low rows of the DCT basis");
@@ -973,7 +996,7 @@ TEST(GpuChosenBase, WorkspaceHoldsEnergiesAndChoicesForTheLongestSequence) {
   ASSERT_TRUE(fcc::make_layout(s, global_base(flashcache::Base::peak), longest, 4096, &peak).ok());
   ASSERT_TRUE(fcc::make_layout(s, global_base(flashcache::Base::mixed), longest, 4096, &mixed).ok());
   Options bp = blocked();
-  bp.base = flashcache::Base::peak;
+  bp.score.base = flashcache::Base::peak;
   ASSERT_TRUE(fcc::make_layout(s, bp, 0, 0, &blocked_peak).ok());
   EXPECT_EQ(low.base_energy, 0u);  // the low-pass path: no new region, the same carve-up as before
   EXPECT_EQ(low.base_chosen, 0u);
@@ -1214,7 +1237,7 @@ TEST(GpuChosenBase, HostRunOfTheKernelArithmeticMatchesTheCpuScorer) {
           const Options o = global_base(kind, gamma);
           flashcache::Scorer<double> scorer;
           flashcache::LayerScores cpu;
-          ASSERT_TRUE(scorer.score(kv, vv, o, &cpu).ok());
+          ASSERT_TRUE(scorer.score(kv, vv, o.score, &cpu).ok());
           const HostChosenRun host = run_chosen_base_on_host(k, v, heads, n, d, gamma, kind);
           const std::int64_t m = flashcache::lowpass_cutoff(n, gamma);
           bool same_choice = true;

@@ -284,13 +284,13 @@ TEST(GpuQueryTails, CompressWithTailsMatchesTheCpu) {
   for (const fc::Transform transform : {fc::Transform::global, fc::Transform::blocked}) {
     SCOPED_TRACE(fc::to_string(transform));
     fc::Options opt = fc::Options::with_query_tail(fc::Options{});
-    opt.transform = transform;
-    if (transform == fc::Transform::blocked) opt.base = fc::Base::lowpass;  // the GPU's blocked kernel: low-pass only
+    opt.score.transform = transform;
+    if (transform == fc::Transform::blocked) opt.score.base = fc::Base::lowpass;  // the GPU's blocked kernel: low-pass only
     const auto kh = fc::hnd<const float>(kv.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d));
     const auto vh = fc::hnd<const float>(kv.q.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d));
     fc::Scorer<double> scorer;
     fc::LayerScores cpu;
-    FLASHCACHE_OK(scorer.score(kh, vh, fc::TailView<const float>{tails.data(), heads, n}, opt, &cpu));
+    FLASHCACHE_OK(scorer.score(kh, vh, opt.score, &cpu, fc::ScoreInputs{{}, fc::TailView<const float>{tails.data(), heads, n}}));
 
     DeviceArray<float> k, v, t;
     k.upload(kv.k);

@@ -18,8 +18,8 @@ std::string run_without_workspace_a() {
   cache.token_stride = 2 * 64;
   cache.capacity = 64;
   Options opt;
-  opt.transform = Transform::blocked;
-  opt.base = Base::lowpass;  // the blocked kernel builds the low-pass base
+  opt.score.transform = Transform::blocked;
+  opt.score.base = Base::lowpass;  // the blocked kernel builds the low-pass base
   const Status s = gpu::compress_async(cache, Budget::ratio(0.5), opt, gpu::Outputs<float>{}, nullptr, 0, nullptr);
   return s.ok() ? std::string("ok") : s.message();
 }

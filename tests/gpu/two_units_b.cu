@@ -19,8 +19,8 @@ std::string run_without_workspace_b() {
   cache.token_stride = 2 * 64;
   cache.capacity = 64;
   Options opt;
-  opt.transform = Transform::blocked;
-  opt.base = Base::lowpass;  // the blocked kernel builds the low-pass base
+  opt.score.transform = Transform::blocked;
+  opt.score.base = Base::lowpass;  // the blocked kernel builds the low-pass base
   const Status s = gpu::compress_async(cache, Budget::ratio(0.5), opt, gpu::Outputs<bfloat16_t>{}, nullptr, 0, nullptr);
   // Instantiate the float path here too, so both units hold the same template instances.
   float* fk[1] = {nullptr};

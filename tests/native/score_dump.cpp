@@ -50,12 +50,12 @@ bool run_case(std::int64_t n, int variant, Result* out) {
   const auto kv = fc::hnd(k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d));
   const auto vv = fc::hnd(v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d));
   fc::Options opt;
-  if (variant == 1) opt.transform = fc::Transform::blocked;
+  if (variant == 1) opt.score.transform = fc::Transform::blocked;
   if (variant == 2) opt = fc::Options::paper();
   if (variant == 3) opt = fc::Options::with_query_tail();
   out->tails.assign(static_cast<std::size_t>(heads * n), 0.0f);
   fc::TailView<const float> tails;
-  if (opt.query == fc::QueryInput::tail) {
+  if (opt.score.query == fc::QueryInput::tail) {
     fc::TailAccumulator acc;
     const auto qv = fc::hnd(q.data(), fc::Heads(2 * heads), fc::Tokens(n), fc::HeadDim(d));
     const fc::Status s = acc.add(qv, 0, kv, nullptr, {out->tails.data(), heads, n}, fc::last_queries(n));
@@ -64,13 +64,13 @@ bool run_case(std::int64_t n, int variant, Result* out) {
   }
   fc::Scorer<float> scorer;
   fc::LayerScores scores;
-  fc::Status s = scorer.score(kv, vv, tails, opt, &scores);
+  fc::Status s = scorer.score(kv, vv, opt.score, &scores, fc::ScoreInputs{{}, tails});
   if (!s.ok()) return std::fprintf(stderr, "score: %s\n", s.message().c_str()), false;
   std::int64_t keep = 0;
   s = fc::Budget::ratio(0.2).resolve(n, &keep);
   out->kept.resize(static_cast<std::size_t>(heads * keep));
   fc::SelectWorkspace ws;
-  if (s.ok()) s = fc::select_tokens(scores.view(), keep, opt, fc::ProtectMask{}, &ws, fc::KeptView{out->kept.data(), keep});
+  if (s.ok()) s = fc::select_tokens(scores.view(), keep, opt.select, fc::ProtectMask{}, {}, &ws, fc::KeptView{out->kept.data(), keep});
   if (!s.ok()) return std::fprintf(stderr, "select: %s\n", s.message().c_str()), false;
   out->scores = scores.score;
   return true;

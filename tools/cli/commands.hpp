@@ -12,10 +12,10 @@ namespace flashcache::cli {
 
 // Defaults are the library's Options defaults.
 struct TransformArgs {
-  double gamma = Options{}.gamma;
-  Transform transform = Options{}.transform;
-  std::int64_t block = Options{}.block_size;
-  Base base = Options{}.base;
+  double gamma = ScoreOptions{}.gamma;
+  Transform transform = ScoreOptions{}.transform;
+  std::int64_t block = ScoreOptions{}.block_size;
+  Base base = ScoreOptions{}.base;
 };
 
 struct CompressArgs {
@@ -23,8 +23,8 @@ struct CompressArgs {
   std::string policy = "flashcache";  // flashcache, streaming, knorm, keydiff, random, snapkv, h2o
   std::string q;                      // queries for snapkv / h2o, and flashcache's query tails; empty for none
   // flashcache with --q: Options::with_query_tail() and its feed, but for what is given.
-  double tail_weight = Options::with_query_tail().tail_weight;
-  std::string tail_mix = to_string(Options::with_query_tail().tail_mix);
+  double tail_weight = Options::with_query_tail().score.tail_weight;
+  std::string tail_mix = to_string(Options::with_query_tail().score.tail_mix);
   std::int64_t tail_stride = QueryTailOptions{}.stride;
   std::int64_t tail_min_distance = QueryTailOptions{}.min_distance;
   std::int64_t tail_last = kTailLastQueries;
@@ -33,17 +33,17 @@ struct CompressArgs {
   bool has_keep_ratio = false, has_keep = false;
   double keep_ratio = 0.2;  // also the default when neither --keep-ratio nor --keep is given
   std::int64_t keep = 0;
-  std::int64_t sink = Options{}.sink, window = Options{}.window;
-  double window_share = Options{}.window_share, base_share = Options{}.base_share;
-  bool normalize_terms = Options{}.normalize_terms;
+  std::int64_t sink = SelectOptions{}.sink, window = SelectOptions{}.window;
+  double window_share = SelectOptions{}.window_share, base_share = SelectOptions{}.base_share;
+  bool normalize_terms = ScoreOptions{}.normalize_terms;
   double rope_theta = 0;  // > 0: score keys de-rotated with this RoPE base
   std::string rope_layout = "half";
   std::int64_t rope_first_position = 0;
   bool paper = false;              // Options::paper(): the paper's algorithm exactly
   std::vector<std::string> grids;  // --grid FIRST:ROWS:COLS, one per image
-  std::string grid_zone = to_string(Options{}.grid_zone);
-  std::int64_t grid_tile = Options{}.grid_tile;
-  double grid_base_share = Options{}.grid_base_share;
+  std::string grid_zone = to_string(ScoreOptions{}.grid_zone);
+  std::int64_t grid_tile = ScoreOptions{}.grid_tile;
+  double grid_base_share = SelectOptions{}.grid_base_share;
   TransformArgs transform;
   bool no_allocate = false;
   bool force = false;

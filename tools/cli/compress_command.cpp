@@ -81,6 +81,7 @@ struct Plan {
   Options options;
   Budget budget = Budget::ratio(0.2);
   std::vector<std::uint8_t> mask;  // empty for none
+  std::vector<GridSpan> spans;     // --grid: the image spans
 
   // The mask for each of `layers` layers (all share the token count), or none.
   std::vector<ProtectMask> masks(std::int64_t layers) const {
@@ -123,38 +124,38 @@ Plan make_plan(const CompressArgs& a, const KVCache& cache) {
     p.options = Options::paper();
   } else {
     p.options = to_options(a.transform);
-    p.options.sink = a.sink;
-    p.options.window = a.window;
-    p.options.window_share = a.window_share;
-    p.options.base_share = a.base_share;
-    p.options.normalize_terms = a.normalize_terms;
-    p.options.rope.derotate = a.rope_theta > 0;
-    p.options.rope.theta = a.rope_theta > 0 ? a.rope_theta : p.options.rope.theta;
-    p.options.rope.layout = a.rope_layout == "interleaved" ? RopeLayout::interleaved : RopeLayout::half;
-    p.options.rope.first_position = a.rope_first_position;
+    p.options.select.sink = a.sink;
+    p.options.select.window = a.window;
+    p.options.select.window_share = a.window_share;
+    p.options.select.base_share = a.base_share;
+    p.options.score.normalize_terms = a.normalize_terms;
+    p.options.score.rope.derotate = a.rope_theta > 0;
+    p.options.score.rope.theta = a.rope_theta > 0 ? a.rope_theta : p.options.score.rope.theta;
+    p.options.score.rope.layout = a.rope_layout == "interleaved" ? RopeLayout::interleaved : RopeLayout::half;
+    p.options.score.rope.first_position = a.rope_first_position;
   }
   if (p.policy == policies::Policy::flashcache && !a.q.empty()) {  // --q: the query-informed score
     p.options = Options::with_query_tail(p.options);  // the preset's query fields over the options set above
-    p.options.tail_weight = a.tail_weight;
-    p.options.tail_mix = a.tail_mix == "sum" ? TailMix::sum : TailMix::max;
+    p.options.score.tail_weight = a.tail_weight;
+    p.options.score.tail_mix = a.tail_mix == "sum" ? TailMix::sum : TailMix::max;
     p.policy_options.tail.stride = a.tail_stride;
     p.policy_options.tail.min_distance = a.tail_min_distance;
     p.policy_options.tail_last = a.tail_last;
   }
-  for (const std::string& g : a.grids) p.options.grids.push_back(parse_grid(g, cache.tokens, p.options.grids));
-  p.options.grid_zone = a.grid_zone == "triangle" ? GridZone::triangle : GridZone::rectangle;
-  p.options.grid_tile = a.grid_tile;
-  p.options.grid_base_share = a.grid_base_share;
+  for (const std::string& g : a.grids) p.spans.push_back(parse_grid(g, cache.tokens, p.spans));
+  p.options.score.grid_zone = a.grid_zone == "triangle" ? GridZone::triangle : GridZone::rectangle;
+  p.options.score.grid_tile = a.grid_tile;
+  p.options.select.grid_base_share = a.grid_base_share;
   if (!a.protect.empty()) p.mask = load_mask(a.protect, cache.tokens);
   if (a.has_keep) {
     if (a.keep > cache.tokens)
       usage_error("--keep " + std::to_string(a.keep) + " is more than the " + std::to_string(cache.tokens) +
                   " tokens per layer");
     p.budget = Budget::tokens(a.keep);
-    p.options.allocation = Allocation::uniform;  // a count per layer: nothing to reallocate
+    p.options.allocate.mode = Allocation::uniform;  // a count per layer: nothing to reallocate
   } else {
     p.budget = Budget::ratio(a.keep_ratio);
-    p.options.allocation = a.no_allocate ? Allocation::uniform : Allocation::dynamic;
+    p.options.allocate.mode = a.no_allocate ? Allocation::uniform : Allocation::dynamic;
   }
   return p;
 }
@@ -168,7 +169,7 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
   for (auto m : plan.mask) masked += m != 0;
   const std::int64_t row_bytes = 2 * cache.head_dim * size_of(cache.dtype);  // one token of K and V
   nlohmann::ordered_json grids = nlohmann::ordered_json::array();
-  for (const GridSpan& g : o.grids) grids.push_back({g.first, g.rows, g.cols});
+  for (const GridSpan& g : plan.spans) grids.push_back({g.first, g.rows, g.cols});
   nlohmann::ordered_json j;
   j["version"] = FLASHCACHE_VERSION_STRING;
   const auto null = nlohmann::ordered_json(nullptr);
@@ -189,32 +190,32 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
       {"observation_window", snapkv ? nlohmann::ordered_json(a.observation_window) : null},
       {"keep_ratio", a.has_keep ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(a.keep_ratio)},
       {"keep", a.has_keep ? nlohmann::ordered_json(a.keep) : nlohmann::ordered_json(nullptr)},
-      {"allocation", to_string(o.allocation)},
-      {"gamma", fc ? nlohmann::ordered_json(o.gamma) : null},
-      {"base", fc ? nlohmann::ordered_json(to_string(o.base)) : null},
-      {"sink", o.sink},
-      {"window", o.window},
-      {"window_share", o.window_share},
-      {"base_share", o.base_share},
-      {"normalize_terms", fc ? nlohmann::ordered_json(o.normalize_terms) : null},
-      {"query", fc ? nlohmann::ordered_json(to_string(o.query)) : null},
-      {"tail_weight", fc && o.query == QueryInput::tail ? nlohmann::ordered_json(o.tail_weight) : null},
-      {"tail_mix", fc && o.query == QueryInput::tail ? nlohmann::ordered_json(to_string(o.tail_mix)) : null},
+      {"allocation", to_string(o.allocate.mode)},
+      {"gamma", fc ? nlohmann::ordered_json(o.score.gamma) : null},
+      {"base", fc ? nlohmann::ordered_json(to_string(o.score.base)) : null},
+      {"sink", o.select.sink},
+      {"window", o.select.window},
+      {"window_share", o.select.window_share},
+      {"base_share", o.select.base_share},
+      {"normalize_terms", fc ? nlohmann::ordered_json(o.score.normalize_terms) : null},
+      {"query", fc ? nlohmann::ordered_json(to_string(o.score.query)) : null},
+      {"tail_weight", fc && o.score.query == QueryInput::tail ? nlohmann::ordered_json(o.score.tail_weight) : null},
+      {"tail_mix", fc && o.score.query == QueryInput::tail ? nlohmann::ordered_json(to_string(o.score.tail_mix)) : null},
       {"tail_stride",
-       fc && o.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail.stride) : null},
+       fc && o.score.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail.stride) : null},
       {"tail_min_distance",
-       fc && o.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail.min_distance) : null},
-      {"tail_last", fc && o.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail_last) : null},
-      {"rope_theta", fc && o.rope.derotate ? nlohmann::ordered_json(o.rope.theta) : null},
-      {"rope_layout", fc && o.rope.derotate ? nlohmann::ordered_json(to_string(o.rope.layout)) : null},
-      {"rope_first_position", fc && o.rope.derotate ? nlohmann::ordered_json(o.rope.first_position) : null},
+       fc && o.score.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail.min_distance) : null},
+      {"tail_last", fc && o.score.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail_last) : null},
+      {"rope_theta", fc && o.score.rope.derotate ? nlohmann::ordered_json(o.score.rope.theta) : null},
+      {"rope_layout", fc && o.score.rope.derotate ? nlohmann::ordered_json(to_string(o.score.rope.layout)) : null},
+      {"rope_first_position", fc && o.score.rope.derotate ? nlohmann::ordered_json(o.score.rope.first_position) : null},
       {"paper", a.paper},
-      {"transform", fc ? nlohmann::ordered_json(to_string(o.transform)) : null},
-      {"block", fc ? nlohmann::ordered_json(o.block_size) : null},
+      {"transform", fc ? nlohmann::ordered_json(to_string(o.score.transform)) : null},
+      {"block", fc ? nlohmann::ordered_json(o.score.block_size) : null},
       {"grids", grids},
-      {"grid_zone", fc && !o.grids.empty() ? nlohmann::ordered_json(to_string(o.grid_zone)) : null},
-      {"grid_tile", fc && !o.grids.empty() ? nlohmann::ordered_json(o.grid_tile) : null},
-      {"grid_base_share", o.grid_base_share},
+      {"grid_zone", fc && !plan.spans.empty() ? nlohmann::ordered_json(to_string(o.score.grid_zone)) : null},
+      {"grid_tile", fc && !plan.spans.empty() ? nlohmann::ordered_json(o.score.grid_tile) : null},
+      {"grid_base_share", o.select.grid_base_share},
       {"protected_by_mask", masked}};
   j["budgets"] = budgets;
   j["energy_ratio"] = energy_ratio;
@@ -267,7 +268,7 @@ void compress_as(const CompressArgs& a, const KVCache& cache, const Queries* q, 
   const std::vector<KVView<const T>> qv = q ? q->views<T>(cache) : std::vector<KVView<const T>>{};
   const CompressedModel<T> model = policies::compress_model<float, const T>(
       plan.policy, qv, cache.views<T>(cache.k), cache.views<T>(cache.v), plan.budget, plan.options, plan.policy_options,
-      plan.masks(cache.layers));
+      plan.masks(cache.layers), plan.spans);
   write_outputs(a, cache, q, plan, model);
 }
 

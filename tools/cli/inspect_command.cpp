@@ -19,7 +19,7 @@ std::vector<LayerScores> score_all(const KVCache& cache, const Options& opt) {
   std::vector<LayerScores> out(k.size());
   Scorer<float> scorer;
   for (std::size_t l = 0; l < k.size(); ++l) {
-    const Status s = scorer.score(k[l], v[l], opt, &out[l]);
+    const Status s = scorer.score(k[l], v[l], opt.score, &out[l]);
     if (!s.ok()) throw Error(make_error(s.code(), "layer ", l, ": ", s.message()));
   }
   return out;
@@ -43,15 +43,15 @@ int run_inspect(const InspectArgs& a) {
   std::printf("%s, %s: %lld layers x %lld heads x %lld tokens x %lld dims, %s\n", a.k.c_str(), a.v.c_str(),
               static_cast<long long>(cache.layers), static_cast<long long>(cache.heads),
               static_cast<long long>(cache.tokens), static_cast<long long>(cache.head_dim), to_string(cache.dtype));
-  if (opt.transform == Transform::global)
-    std::printf("global transform, gamma %g: the base is the lowest %lld of %lld frequencies\n\n", opt.gamma,
-                static_cast<long long>(lowpass_cutoff(cache.tokens, opt.gamma)), static_cast<long long>(cache.tokens));
+  if (opt.score.transform == Transform::global)
+    std::printf("global transform, gamma %g: the base is the lowest %lld of %lld frequencies\n\n", opt.score.gamma,
+                static_cast<long long>(lowpass_cutoff(cache.tokens, opt.score.gamma)), static_cast<long long>(cache.tokens));
   else {
-    const std::int64_t len = std::min(opt.block_size, cache.tokens);
+    const std::int64_t len = std::min(opt.score.block_size, cache.tokens);
     std::printf(
         "blocked transform (%lld-token blocks), gamma %g: the base is the lowest %lld of %lld frequencies "
         "per block\n\n",
-        static_cast<long long>(opt.block_size), opt.gamma, static_cast<long long>(lowpass_cutoff(len, opt.gamma)),
+        static_cast<long long>(opt.score.block_size), opt.score.gamma, static_cast<long long>(lowpass_cutoff(len, opt.score.gamma)),
         static_cast<long long>(len));
   }
 

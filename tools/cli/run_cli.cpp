@@ -138,7 +138,7 @@ int flashcache::cli::run_cli(int argc, char** argv) {
   compress->add_option("--q", c.q,
                        "The prompt's queries, [L, Hq, N, d] or [Hq, N, d], same dtype, layers, tokens and head dim "
                        "as K; Hq a multiple of K's heads (query head j uses KV head j / (Hq / H)). Needed by snapkv "
-                       "and h2o; with flashcache they switch on the query-informed score (Options::query = tail: each "
+                       "and h2o; with flashcache they switch on the query-informed score (ScoreOptions::query = tail: each "
                        "key's largest attention probability from a prompt query, mixed with the residual)");
   compress->add_option("--tail-weight", c.tail_weight, "With flashcache and --q: the tail's share of the score")
       ->capture_default_str();

@@ -12,10 +12,10 @@ void check_transform_args(const TransformArgs& t) {
 
 Options to_options(const TransformArgs& t) {
   Options o;
-  o.gamma = t.gamma;
-  o.transform = t.transform;
-  o.block_size = t.block;
-  o.base = t.base;
+  o.score.gamma = t.gamma;
+  o.score.transform = t.transform;
+  o.score.block_size = t.block;
+  o.score.base = t.base;
   return o;
 }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "flashcache/grid.hpp"
 #include "flashcache/types.hpp"
 
 namespace flashcache::gpu {
@@ -55,7 +56,11 @@ struct Cache {
   // head and layer (the GPU form of the CPU's ProtectMask, mask.hpp). It must
   // cover every token the batch holds; `capacity` bytes always do.
   const std::uint8_t* protect = nullptr;
-  // Options::query = tail: the keys' tails (query_tail.hpp), a device array of
+  // The request's image spans (grid.hpp), or none: the same positions in every
+  // sequence of the batch, at most kMaxGridSpans (limits.cuh). Host memory,
+  // read when the call is made.
+  ImageSpans spans;
+  // ScoreOptions::query = tail: the keys' tails (query_tail.hpp), a device array of
   // floats [layers][heads][capacity], token t of sequence b at t + the tokens of
   // sequences 0..b-1 as in the scores; null otherwise. An engine raises them
   // during prefill from each chunk's queries (query_tails_async, query_tails.cuh).

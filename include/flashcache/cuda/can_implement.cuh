@@ -21,20 +21,17 @@ namespace checks {
 inline Status options(const Options& opt) {
   FLASHCACHE_RETURN_IF_ERROR(check_options(opt));
   // Options the CPU has and these kernels do not yet; the defaults never need them.
-  if (opt.normalize_terms)
+  if (opt.score.normalize_terms)
     return make_error(Errc::unsupported, "normalize_terms: the GPU scores K and V unweighted only (CPU only)");
-  if (opt.rope.derotate)
+  if (opt.score.rope.derotate)
     return make_error(Errc::unsupported, "rope.derotate: the GPU scores keys as cached only (CPU only)");
   // A base chosen by energy needs a block's whole spectrum; the blocked kernel
   // keeps only the m low rows of its DCT basis in shared memory.
-  if (opt.base != Base::lowpass && opt.transform == Transform::blocked)
-    return make_error(Errc::unsupported, "base ", to_string(opt.base),
+  if (opt.score.base != Base::lowpass && opt.score.transform == Transform::blocked)
+    return make_error(Errc::unsupported, "base ", to_string(opt.score.base),
                       " with Transform::blocked: the GPU blocked kernel holds only the m low rows of the DCT basis, "
                       "and a base chosen by energy needs every frequency of the block (CPU only); use "
                       "Transform::global, or Base::lowpass");
-  if (opt.grids.size() > static_cast<std::size_t>(kMaxGridSpans))
-    return make_error(Errc::unsupported, opt.grids.size(), " grid spans: the GPU takes at most ", kMaxGridSpans,
-                      " per call (they travel in kernel parameters)");
   return Status::success();
 }
 
@@ -88,13 +85,13 @@ inline Status budget(const Budget& b, std::int64_t capacity) {
 // global transform's global against the cache.
 template <class T>
 Status transform(const Cache<T>& c, const Options& opt, const GlobalTransform* global, std::int64_t limit) {
-  if (opt.transform == Transform::blocked) {
-    if (!rules::block_size_ok(opt.block_size, true))
-      return make_error(Errc::unsupported, "block_size ", opt.block_size, ": the GPU blocked transform takes ",
+  if (opt.score.transform == Transform::blocked) {
+    if (!rules::block_size_ok(opt.score.block_size, true))
+      return make_error(Errc::unsupported, "block_size ", opt.score.block_size, ": the GPU blocked transform takes ",
                         rules::kMinBlockSize, " to ", rules::kMaxGpuBlockSize);
-    const std::int64_t smem = detail::blocked_smem_bytes(c.head_dim, sizeof(T), opt);
+    const std::int64_t smem = detail::blocked_smem_bytes(c.head_dim, sizeof(T), opt.score);
     if (smem > limit)
-      return make_error(Errc::unsupported, "block_size ", opt.block_size, " with head_dim ", c.head_dim, " ",
+      return make_error(Errc::unsupported, "block_size ", opt.score.block_size, " with head_dim ", c.head_dim, " ",
                         to_string(dtype_of<T>::value), " needs ", smem, " bytes of shared memory > ", limit,
                         " this device allows; use a smaller block_size");
     return Status::success();
@@ -122,32 +119,38 @@ Status transform(const Cache<T>& c, const Options& opt, const GlobalTransform* g
 template <class T>
 Status grids(const Cache<T>& c, const Options& opt, const GlobalTransform* global, std::int64_t limit,
              detail::GridLaunch* launch) {
-  if (opt.grids.empty()) return Status::success();
-  for (std::size_t i = 0; i < opt.grids.size(); ++i)
-    if (opt.grids[i].end() > c.capacity)
-      return make_error(Errc::invalid_shape, "grid span ", i, " [", opt.grids[i].first, ", ", opt.grids[i].end(),
+  const ImageSpans spans = c.spans;
+  if (spans.empty()) return Status::success();
+  if (spans.size() > static_cast<std::size_t>(kMaxGridSpans))
+    return make_error(Errc::unsupported, spans.size(), " grid spans: the GPU takes at most ", kMaxGridSpans,
+                      " per call (they travel in kernel parameters)");
+  FLASHCACHE_RETURN_IF_ERROR(check_grid_spans(spans));
+  for (std::size_t i = 0; i < spans.size(); ++i)
+    if (spans[i].end() > c.capacity)
+      return make_error(Errc::invalid_shape, "grid span ", i, " [", spans[i].first, ", ", spans[i].end(),
                         ") reaches past the capacity of ", c.capacity, " tokens");
-  if (opt.transform == Transform::global)
+  if (opt.score.transform == Transform::global)
     for (std::size_t b = 0; b < global->lengths().size(); ++b) {
-      const Status fits = check_grids_fit(opt.grids, global->lengths()[b]);
+      const Status fits = check_grids_fit(spans, global->lengths()[b]);
       if (!fits.ok()) return make_error(fits.code(), "sequence ", b, ": ", fits.message());
     }
-  if (static_cast<std::int64_t>(c.sequences) * grid_tile_count(opt) > std::int64_t{2147483647})
-    return make_error(Errc::unsupported, c.sequences, " sequences x ", grid_tile_count(opt),
+  const std::int64_t tiles = grid_tile_count(spans, opt.score);
+  if (static_cast<std::int64_t>(c.sequences) * tiles > std::int64_t{2147483647})
+    return make_error(Errc::unsupported, c.sequences, " sequences x ", tiles,
                       " grid tiles: more than 2^31 - 1 tiles in one call; use a larger grid_tile");
-  return detail::size_grid_launch(c.head_dim, opt, limit, launch);
+  return detail::size_grid_launch(c.head_dim, spans, opt.score, limit, launch);
 }
 
-// Query tails: given exactly when Options::query asks for them, 4-byte aligned.
+// Query tails: given exactly when ScoreOptions::query asks for them, 4-byte aligned.
 template <class T>
 Status queries(const Cache<T>& c, const Options& opt) {
-  if (opt.query == QueryInput::none) {
+  if (opt.score.query == QueryInput::none) {
     if (c.tails != nullptr)
-      return make_error(Errc::invalid_option, "Cache::tails given but Options::query is none");
+      return make_error(Errc::invalid_option, "Cache::tails given but ScoreOptions::query is none");
     return Status::success();
   }
   if (c.tails == nullptr && c.capacity > 0)
-    return make_error(Errc::invalid_option, "Options::query is ", to_string(opt.query),
+    return make_error(Errc::invalid_option, "ScoreOptions::query is ", to_string(opt.score.query),
                       " but Cache::tails is null (the keys' tails, [layers][heads][capacity] floats)");
   if (reinterpret_cast<std::uintptr_t>(c.tails) % alignof(float) != 0)
     return make_error(Errc::invalid_shape, "Cache::tails must be 4-byte aligned");
@@ -173,7 +176,7 @@ Status outputs(const Cache<T>& c, const Options& opt, const Outputs<T>& out) {
     if (!c.paged()) return make_error(Errc::invalid_option, "compact_in_place needs a paged cache");
     if (out.new_len == nullptr || out.pages_freed == nullptr)
       return make_error(Errc::invalid_shape, "compact_in_place: new_len and pages_freed are required");
-    if (c.layers > 1 && opt.allocation == Allocation::dynamic)
+    if (c.layers > 1 && opt.allocate.mode == Allocation::dynamic)
       return make_error(Errc::unsupported,
                         "compact_in_place with Allocation::dynamic: each layer would keep its own number of tokens, "
                         "which one page table shared by all layers (FlashInfer, vLLM) cannot describe; use "

@@ -28,19 +28,19 @@ inline std::int64_t max_shared_bytes() {
   return kMaxSharedBytes;
 }
 
-// opt.grids as kernel parameters (at most kMaxGridSpans, checked by
-// can_implement), each cut as span_tiling() cuts it.
-inline kernels::GridSpans grid_spans(const Options& opt) {
+// The request's image spans as kernel parameters (at most kMaxGridSpans,
+// checked by can_implement), each cut as span_tiling() cuts it.
+inline kernels::GridSpans grid_spans(ImageSpans spans, const ScoreOptions& opt) {
   kernels::GridSpans g;
   const bool whole = opt.transform == Transform::global;
   std::int64_t longest = 1;
-  for (const GridSpan& s : opt.grids) longest = std::max({longest, s.rows, s.cols});
+  for (const GridSpan& s : spans) longest = std::max({longest, s.rows, s.cols});
   // A tile wider than every span cuts nothing: the same tiles, and an int.
   const std::int64_t tile = whole ? 0 : std::min(std::max<std::int64_t>(opt.grid_tile, 1), longest);
-  g.count = static_cast<int>(std::min<std::size_t>(opt.grids.size(), kernels::kMaxGridSpans));
+  g.count = static_cast<int>(std::min<std::size_t>(spans.size(), kernels::kMaxGridSpans));
   g.tile = static_cast<std::int32_t>(tile);
   for (int i = 0; i < g.count; ++i) {
-    const GridSpan& s = opt.grids[static_cast<std::size_t>(i)];
+    const GridSpan& s = spans[static_cast<std::size_t>(i)];
     g.first[i] = static_cast<std::int32_t>(s.first);
     g.rows[i] = static_cast<std::int32_t>(s.rows);
     g.cols[i] = static_cast<std::int32_t>(s.cols);
@@ -59,7 +59,7 @@ inline int blocked_thread_count(std::int64_t head_dim) {
   return kernels::kBlockedGenericThreads;
 }
 
-inline std::int64_t blocked_smem_bytes(std::int64_t head_dim, std::int64_t elem_bytes, const Options& opt) {
+inline std::int64_t blocked_smem_bytes(std::int64_t head_dim, std::int64_t elem_bytes, const ScoreOptions& opt) {
   const int tile = blocked_tile(opt.block_size);
   const kernels::BlockedSmem s(head_dim, elem_bytes, tile, lowpass_cutoff(opt.block_size, opt.gamma),
                                blocked_thread_count(head_dim));
@@ -67,7 +67,8 @@ inline std::int64_t blocked_smem_bytes(std::int64_t head_dim, std::int64_t elem_
 }
 
 // The zone of a tr x tc tile: U rows of frequencies, V(0) columns (both prefixes, see score_grid.cuh).
-inline void grid_zone_extent(std::int64_t tr, std::int64_t tc, const Options& opt, std::int64_t* u, std::int64_t* v) {
+inline void grid_zone_extent(std::int64_t tr, std::int64_t tc, const ScoreOptions& opt, std::int64_t* u,
+                             std::int64_t* v) {
   *u = 0;
   while (*u < tr && rules::in_grid_zone(opt.grid_zone, *u, 0, tr, tc, opt.gamma)) ++*u;
   *v = 0;
@@ -91,9 +92,10 @@ struct GridLaunch {
 // The widest column chunk (at most kGridMaxWidth) under kGridPreferredSmem,
 // evened out over the head dim; refused when one column at a time still needs
 // more than `smem_limit` bytes.
-inline Status size_grid_launch(std::int64_t head_dim, const Options& opt, std::int64_t smem_limit, GridLaunch* out) {
+inline Status size_grid_launch(std::int64_t head_dim, ImageSpans spans, const ScoreOptions& opt, std::int64_t smem_limit,
+                               GridLaunch* out) {
   GridLaunch g;
-  g.spans = grid_spans(opt);
+  g.spans = grid_spans(spans, opt);
   for (int i = 0; i < g.spans.count; ++i) {
     const SpanTiling tiling = span_tiling(g.spans.rows[i], g.spans.cols[i], g.spans.tile);
     // The first and the last tile: between them every shape a tile of this span takes.

@@ -2,7 +2,7 @@
 // flashcache on the GPU: the front door.
 //
 //   score     blocked: one fused kernel; global: cuFFT (Makhoul) per sequence;
-//             then image spans (Options::grids) again, by a 2D low-pass per tile
+//             then image spans (Cache::spans) again, by a 2D low-pass per tile
 //   energy    per-(layer, sequence) energy ratio R_l, protected counts
 //   allocate  per-layer budgets on the device (no host round trip)
 //   select    per (layer, sequence, head): protected, window, base sample, top scores, ascending
@@ -18,7 +18,7 @@
 // in the workspace; device_status() waits for the stream and reports it.
 // compress() is the convenience wrapper: allocate, run, wait, report. The
 // tensor-parallel pair score_async / select_async: tensor_parallel.cuh. Query tails
-// (Options::query = tail, Cache::tails) are raised during prefill by
+// (ScoreOptions::query = tail, Cache::tails) are raised during prefill by
 // query_tails_async: query_tails.cuh.
 //
 // Where things are: the checks in can_implement.cuh, the stage order in
@@ -86,7 +86,7 @@ Status compress(const Cache<T>& c, const Budget& budget, const Options& opt, con
   FLASHCACHE_RETURN_IF_ERROR(
       cuda_status(cudaMalloc(&ws, layout.total > 0 ? layout.total : 1), "allocating the workspace"));
   // The global is bound to this workspace for this call only (refused if another caller holds it).
-  const bool is_global = opt.transform == Transform::global;
+  const bool is_global = opt.score.transform == Transform::global;
   const Status bound = is_global ? global->bind(stream, Workspace(ws, layout).fft_work()) : Status::success();
   const bool bound_here = is_global && bound.ok();
   const Status s = bound.ok() ? compress_async(c, budget, opt, out, ws, layout.total, stream, global) : bound;

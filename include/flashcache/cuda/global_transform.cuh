@@ -162,7 +162,4 @@ class GlobalTransform {
   mutable void* work_ = nullptr;
 };
 
-// The earlier name, kept for code written against it.
-using GlobalPlan [[deprecated("renamed flashcache::gpu::GlobalTransform")]] = GlobalTransform;
-
 }  // namespace flashcache::gpu

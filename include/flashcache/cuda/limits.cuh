@@ -12,7 +12,7 @@
 namespace flashcache::gpu {
 
 inline constexpr int kMaxLayers = kernels::kMaxLayers;
-// Image spans one call takes (Options::grids): they travel in kernel parameters.
+// Image spans one call takes (Cache::spans): they travel in kernel parameters.
 inline constexpr int kMaxGridSpans = kernels::kMaxGridSpans;
 // Shared memory a CTA may use after opting in, when no device can be asked:
 // sm_90's (H100/H200). With a device, can_implement() asks it.

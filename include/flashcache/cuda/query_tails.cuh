@@ -2,7 +2,7 @@
 // Query tails on the device: what an engine calls after each prefill chunk's
 // attention, with FlashAttention's per-query log-sum-exp (softmax_lse), to raise
 // the keys' tails that compress_async then mixes into the scores (Cache::tails,
-// Options::query = tail; Options::with_query_tail() is the chosen preset).
+// ScoreOptions::query = tail; Options::with_query_tail() is the chosen preset).
 //
 //   // tails: [layers][kv heads][capacity] floats, zeroed once per prompt
 //   for each layer l, after chunk [first, first + chunk):

@@ -4,7 +4,7 @@
 //   0   sequence table         launch/sequence_table.cuh
 //   1   scores                 launch/score_blocked.cuh | launch/score_global.cuh, launch/score_grid.cuh
 //   1b  energy sums, R_l       launch/energy.cuh
-//   1c  query tails mixed in   launch/mix_tails.cuh (Options::query = tail)
+//   1c  query tails mixed in   launch/mix_tails.cuh (ScoreOptions::query = tail)
 //   2   budgets                launch/allocate.cuh
 //   3   selection              launch/select.cuh
 //   4   gather | compaction    launch/gather.cuh | launch/compact_paged.cuh
@@ -38,7 +38,8 @@ Status workspace_layout(const Cache<T>& c, const Options& opt, const GlobalTrans
   shape.head_dim = c.head_dim;
   shape.sequences = c.sequences;
   shape.capacity = c.capacity;
-  if (opt.transform == Transform::global) {
+  shape.spans = c.spans;
+  if (opt.score.transform == Transform::global) {
     if (global == nullptr) return make_error(Errc::invalid_option, "the global transform needs a GlobalTransform");
     return make_layout(shape, opt, global->max_length(), global->work_bytes(), layout);
   }
@@ -78,16 +79,16 @@ Status prepared_run(const Cache<T>& c, const Budget& budget, const Options& opt,
 template <class T>
 Status enqueue_scores(const RunContext<T>& run, const Outputs<T>& out, cudaStream_t stream, const GlobalTransform* global) {
   // Before anything is enqueued: the transform serves one stream and workspace (global_transform.cuh).
-  const bool is_global = run.opt.transform == Transform::global;
+  const bool is_global = run.opt.score.transform == Transform::global;
   if (is_global) FLASHCACHE_RETURN_IF_ERROR(global->bind(stream, run.ws.fft_work()));
   FLASHCACHE_RETURN_IF_ERROR(build_sequence_table(run, stream));
   if (is_global)
     FLASHCACHE_RETURN_IF_ERROR(score_global(run, *global, stream));
   else
     FLASHCACHE_RETURN_IF_ERROR(score_blocked(run, stream));
-  if (!run.opt.grids.empty()) FLASHCACHE_RETURN_IF_ERROR(score_grids(run, stream));
+  if (!run.cache.spans.empty()) FLASHCACHE_RETURN_IF_ERROR(score_grids(run, stream));
   FLASHCACHE_RETURN_IF_ERROR(sum_energy(run, out.energy_ratio, stream));
-  if (run.opt.query == QueryInput::tail && run.cache.capacity > 0) FLASHCACHE_RETURN_IF_ERROR(mix_tails(run, stream));
+  if (run.opt.score.query == QueryInput::tail && run.cache.capacity > 0) FLASHCACHE_RETURN_IF_ERROR(mix_tails(run, stream));
   return Status::success();
 }
 

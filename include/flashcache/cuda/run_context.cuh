@@ -77,8 +77,8 @@ struct RunContext {
         ws(ws_),
         checked(&checked_),
         layers(layer_rows(cache_, ws_)),
-        grids(grid_spans(opt_)),
-        protect{opt_.sink, opt_.window, cache_.protect},
+        grids(grid_spans(cache_.spans, opt_.score)),
+        protect{opt_.select.sink, opt_.select.window, cache_.protect},
         vector_ok(rows_vectorizable(cache_)),
         status(ws_.status()) {}
 

@@ -60,7 +60,7 @@ inline Status describe_device_status(const int* w) {
                         "one sequence; copy shared pages first, or use a dense output");
     case DeviceErrc::grid_past_sequence:
       return make_error(Errc::invalid_shape, "grid span ", w[3], " [", w[4], ", ", w[5], ") reaches past the ", w[2],
-                        " tokens of sequence ", w[1], " (Options::grids are positions in every sequence of the batch)");
+                        " tokens of sequence ", w[1], " (Cache::spans are positions in every sequence of the batch)");
     case DeviceErrc::length_mismatch:
       return make_error(Errc::invalid_shape, "sequence ", w[1], " has ", w[2], " tokens on the device but ", w[3],
                         " in the GlobalTransform");

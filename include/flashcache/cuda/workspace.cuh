@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "flashcache/error.hpp"
+#include "flashcache/grid.hpp"
 #include "flashcache/options.hpp"
 
 namespace flashcache::gpu {
@@ -18,6 +19,7 @@ struct Shape {
   int sequences = 0;
   std::int64_t capacity = 0;   // packed tokens bound
   std::int64_t num_pages = 0;  // paged caches: the pool's pages (the ownership bitmap); 0 otherwise
+  ImageSpans spans;            // the request's image spans (Cache::spans)
 };
 
 // Byte offsets of every region; 0-sized regions still get an (unused) offset.
@@ -30,13 +32,13 @@ struct WorkspaceLayout {
   std::size_t scratch_ratio = 0, scratch_tokens = 0, scratch_floor = 0, scratch_out = 0;
   std::size_t kept = 0, kept_indptr = 0;
   std::size_t substitutes = 0, spectrum = 0, fft_work = 0;  // global transform only
-  // Global transform with a base chosen by energy (Options::base peak, mixed)
+  // Global transform with a base chosen by energy (ScoreOptions::base peak, mixed)
   // only, for the longest sequence, reused by every (layer, sequence):
   // frequency energies float [2][H][max_length] (K, V) and the choice, bytes [2][H][max_length].
   std::size_t base_energy = 0, base_chosen = 0;
   std::size_t first_good = 0, last_good = 0, source = 0;    // blocked transform only: [L][H][slot_count]
   std::size_t page_owners = 0;                              // paged only: one bit per page of the pool
-  // Image spans (Options::grids) only: tiles of the 2D pass, the row each
+  // Image spans (Cache::spans) only: tiles of the 2D pass, the row each
   // span token's transform reads (blocked; the global path has substitutes),
   // and per-(layer, head, sequence, tile) energy partials and unrankable counts.
   std::int64_t grid_tiles = 0;
@@ -59,16 +61,16 @@ inline constexpr std::int64_t kGlobalSlotTokens = 32;
 
 // Whether selection takes a base sample (select.hpp's keep_base_sample):
 // base_share, or grid_base_share inside image spans.
-inline bool samples_base(const Options& opt) {
-  return opt.base_share > 0 || (!opt.grids.empty() && opt.grid_base_share > 0);
+inline bool samples_base(const SelectOptions& opt, ImageSpans spans) {
+  return opt.base_share > 0 || (!spans.empty() && opt.grid_base_share > 0);
 }
 
 // Tiles of the 2D pass over the image spans: grid_tile x grid_tile tiles of
 // each span with Transform::blocked (edge tiles at their own size), one per
 // span with Transform::global; 0 without spans.
-inline std::int64_t grid_tile_count(const Options& opt) {
+inline std::int64_t grid_tile_count(ImageSpans spans, const ScoreOptions& opt) {
   std::int64_t tiles = 0;
-  for (const GridSpan& g : opt.grids)
+  for (const GridSpan& g : spans)
     if (g.rows >= 1 && g.cols >= 1 && (opt.transform == Transform::global || opt.grid_tile >= 1))
       tiles += span_tiling(g, opt).count();
   return tiles;
@@ -82,10 +84,10 @@ inline Status make_layout(const Shape& s, const Options& opt, std::int64_t max_l
   if (s.layers < 1 || s.heads < 1 || s.head_dim < 1 || s.sequences < 1 || s.capacity < 0)
     return make_error(Errc::invalid_shape, "workspace: layers ", s.layers, ", heads ", s.heads, ", head_dim ",
                       s.head_dim, ", sequences ", s.sequences, " must be >= 1 and capacity ", s.capacity, " >= 0");
-  if (opt.transform == Transform::blocked && opt.block_size < 1)
-    return make_error(Errc::invalid_option, "block_size ", opt.block_size, " must be at least 1");
+  if (opt.score.transform == Transform::blocked && opt.score.block_size < 1)
+    return make_error(Errc::invalid_option, "block_size ", opt.score.block_size, " must be at least 1");
   WorkspaceLayout w;
-  w.tile = opt.transform == Transform::blocked ? opt.block_size : kGlobalSlotTokens;
+  w.tile = opt.score.transform == Transform::blocked ? opt.score.block_size : kGlobalSlotTokens;
   // Sum over sequences of ceil(len / tile) <= floor(capacity / tile) + sequences.
   w.slot_count = s.capacity / w.tile + s.sequences;
   const auto L = static_cast<std::size_t>(s.layers), H = static_cast<std::size_t>(s.heads);
@@ -109,14 +111,14 @@ inline Status make_layout(const Shape& s, const Options& opt, std::int64_t max_l
   w.scratch_out = detail::take(&at, B * L * 8);
   w.kept = detail::take(&at, L * H * N * 4);
   w.kept_indptr = detail::take(&at, L * (B + 1) * 4);
-  if (opt.transform == Transform::global) {
+  if (opt.score.transform == Transform::global) {
     if (max_length < 0 || max_length > s.capacity)
       return make_error(Errc::invalid_shape, "workspace: longest sequence ", max_length, " is outside [0, capacity ",
                         s.capacity, "]");
     w.substitutes = detail::take(&at, L * H * N * 4);
     w.spectrum = detail::take(&at, H * static_cast<std::size_t>(s.head_dim) * static_cast<std::size_t>(max_length) * 8);
     w.fft_work = detail::take(&at, fft_work_bytes);
-    if (opt.base != Base::lowpass) {
+    if (opt.score.base != Base::lowpass) {
       const std::size_t frequencies = 2 * H * static_cast<std::size_t>(max_length);
       w.base_energy = detail::take(&at, frequencies * 4);
       w.base_chosen = detail::take(&at, frequencies);
@@ -126,14 +128,14 @@ inline Status make_layout(const Shape& s, const Options& opt, std::int64_t max_l
     w.last_good = detail::take(&at, L * H * slots * 4);
     w.source = detail::take(&at, L * H * slots * 4);
   }
-  w.grid_tiles = grid_tile_count(opt);
+  w.grid_tiles = grid_tile_count(s.spans, opt.score);
   if (w.grid_tiles > 0) {
-    if (opt.transform == Transform::blocked) w.grid_source = detail::take(&at, L * H * N * 4);
+    if (opt.score.transform == Transform::blocked) w.grid_source = detail::take(&at, L * H * N * 4);
     const std::size_t parts = L * H * B * static_cast<std::size_t>(w.grid_tiles);
     w.grid_energy = detail::take(&at, parts * 8);
     w.grid_protected = detail::take(&at, parts * 4);
   }
-  if (samples_base(opt)) w.base_mark = detail::take(&at, L * H * N);
+  if (samples_base(opt.select, s.spans)) w.base_mark = detail::take(&at, L * H * N);
   w.page_owners = detail::take(&at, (static_cast<std::size_t>(s.num_pages) + 31) / 32 * 4);
   w.total = at;
   *out = w;

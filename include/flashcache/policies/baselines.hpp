@@ -4,7 +4,7 @@
 // comparison. Each fills a LayerScores (higher = keep); the always-kept sets
 // (sink, window, mask) come from Options as for FlashCache.
 //
-//   streaming  StreamingLLM: the most recent tokens (plus Options::sink)
+//   streaming  StreamingLLM: the most recent tokens (plus SelectOptions::sink)
 //   knorm      keys of lowest L2 norm first
 //   keydiff    KeyDiff: keys least similar in direction to the head's mean
 //              (normalised) key first; attention-free, like knorm
@@ -12,8 +12,8 @@
 //   snapkv     SnapKV: attention of the last `observation_window` queries,
 //              summed, max-pooled over `pool_kernel` tokens; the window is kept
 //   h2o        H2O: attention accumulated over all queries (heavy hitters);
-//              its recent half is Options::window
-// FlashCache itself reads the queries when Options::query says so: each key's
+//              its recent half is SelectOptions::window
+// FlashCache itself reads the queries when ScoreOptions::query says so: each key's
 // tail (query_tail.hpp) from the prompt's queries, mixed with the residual.
 #include <cstdint>
 #include <random>
@@ -59,8 +59,8 @@ inline Status parse_policy(const std::string& name, Policy* out) {
 }
 
 inline bool needs_queries(Policy p) { return p == Policy::snapkv || p == Policy::h2o; }
-// FlashCache reads queries when its options say so (Options::query).
-inline bool needs_queries(Policy p, const Options& opt) {
+// FlashCache reads queries when its options say so (ScoreOptions::query).
+inline bool needs_queries(Policy p, const ScoreOptions& opt) {
   return needs_queries(p) || (p == Policy::flashcache && opt.query != QueryInput::none);
 }
 
@@ -160,7 +160,7 @@ inline void random_scores(std::int64_t heads, std::int64_t tokens, std::uint64_t
 }
 
 // SnapKV. Window tokens score +inf-free but highest (they are the voters);
-// callers usually also protect them with Options::window.
+// callers usually also protect them with SelectOptions::window.
 template <class T>
 Status snapkv_scores(KVView<const T> q, KVView<const T> k, const PolicyOptions& po, LayerScores* out) {
   FLASHCACHE_RETURN_IF_ERROR(check_queries(q, k));
@@ -209,9 +209,10 @@ Status h2o_scores(KVView<const T> q, KVView<const T> k, LayerScores* out) {
 }
 
 // Scores one layer with any policy; q may be empty unless the policy needs it.
+// FlashCache scores the request's image spans over their 2D grid; the baselines do not read them.
 template <class Real = float, class T>
-Status score_with_policy(Policy p, KVView<const T> q, KVView<const T> k, KVView<const T> v, const Options& opt,
-                         const PolicyOptions& po, LayerScores* out) {
+Status score_with_policy(Policy p, KVView<const T> q, KVView<const T> k, KVView<const T> v, const ScoreOptions& opt,
+                         const PolicyOptions& po, LayerScores* out, ImageSpans spans = {}) {
   FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
   if (needs_queries(p, opt) && q.empty() && !k.empty())
     return make_error(Errc::invalid_option, "policy ", to_string(p), p == Policy::flashcache ? " with query tail" : "",
@@ -219,11 +220,11 @@ Status score_with_policy(Policy p, KVView<const T> q, KVView<const T> k, KVView<
   switch (p) {
     case Policy::flashcache: {
       Scorer<Real> scorer;
-      if (opt.query == QueryInput::none || k.empty()) return scorer.score(k, v, opt, out);
+      if (opt.query == QueryInput::none || k.empty()) return scorer.score(k, v, opt, out, ScoreInputs{spans, {}});
       TailAccumulator acc;
       std::vector<float> tails;
       FLASHCACHE_RETURN_IF_ERROR(prompt_tails(q, k, po, &acc, &tails));
-      return scorer.score(k, v, TailView<const float>{tails.data(), k.heads, k.tokens}, opt, out);
+      return scorer.score(k, v, opt, out, ScoreInputs{spans, TailView<const float>{tails.data(), k.heads, k.tokens}});
     }
     case Policy::streaming:
       streaming_scores(k.heads, k.tokens, out);
@@ -247,29 +248,31 @@ Status score_with_policy(Policy p, KVView<const T> q, KVView<const T> k, KVView<
 // Compresses a whole model with any policy; q holds one view per layer when
 // the policy needs queries (else it may be empty). Baselines have no energy
 // ratios, so under Allocation::dynamic their budgets fall back to a uniform
-// ratio, as in their papers. `masks` is empty or one protect mask per layer.
-// Throws flashcache::Error.
+// ratio, as in their papers. `masks` is empty or one protect mask per layer;
+// `spans` are the request's image spans. Throws flashcache::Error.
 template <class Real = float, class T>
 CompressedModel<std::remove_const_t<T>> compress_model(Policy p, const std::vector<KVView<T>>& q,
                                                        const std::vector<KVView<T>>& k, const std::vector<KVView<T>>& v,
                                                        Budget budget, const Options& opt = {},
                                                        const PolicyOptions& po = {},
-                                                       const std::vector<ProtectMask>& masks = {}) {
+                                                       const std::vector<ProtectMask>& masks = {},
+                                                       ImageSpans spans = {}) {
   using E = std::remove_const_t<T>;
   throw_if_error(flashcache::detail::check_model_inputs(k, v.size(), opt));
-  if (needs_queries(p, opt) && q.size() != k.size())
+  if (needs_queries(p, opt.score) && q.size() != k.size())
     throw Error(make_error(Errc::invalid_shape, "policy ", to_string(p), " needs Q for every layer: ", q.size(),
                            " Q layers, ", k.size(), " K layers"));
   const auto qc = flashcache::detail::const_views(q), kc = flashcache::detail::const_views(k),
              vc = flashcache::detail::const_views(v);
   std::vector<LayerScores> scores(k.size());
   for (std::size_t l = 0; l < k.size(); ++l) {
-    const KVView<const E> ql = needs_queries(p, opt) ? qc[l] : KVView<const E>{};
-    throw_if_error(flashcache::detail::at_layer(score_with_policy<Real, E>(p, ql, kc[l], vc[l], opt, po, &scores[l]), 1,
-                                                0, static_cast<int>(l)));
+    const KVView<const E> ql = needs_queries(p, opt.score) ? qc[l] : KVView<const E>{};
+    throw_if_error(flashcache::detail::at_layer(
+        score_with_policy<Real, E>(p, ql, kc[l], vc[l], opt.score, po, &scores[l], spans), 1, 0, static_cast<int>(l)));
   }
   CompressedModel<E> model;
-  throw_if_error(flashcache::compress_scored_model<E>(kc, vc, std::move(scores), budget, opt, masks, &model));
+  throw_if_error(flashcache::compress_scored_model<E>(kc, vc, std::move(scores), budget, opt, kKeepPerHead, masks,
+                                                     spans, &model));
   return model;
 }
 #endif  // FLASHCACHE_EXCEPTIONS

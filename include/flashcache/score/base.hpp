@@ -1,6 +1,6 @@
 #pragma once
 // Which DCT frequencies of one transform (a whole sequence, or one block) form
-// the Base KV, for each kind of Options::base (CPU; the GPU replays the same
+// the Base KV, for each kind of ScoreOptions::base (CPU; the GPU replays the same
 // order on the device).
 //
 // The count is the same for every kind: m = lowpass_cutoff(length, gamma).

@@ -1,6 +1,6 @@
 #pragma once
-// Score's blocked residual (CPU; Options::transform == blocked, score.hpp): an
-// explicit DCT basis over each block of Options::block_size tokens (the last
+// Score's blocked residual (CPU; ScoreOptions::transform == blocked, score.hpp): an
+// explicit DCT basis over each block of ScoreOptions::block_size tokens (the last
 // one shorter). The low-pass base is X - C^T (C X) with C the block's m lowest
 // rows; a base chosen by energy (Base::peak, mixed; base.hpp) takes every
 // coefficient of the block, then the base from the m chosen rows. The GPU's

@@ -1,5 +1,5 @@
 #pragma once
-// Score's global residual (CPU; Options::transform == global, score.hpp): one
+// Score's global residual (CPU; ScoreOptions::transform == global, score.hpp): one
 // DCT over a head's whole sequence, head-dim columns kLanes at a time. The
 // low-pass base takes the m = lowpass_cutoff(n, gamma) lowest frequencies; a
 // base chosen by energy (Base::peak, mixed; base.hpp) keeps every panel's full

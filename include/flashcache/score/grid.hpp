@@ -1,5 +1,5 @@
 #pragma once
-// Score's grid residual (CPU; image spans, Options::grids, score.hpp): the
+// Score's grid residual (CPU; image spans, the image spans (ImageSpans), score.hpp): the
 // tokens of one tile of a span (SpanTiling, grid.hpp) scored over their 2D
 // patch grid, residual = X - B^T (B X) with B the tile's 2D low-pass basis:
 // the frequencies (u, v) of the zone (rules::in_grid_zone). The GPU's twin:

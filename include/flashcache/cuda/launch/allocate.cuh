@@ -16,8 +16,8 @@ Status allocate_budgets(const RunContext<T>& run, const Budget& budget, std::int
   p.is_ratio = budget.is_ratio();
   p.ratio = budget.ratio_value();
   p.count = budget.token_count();
-  p.dynamic = run.opt.allocation == Allocation::dynamic;
-  p.min_layer_ratio = run.opt.min_layer_ratio;
+  p.dynamic = run.opt.allocate.mode == Allocation::dynamic;
+  p.min_layer_ratio = run.opt.allocate.min_layer_ratio;
   p.len = ws.seq_len();
   p.energy_ratio = ws.ratio();
   p.protected_max = ws.protected_max();

@@ -1,5 +1,5 @@
 #pragma once
-// Stage 1c (flashcache/cuda/kernels/mix_tails.cuh): with Options::query = tail, each
+// Stage 1c (flashcache/cuda/kernels/mix_tails.cuh): with ScoreOptions::query = tail, each
 // head's residual scores mixed with its keys' tails (Cache::tails).
 #include "flashcache/cuda/run_context.cuh"
 #include "flashcache/cuda/kernels/mix_tails.cuh"
@@ -11,8 +11,8 @@ Status mix_tails(const RunContext<T>& run, cudaStream_t stream) {
   kernels::MixTailsParams p;
   p.capacity = run.cache.capacity;
   p.seq = run.layers.seq;
-  p.weight = run.opt.tail_weight;
-  p.by_max = run.opt.tail_mix == TailMix::max;
+  p.weight = run.opt.score.tail_weight;
+  p.by_max = run.opt.score.tail_mix == TailMix::max;
   p.scores = run.ws.scores();
   p.tails = run.cache.tails;
   p.status = run.status;

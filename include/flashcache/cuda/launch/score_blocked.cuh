@@ -24,8 +24,8 @@ Status score_blocked(const RunContext<T>& run, cudaStream_t stream) {
   const Workspace& ws = run.ws;
   kernels::BlockedParams<T> p{};
   run.set_layer_rows(&p);
-  p.block_size = static_cast<int>(opt.block_size);
-  p.gamma = opt.gamma;
+  p.block_size = static_cast<int>(opt.score.block_size);
+  p.gamma = opt.score.gamma;
   p.protect = run.protect;
   p.grids = run.grids;
   p.grid_source = ws.grid_source();
@@ -41,12 +41,12 @@ Status score_blocked(const RunContext<T>& run, cudaStream_t stream) {
   p.status = run.status;
   const dim3 grid(static_cast<unsigned>(ws.layout().slot_count), static_cast<unsigned>(c.heads),
                   static_cast<unsigned>(c.layers));
-  const std::int64_t smem = blocked_smem_bytes(c.head_dim, sizeof(T), opt);
+  const std::int64_t smem = blocked_smem_bytes(c.head_dim, sizeof(T), opt.score);
   auto pass = [&](bool resolve) {
     p.resolve = resolve;
     return dispatch_head_dim(c.head_dim, CompiledHeadDims{}, [&](auto head_dim) {
       constexpr int kHeadDim = decltype(head_dim)::value;
-      if (blocked_tile(opt.block_size) == 64) return launch_blocked_for<T, kHeadDim, 64>(p, grid, smem, stream);
+      if (blocked_tile(opt.score.block_size) == 64) return launch_blocked_for<T, kHeadDim, 64>(p, grid, smem, stream);
       return launch_blocked_for<T, kHeadDim, 128>(p, grid, smem, stream);
     });
   };
@@ -55,7 +55,7 @@ Status score_blocked(const RunContext<T>& run, cudaStream_t stream) {
   FLASHCACHE_RETURN_IF_ERROR(pass(false));
   kernels::EdgeParams e;
   e.sequences = c.sequences;
-  e.block_size = static_cast<int>(opt.block_size);
+  e.block_size = static_cast<int>(opt.score.block_size);
   e.slot_count = ws.layout().slot_count;
   e.slots = run.layers.seq.slots;
   e.first_good = ws.first_good();

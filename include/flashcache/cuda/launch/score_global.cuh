@@ -12,7 +12,7 @@ namespace flashcache::gpu::detail {
 
 static_assert(kGlobalSlotTokens == kernels::kGlobalTile, "the workspace's global slots are the residual pass's tiles");
 
-// A base chosen by energy (Options::base peak, mixed) for the spectra of one
+// A base chosen by energy (ScoreOptions::base peak, mixed) for the spectra of one
 // (layer, sequence) of n > 1 tokens, after the forward FFT: energies, the
 // choice per (head, K | V), the base's coefficients kept in place.
 template <class T>
@@ -34,8 +34,8 @@ Status choose_base(const RunContext<T>& run, std::int64_t n, cudaStream_t stream
   choose.energy = ws.base_energy();
   choose.chosen = ws.base_chosen();
   choose.n = n;
-  choose.m = lowpass_cutoff(n, run.opt.gamma);
-  choose.kind = run.opt.base;
+  choose.m = lowpass_cutoff(n, run.opt.score.gamma);
+  choose.kind = run.opt.score.base;
   choose.status = run.status;
   kernels::base_choose_kernel<><<<dim3(static_cast<unsigned>(c.heads), 2), kernels::kBaseChooseThreads, 0, stream>>>(
       choose);
@@ -125,11 +125,11 @@ Status score_global_layer(const RunContext<T>& run, int b, int l, std::int64_t n
   if (n > 1) {
     FLASHCACHE_RETURN_IF_ERROR(global.execute(n, zc, /*inverse=*/false));
     const unsigned pair_ctas = static_cast<unsigned>(kernels::ceil_div(n / 2 + 1, 256));
-    if (opt.base == Base::lowpass) {  // the paper's: frequencies k < m
+    if (opt.score.base == Base::lowpass) {  // the paper's: frequencies k < m
       kernels::LowpassParams lp;
       lp.z = z;
       lp.n = n;
-      lp.m = lowpass_cutoff(n, opt.gamma);
+      lp.m = lowpass_cutoff(n, opt.score.gamma);
       lp.status = run.status;
       kernels::lowpass_kernel<><<<dim3(pair_ctas, static_cast<unsigned>(columns)), 256, 0, stream>>>(lp);
       FLASHCACHE_RETURN_IF_ERROR(launched("lowpass_kernel"));

@@ -1,6 +1,6 @@
 #pragma once
 // Stage 1, image spans (flashcache/cuda/kernels/score_grid.cuh): the 2D pass over
-// Options::grids, after either 1D pass, one CTA per (tile, head, layer).
+// Cache::spans, after either 1D pass, one CTA per (tile, head, layer).
 #include "flashcache/cuda/run_context.cuh"
 #include "flashcache/cuda/kernels/score_grid.cuh"
 
@@ -15,8 +15,8 @@ Status score_grids(const RunContext<T>& run, cudaStream_t stream) {
   kernels::GridParams<T> p{};
   run.set_layer_rows(&p);
   p.grids = g.spans;
-  p.zone = opt.grid_zone;
-  p.gamma = opt.gamma;
+  p.zone = opt.score.grid_zone;
+  p.gamma = opt.score.gamma;
   p.protect = run.protect;
   p.max_rows = static_cast<int>(g.max_rows);
   p.max_cols = static_cast<int>(g.max_cols);
@@ -25,7 +25,7 @@ Status score_grids(const RunContext<T>& run, cudaStream_t stream) {
   p.max_v = static_cast<int>(g.max_v);
   p.width = g.width;
   p.capacity = c.capacity;
-  p.source = opt.transform == Transform::global ? ws.substitutes() : ws.grid_source();
+  p.source = opt.score.transform == Transform::global ? ws.substitutes() : ws.grid_source();
   p.scores = ws.scores();
   p.grid_energy = static_cast<float2*>(ws.grid_energy());
   p.grid_protected = ws.grid_protected();

@@ -15,11 +15,11 @@ Status select_tokens(const RunContext<T>& run, std::int32_t* kept, std::int32_t*
   p.capacity = run.cache.capacity;
   p.seq = run.layers.seq;
   p.protect = run.protect;
-  p.window_share = opt.window_share;
-  p.base_share = opt.base_share;
-  p.grid_base_share = opt.grid_base_share;
+  p.window_share = opt.select.window_share;
+  p.base_share = opt.select.base_share;
+  p.grid_base_share = opt.select.grid_base_share;
   p.grids = run.grids;
-  p.base_mark = samples_base(opt) ? ws.base_mark() : nullptr;
+  p.base_mark = samples_base(opt.select, run.cache.spans) ? ws.base_mark() : nullptr;
   p.scores = ws.scores();
   p.budget = ws.budget();
   p.kept_indptr = kept_indptr;

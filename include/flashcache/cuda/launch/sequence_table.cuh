@@ -20,10 +20,11 @@ Status build_sequence_table(const RunContext<T>& run, cudaStream_t stream) {
     p.page_size = c.pages.page_size;
     p.num_pages = c.pages.num_pages;
   }
-  for (std::size_t i = 0; i < run.opt.grids.size(); ++i)  // the span that ends last
-    if (run.opt.grids[i].end() > p.grid_end) {
-      p.grid_end = run.opt.grids[i].end();
-      p.grid_first = run.opt.grids[i].first;
+  const ImageSpans spans = c.spans;
+  for (std::size_t i = 0; i < spans.size(); ++i)  // the span that ends last
+    if (spans[i].end() > p.grid_end) {
+      p.grid_end = spans[i].end();
+      p.grid_first = spans[i].first;
       p.grid_span = static_cast<int>(i);
     }
   p.len = run.ws.seq_len();

@@ -145,11 +145,11 @@ struct ProtectRule {
   }
 };
 
-// ---- image spans (Options::grids) ---------------------------------------------
+// ---- image spans (Cache::spans) ---------------------------------------------
 // At most this many spans per call: they travel by value in kernel parameters.
 inline constexpr int kMaxGridSpans = 16;
 
-// The spans of Options::grids (the same positions in every sequence of the
+// The spans of Cache::spans (the same positions in every sequence of the
 // batch) and how they are cut into tiles: `tile` x `tile` patches with
 // Transform::blocked (edge tiles at their own size, rules::tile_extent), or
 // one tile per span (tile 0, Transform::global). Tiles are numbered span by

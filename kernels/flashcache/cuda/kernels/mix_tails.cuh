@@ -1,5 +1,5 @@
 #pragma once
-// Stage 1c, query tails (Options::query = tail): per (sequence, head, layer)
+// Stage 1c, query tails (ScoreOptions::query = tail): per (sequence, head, layer)
 // the residual scores and the keys' tails, each over its mean on the rankable
 // tokens, mixed by sum or by max (rules::tail_mix_scales, rules::mixed_tail_score:
 // the CPU's mix_query_tail, one definition).
@@ -17,8 +17,8 @@ namespace flashcache::gpu::kernels {
 struct MixTailsParams {  // the grid is (sequence, head, layer)
   std::int64_t capacity = 0;
   SeqTable seq;
-  double weight = 0.5;         // Options::tail_weight
-  bool by_max = false;         // Options::tail_mix == TailMix::max
+  double weight = 0.5;         // ScoreOptions::tail_weight
+  bool by_max = false;         // ScoreOptions::tail_mix == TailMix::max
   float* scores = nullptr;     // [L][H][capacity], packed tokens
   const float* tails = nullptr;  // [L][H][capacity], the same packing
   int* status = nullptr;

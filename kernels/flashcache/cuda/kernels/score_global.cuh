@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(256) lowpass_kernel(LowpassParams p) {
   if (r != k) z[r] = cmul(conj(wr), make_float2(x1r + x2k, x2r - x1k));
 }
 
-// ---- a base chosen by energy (Options::base peak, mixed) -------------------------
+// ---- a base chosen by energy (ScoreOptions::base peak, mixed) -------------------------
 // The low-pass path above is the paper's and stays as it is. With a base
 // chosen by energy three steps replace lowpass_kernel, between the same two
 // cuFFT calls (docs/ALGORITHM.md item 2, score/base.hpp's choose_base_frequencies):

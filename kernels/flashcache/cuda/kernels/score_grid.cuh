@@ -1,5 +1,5 @@
 #pragma once
-// Stage 1, score (image spans): the tokens of Options::grids scored again, by
+// Stage 1, score (image spans): the tokens of Cache::spans scored again, by
 // a 2D DCT low-pass over their patch grid, after the 1D pass (score_blocked.cuh
 // or score_global.cuh) has scored every token. As score.hpp does on the CPU:
 //     residual = X - B^T (B X),   B: the 2D DCT-II rows (u, v) in the tile's low-pass zone

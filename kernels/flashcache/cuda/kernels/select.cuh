@@ -68,8 +68,8 @@ struct SelectParams {
   std::int64_t capacity = 0;
   SeqTable seq;
   ProtectRule protect;
-  double window_share = 0;  // Options::window_share
-  // The base sample (Options::base_share, grid_base_share inside `grids`);
+  double window_share = 0;  // SelectOptions::window_share
+  // The base sample (SelectOptions::base_share, grid_base_share inside `grids`);
   // base_mark null: none. [L][H][capacity] bytes, packed tokens: 1 = picked.
   double base_share = 0;
   double grid_base_share = 0;

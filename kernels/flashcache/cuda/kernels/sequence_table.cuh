@@ -6,7 +6,7 @@
 // page table (paged), exclusive scans for the packed token offsets and for
 // the energy-partial slots (one per tile of `tile` tokens), and every
 // inconsistency reported through the status word, as is a sequence shorter
-// than the image spans (Options::grids) reach.
+// than the image spans (Cache::spans) reach.
 #include <cub/block/block_scan.cuh>
 
 #include "flashcache/cuda/kernels/common.cuh"
@@ -22,7 +22,7 @@ struct SequenceTableParams {
   const std::int32_t* last_page_len = nullptr;
   std::int64_t page_size = 0;
   std::int64_t num_pages = 0;
-  // Image spans (Options::grids): every sequence must hold the span that ends
+  // Image spans (Cache::spans): every sequence must hold the span that ends
   // last, span `grid_span` = [grid_first, grid_end); grid_end 0: no spans.
   std::int64_t grid_end = 0;
   std::int64_t grid_first = 0;
