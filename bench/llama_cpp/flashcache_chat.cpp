@@ -325,7 +325,7 @@ int main(int argc, char** argv) {
   if (a.target > 0) cp.target = a.target;
   cp.renumber = a.renumber;
   if (a.paper) cp.compress.options = fc::Options::paper();  // the paper's score (positions still renumbered)
-  if (a.window_share >= 0) cp.compress.options.window_share = a.window_share;
+  if (a.window_share >= 0) cp.compress.options.select.window_share = a.window_share;
   if (a.query_tail) {
     cp.compress.options = fc::Options::with_query_tail(cp.compress.options);
     cp.queries = &capture;
@@ -411,7 +411,7 @@ int main(int argc, char** argv) {
         "\"stream_nll\": %.6f, \"nll_tokens\": %lld, \"avg_cells\": %.2f, \"max_position\": %d, "
         "\"decode_ms\": %.3f, \"event_ms\": %.3f, \"tokens\": %lld, \"tokens_per_s\": %.3f}\n",
         rc == 0 ? "true" : "false", fl::to_string(cp.when_full), a.cells, static_cast<long long>(cp.n_keep), cp.target,
-        cp.renumber ? "true" : "false", cp.compress.options.window_share, a.paper ? "true" : "false", a.query_tail ? "true" : "false", a.threads, json_string(out_text).c_str(), rep.c_str(), ev.c_str(),
+        cp.renumber ? "true" : "false", cp.compress.options.select.window_share, a.paper ? "true" : "false", a.query_tail ? "true" : "false", a.threads, json_string(out_text).c_str(), rep.c_str(), ev.c_str(),
         static_cast<long long>(stream_tokens), nll_count > 0 ? nll_sum / static_cast<double>(nll_count) : 0.0,
         static_cast<long long>(nll_count), s.cells_count > 0 ? s.cells_sum / static_cast<double>(s.cells_count) : 0.0,
         static_cast<int>(s.max_pos), s.decode_ms, s.manager.event_ms(), static_cast<long long>(s.tokens),

@@ -207,8 +207,8 @@ int main(int argc, char** argv) {
   llama_token next = ls::argmax(logits.data(), n_vocab);
 
   // Compress.
-  if (a.sink >= 0) params.options.sink = a.sink;
-  if (a.window >= 0) params.options.window = a.window;
+  if (a.sink >= 0) params.options.select.sink = a.sink;
+  if (a.window >= 0) params.options.select.window = a.window;
   fc::llama::SequenceCompressor compressor;
   fc::llama::CompactionStats st;
   bool compressed = false;

@@ -217,13 +217,13 @@ TEST_F(LlamaContext, RefusalsChangeNothing) {
   refused(q, "need renumber");
   q = p;
   q.queries = &capture;
-  refused(q, "Options::query is none");
+  refused(q, "ScoreOptions::query is none");
   q = p;
   q.when_full = fl::WhenFull::shift;
   q.queries = &capture;
   refused(q, "flashcache's compactions only");
   q = p;
-  q.compress.options.rope.derotate = true;
+  q.compress.options.score.rope.derotate = true;
   refused(q, "de-rotation");
   ASSERT_TRUE(cm.init(c.ctx, 0, p).ok());
   llama_pos pos = -1;
@@ -246,7 +246,7 @@ TEST_F(LlamaContext, CompressorRefusalsChangeNothing) {
     ASSERT_EQ(ls::decode(c.ctx, toks.data(), static_cast<int>(toks.size()), 0, 0, false), 0);
     const std::vector<std::uint8_t> before = state_of(c, 0);
     fl::CompressParams p = fl::compress_default_params();
-    p.options.rope.derotate = true;
+    p.options.score.rope.derotate = true;
     const fc::Status s = fl::compress_sequence(c.ctx, 0, p, nullptr);
     EXPECT_NE(s.message().find("de-rotation"), std::string::npos) << s.message();
     EXPECT_EQ(state_of(c, 0), before);

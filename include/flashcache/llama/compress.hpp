@@ -147,8 +147,8 @@ class SequenceCompressor {
     FLASHCACHE_RETURN_IF_ERROR(p.budget.resolve(n, &keep));
     if (keep < std::min<std::int64_t>(n, 1))
       return make_error(Errc::invalid_budget, "llama: keep budget ", keep, " drops the newest cell");
-    Options o = p.options;
-    o.window = std::max<std::int64_t>(o.window, 1);  // the newest cell: decoding continues after it
+    SelectOptions select = p.options.select;
+    select.window = std::max<std::int64_t>(select.window, 1);  // the newest cell: decoding continues after it
     order_ = cells_by_position(s);
     kept_.resize(static_cast<std::size_t>(keep));
     st.threads = p.n_threads > 0 ? p.n_threads : std::max(1, llama_n_threads(ctx));
@@ -156,18 +156,19 @@ class SequenceCompressor {
     if (keep == static_cast<std::int64_t>(n)) {
       for (std::int64_t i = 0; i < keep; ++i) kept_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
     } else {
-      FLASHCACHE_RETURN_IF_ERROR(score_layers(s, st, o, p.queries));
+      FLASHCACHE_RETURN_IF_ERROR(score_layers(s, st, p.options.score, p.queries));
       t2 = clock::now();
       // check_compress_params checked the options and the shared ones.
-      FLASHCACHE_RETURN_IF_ERROR(select_shared_tokens(views_.data(), st.layers, keep, o, ProtectMask{},
-                                                      shared_keep(p), &ws_, kept_.data(), already_checked));
+      FLASHCACHE_RETURN_IF_ERROR(flashcache::detail::select_shared_tokens_trusted(
+          views_.data(), st.layers, keep, select, ProtectMask{}, ImageSpans{}, shared_keep(p), &ws_, kept_.data()));
     }
     st.score_ms = ms(t1, t2);
     const auto t3 = clock::now();
     st.select_ms = ms(t2, t3);
     cells_.resize(kept_.size());
     for (std::size_t i = 0; i < kept_.size(); ++i) cells_[i] = order_[static_cast<std::size_t>(kept_[i])];
-    FLASHCACHE_RETURN_IF_ERROR(write_seq_state(blob_.data(), s, cells_.data(), static_cast<std::uint32_t>(keep), &out_));
+    FLASHCACHE_RETURN_IF_ERROR(
+        write_seq_state(blob_.data(), s, cells_.data(), static_cast<std::uint32_t>(keep), &out_));
 
     FLASHCACHE_RETURN_IF_ERROR(replace_sequence(ctx, seq, s, st.pos_max, keep));
     st.query_tails = p.queries != nullptr && keep < static_cast<std::int64_t>(n);  // scored with them
@@ -212,7 +213,8 @@ class SequenceCompressor {
 
   // Scores every layer over the cells in position order into scores_ / views_,
   // layer l on worker l % threads; the first failing layer's error is returned.
-  Status score_layers(const SeqState& s, const CompactionStats& st, const Options& o, const QueryCapture* queries) {
+  Status score_layers(const SeqState& s, const CompactionStats& st, const ScoreOptions& o,
+                      const QueryCapture* queries) {
     const std::uint32_t n = s.cell_count;
     const std::int64_t layers = st.layers, heads = st.kv_heads;
     const int threads = static_cast<int>(std::min<std::int64_t>(st.threads, layers));
@@ -247,7 +249,8 @@ class SequenceCompressor {
         if (!status.ok()) return;
         tails = out;
       }
-      status = x.scorer.score(k, v, tails, o, score, x.energy.data(), nullptr, already_checked);
+      status = flashcache::detail::score_trusted(&x.scorer, k, v, o, ScoreBuffers{score, x.energy.data(), nullptr},
+                                                 ScoreInputs{ImageSpans{}, tails});
       views_[static_cast<std::size_t>(l)] = ScoreView{score, heads, n};
     };
     pool_.run(layers, score_layer);
@@ -267,16 +270,15 @@ class SequenceCompressor {
     Status failed = Status::success();
     const std::size_t set = llama_state_seq_set_data(ctx, out_.data(), out_.size(), seq);
     if (set != out_.size()) {
-      failed = make_error(Errc::unsupported, "llama: llama_state_seq_set_data read ", set, " of ", out_.size(),
-                          " bytes");
+      failed =
+          make_error(Errc::unsupported, "llama: llama_state_seq_set_data read ", set, " of ", out_.size(), " bytes");
     } else if (llama_memory_seq_pos_max(mem, seq) != pos_max || llama_memory_seq_pos_min(mem, seq) != want_min) {
-      failed = make_error(Errc::unsupported, "llama: after compaction positions are [",
-                          llama_memory_seq_pos_min(mem, seq), ", ", llama_memory_seq_pos_max(mem, seq),
-                          "], expected [", want_min, ", ", pos_max, "]");
+      failed =
+          make_error(Errc::unsupported, "llama: after compaction positions are [", llama_memory_seq_pos_min(mem, seq),
+                     ", ", llama_memory_seq_pos_max(mem, seq), "], expected [", want_min, ", ", pos_max, "]");
     } else if (llama_state_seq_get_size(ctx, seq) != out_.size()) {
       failed = make_error(Errc::unsupported, "llama: after compaction the sequence's state is ",
-                          llama_state_seq_get_size(ctx, seq), " bytes, expected ", out_.size(), " (", keep,
-                          " cells)");
+                          llama_state_seq_get_size(ctx, seq), " bytes, expected ", out_.size(), " (", keep, " cells)");
     }
     if (failed.ok()) return failed;
     llama_memory_seq_rm(mem, seq, -1, -1);
@@ -299,8 +301,7 @@ class SequenceCompressor {
 };
 
 // The one-shot form of SequenceCompressor::compress.
-inline Status compress_sequence(llama_context* ctx, llama_seq_id seq, const CompressParams& p,
-                                CompactionStats* stats) {
+inline Status compress_sequence(llama_context* ctx, llama_seq_id seq, const CompressParams& p, CompactionStats* stats) {
   SequenceCompressor c;
   return c.compress(ctx, seq, p, stats);
 }

@@ -74,7 +74,7 @@ inline Status parse_when_full(const std::string& name, WhenFull* out) {
 // newest tokens are worth more than the outliers (bench/stream/RULE.md).
 inline CompactionSettings when_full_settings() {
   CompactionSettings c;
-  c.options.window_share = 0.9;
+  c.options.select.window_share = 0.9;
   return c;
 }
 
@@ -138,7 +138,7 @@ class ContextManager {
                         " moves positions, but this memory cannot shift them (llama_memory_can_shift)");
     if (p.when_full == WhenFull::flashcache) {
       FLASHCACHE_RETURN_IF_ERROR(check_supported_context(ctx));
-      if (p.compress.options.query != QueryInput::none && p.queries == nullptr)
+      if (p.compress.options.score.query != QueryInput::none && p.queries == nullptr)
         return make_error(Errc::invalid_option, "llama: query tails in a ContextManager need ContextParams::queries "
                                                 "(a QueryCapture on the context's cb_eval)");
       FLASHCACHE_RETURN_IF_ERROR(check_compress_params(compress_params(p, Budget::ratio(p.target))));
@@ -243,8 +243,8 @@ class ContextManager {
                         " leave no room for ", n_new, " new cells in ", cap_, " (protect_from a later position)");
     keep = std::max(keep, kept_anyway);
     CompressParams c = compress_params(p_, Budget::tokens(keep));
-    c.options.sink = std::max(c.options.sink, p_.n_keep);
-    c.options.window = std::max(c.options.window, turn);
+    c.options.select.sink = std::max(c.options.select.sink, p_.n_keep);
+    c.options.select.window = std::max(c.options.select.window, turn);
     FLASHCACHE_RETURN_IF_ERROR(compressor_.compress(ctx_, seq_, c, &ev->compaction));
     ev->cells_after = ev->compaction.cells_after;
     if (!p_.renumber) return Status::success();  // (query tails need renumbering: init says so)

@@ -29,7 +29,7 @@ struct CompactionStats {
   // get_data + parse + checks; score; select; the kept cells' blob + rm + set_data + verify.
   double read_ms = 0, score_ms = 0, select_ms = 0, write_ms = 0;
   double compress_ms = 0;                                          // all of it
-  bool query_tails = false;  // scored with the prompt's query tails (Options::query = tail)
+  bool query_tails = false;  // scored with the prompt's query tails (ScoreOptions::query = tail)
 };
 
 // How every compaction scores and selects.
@@ -46,7 +46,7 @@ struct CompactionSettings {
 // One compaction's inputs, as llama.cpp's C API passes them.
 struct CompressParams : CompactionSettings {
   Budget budget = Budget::ratio(0.2);     // cells to keep, of the sequence's
-  const QueryCapture* queries = nullptr;  // the prompt's queries when options.query = tail
+  const QueryCapture* queries = nullptr;  // the prompt's queries when options.score.query = tail
 };
 inline CompressParams compress_default_params() { return CompressParams{}; }
 
@@ -62,16 +62,16 @@ inline SharedKeepOptions shared_keep(const CompactionSettings& p) {
 inline Status check_compress_params(const CompressParams& p) {
   FLASHCACHE_RETURN_IF_ERROR(check_options(p.options));
   FLASHCACHE_RETURN_IF_ERROR(check_shared_options(shared_keep(p)));
-  if (p.options.rope.derotate)
+  if (p.options.score.rope.derotate)
     return make_error(Errc::unsupported, "llama: Options::rope (de-rotation) is refused: after a compaction the "
                                          "cells' positions have gaps, theta and the layout are the model's, and a "
                                          "q8_0 cache is Hadamard-rotated");
   if (p.n_threads < 0) return make_error(Errc::invalid_option, "llama: n_threads ", p.n_threads, " is negative");
-  if (p.options.query != QueryInput::none && p.queries == nullptr)
-    return make_error(Errc::invalid_option, "llama: Options::query is ", to_string(p.options.query),
+  if (p.options.score.query != QueryInput::none && p.queries == nullptr)
+    return make_error(Errc::invalid_option, "llama: ScoreOptions::query is ", to_string(p.options.score.query),
                       " but no QueryCapture was given (flashcache/llama/queries.hpp)");
-  if (p.options.query == QueryInput::none && p.queries != nullptr)
-    return make_error(Errc::invalid_option, "llama: a QueryCapture was given but Options::query is none");
+  if (p.options.score.query == QueryInput::none && p.queries != nullptr)
+    return make_error(Errc::invalid_option, "llama: a QueryCapture was given but ScoreOptions::query is none");
   return Status::success();
 }
 
