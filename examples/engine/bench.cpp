@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "compress_cache.hpp"
-#include "runtime/find_model.hpp"
+#include "find_model/find_model.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/tokenizer.hpp"
 
@@ -41,9 +41,9 @@ int main(int argc, char** argv) {
   app.add_option("--window", window, "last prompt tokens always kept (default: the library's)");
   CLI11_PARSE(app, argc, argv);
   try {
-    if (model_path.empty()) model_path = engine::find_default_model();
+    if (model_path.empty()) model_path = flashcache::model_finder::find_default_model();
     if (model_path.empty()) {
-      std::cerr << "flashcache_engine_bench: " << engine::model_install_hint() << "\n";
+      std::cerr << "flashcache_engine_bench: " << flashcache::model_finder::model_install_hint() << "\n";
       return 2;
     }
     const engine::GgufFile gguf = engine::load_gguf(model_path);

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "compress_cache.hpp"
-#include "runtime/find_model.hpp"
+#include "find_model/find_model.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/tokenizer.hpp"
 
@@ -63,10 +63,10 @@ int main(int argc, char** argv) {
 
   try {
     if (model_path.empty()) {
-      model_path = engine::find_default_model();
+      model_path = flashcache::model_finder::find_default_model();
       if (model_path.empty()) {
         std::cerr << "flashcache_engine: no --model given and the default model was not found; "
-                  << engine::model_install_hint() << "\n";
+                  << flashcache::model_finder::model_install_hint() << "\n";
         return 2;
       }
     }

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/find_model.hpp"
+#include "find_model/find_model.hpp"
 #include "session.hpp"
 
 namespace {
@@ -36,9 +36,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int n = argc > 2 ? std::atoi(argv[2]) : 256;
-  const std::string path = engine::find_default_model();
+  const std::string path = flashcache::model_finder::find_default_model();
   if (path.empty()) {
-    std::fprintf(stderr, "hop_walk: no model; %s\n", engine::model_install_hint().c_str());
+    std::fprintf(stderr, "hop_walk: no model; %s\n", flashcache::model_finder::model_install_hint().c_str());
     return 2;
   }
   llama_session::init(true);

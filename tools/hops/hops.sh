@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The hop walk of issue 28: one flashcache::llama::compress_sequence call (SmolLM2-135M, 256 tokens,
+# The hop walk (how many times a call crosses from one header into another): one flashcache::llama::compress_sequence call (SmolLM2-135M, 256 tokens,
 # the defaults), every function of the project's headers it enters logged by -finstrument-functions,
 # then the calls that cross from one file into another counted (hops.py). Needs llama-cpp-python
 # 0.3.36 and the model, as the adapter's tests do.
@@ -12,8 +12,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 commit=$(sed -n 's/.*kPinnedLlamaCommit = "\(.*\)";/\1/p' "$tree/include/flashcache/llama/format.hpp")
 g++ -std=c++17 -O0 -g -no-pie -finstrument-functions \
-  "-finstrument-functions-exclude-file-list=/usr/,$site,examples/,tools/hops" \
-  -I"$tree/include" -I"$tree/examples/llama_cpp" -I"$tree/examples/engine" -isystem /usr/include/eigen3 \
+  "-finstrument-functions-exclude-file-list=/usr/,$site,bench/,examples/,tools/" \
+  -I"$tree/include" -I"$tree/bench/llama_cpp" -I"$tree/tools" -isystem /usr/include/eigen3 \
   -isystem "$site/include" -DFLASHCACHE_HAVE_LLAMA=1 "-DFLASHCACHE_LLAMA_BUILD_COMMIT=\"$commit\"" \
   "$here/hop_walk.cpp" -o "$work/hop_walk" -L"$site/lib" -Wl,-rpath,"$site/lib" -lllama -pthread
 "$work/hop_walk" "$work/edges.txt"

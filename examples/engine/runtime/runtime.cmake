@@ -1,6 +1,6 @@
 # flashcache_engine_runtime: the engine's runtime (examples/engine/runtime/, headers only,
 # namespace engine): GGUF reader, BPE tokenizer, Llama decoder, greedy generation, and the
-# engine's names for the model finder (tools/find_model, target flashcache_find_model).
+# model finder (tools/find_model, target flashcache_find_model).
 # Included, not added as a subdirectory, by every build that uses it (the engine, the fuzz
 # target, the CLI's fuzz regression test), whichever comes first:
 #   include(${PROJECT_SOURCE_DIR}/examples/engine/runtime/runtime.cmake)
@@ -13,7 +13,7 @@ add_library(flashcache_engine_runtime INTERFACE)
 target_include_directories(flashcache_engine_runtime INTERFACE ${_fc_engine_dir})
 target_compile_features(flashcache_engine_runtime INTERFACE cxx_std_17)
 target_link_libraries(flashcache_engine_runtime INTERFACE Eigen3::Eigen flashcache_find_model)
-# model.hpp runs its loops on OpenMP threads; gguf.hpp, tokenizer.hpp and find_model.hpp need
+# model.hpp runs its loops on OpenMP threads; gguf.hpp and tokenizer.hpp need
 # nothing but the standard library (the fuzz target uses only those two and builds without it).
 find_package(OpenMP COMPONENTS CXX QUIET)
 if(OpenMP_CXX_FOUND)

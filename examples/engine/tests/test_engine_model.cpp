@@ -11,7 +11,7 @@
 #include <memory>
 
 #include "compress_cache.hpp"
-#include "runtime/find_model.hpp"
+#include "find_model/find_model.hpp"
 #include "runtime/generate.hpp"
 #include "runtime/tokenizer.hpp"
 
@@ -32,7 +32,7 @@ struct Loaded {
 // Loaded once for all tests; null when the model package is absent.
 const Loaded* loaded() {
   static std::unique_ptr<Loaded> cached = [] {
-    const std::string path = engine::find_default_model();
+    const std::string path = flashcache::model_finder::find_default_model();
     if (path.empty()) return std::unique_ptr<Loaded>();
     auto l = std::make_unique<Loaded>();
     l->gguf = engine::load_gguf(path);
@@ -47,7 +47,7 @@ const Loaded* loaded() {
 
 #define REQUIRE_MODEL()       \
   const Loaded* L = loaded(); \
-  if (L == nullptr) GTEST_SKIP() << "the SmolLM2 model is not installed; " << engine::model_install_hint()
+  if (L == nullptr) GTEST_SKIP() << "the SmolLM2 model is not installed; " << flashcache::model_finder::model_install_hint()
 
 // |engine - numpy| <= 1e-3 relative (to max(1, |numpy|)) on the reference's top-20 logits.
 double worst_relative_error(const std::vector<float>& logits, const json& top) {
@@ -343,7 +343,7 @@ TEST(EngineModel, FullCacheAndBadRequestsAreRefused) {
 
 TEST(EngineModel, TruncatedModelFileIsRefusedByName) {
   REQUIRE_MODEL();
-  std::ifstream in(engine::find_default_model(), std::ios::binary);
+  std::ifstream in(flashcache::model_finder::find_default_model(), std::ios::binary);
   std::vector<std::uint8_t> head(1 << 20);
   in.read(reinterpret_cast<char*>(head.data()), static_cast<std::streamsize>(head.size()));
   try {
