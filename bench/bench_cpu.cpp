@@ -228,7 +228,7 @@ void BM_ScoreSmolLayer(benchmark::State& state) {
 void BM_CopySmolLayer(benchmark::State& state) {
   copy_layer(state, layer(kSmol.kv_heads, state.range(0), kSmol.head_dim, kSmol.query_heads));
 }
-// Smooth and awkward prompt lengths (issue 29): 3,678 = 2 x 3 x 613 and the primes 4,099 and
+// Smooth and awkward prompt lengths (prime and large-factor lengths go through Bluestein): 3,678 = 2 x 3 x 613 and the primes 4,099 and
 // 8,191 send the global transform through Bluestein's algorithm.
 void TailArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"tokens"})->Unit(benchmark::kMillisecond);

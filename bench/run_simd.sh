@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The chosen score's per-layer cost (issue 29: lengths and SIMD): one SmolLM2 layer's query tails
+# The chosen score's per-layer cost (awkward lengths and SIMD): one SmolLM2 layer's query tails
 # and query-free score at smooth and awkward prompt lengths (bench_cpu's BM_QueryTail and
 # BM_ScoreSmolLayer, beside BM_CopySmolLayer: a copy of the same bytes), from the generic x86-64
 # build and from FLASHCACHE_NATIVE=ON, in one run (the two builds one after the other), into

@@ -1,4 +1,4 @@
-// grid_eval: image spans as 2D grids (issue #11) on ViT caches.
+// grid_eval: image spans as 2D grids on ViT caches.
 //
 // For every cache entry of a split (build-grid/caches/<entry>: k, v, q .npy
 // float16 [L, H, N, d], meta.json with "split", "image_size", "grid" and

@@ -148,7 +148,7 @@ inline json merge_results(const json& doc, const std::string& split, const std::
   headers[split] = header;
   json result;
   result["about"] =
-      "Image spans as 2D grids (issue #11) on ViT caches: bench/quality/grid_eval.cpp, run by "
+      "Image spans as 2D grids on ViT caches: bench/quality/grid_eval.cpp, run by "
       "bench/quality/run_grid.sh; described in bench/quality/README.md; report: tools/report/quality_grid.py";
   result["header"] = headers;
   if (sweep) {

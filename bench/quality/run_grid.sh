@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 2D-grid evaluation (issue #11), from a checkout with the caches made:
+# The 2D-grid evaluation (image spans scored as 2D grids), from a checkout with the caches made:
 #   1. builds grid_eval (CPU only) in build-grid-eval/;
 #   2. makes the ViT caches if they are missing (tools/extract/make_grid_caches.py, the
 #      split of bench/quality/grid_split.json) unless SKIP_CACHES=1;

@@ -89,7 +89,7 @@ TEST(FuzzRegression, EmptyControlTokenFileParses) {
   EXPECT_EQ(f.get_strings("tokenizer.ggml.tokens").size(), 3u);
 }
 
-// Found probing the API's size checks (issue 13): check_view() multiplied
+// Found probing the API's size checks with the fuzzers: check_view() multiplied
 // extents by strides in int64 unchecked (undefined behaviour, and wrapped it
 // accepted this view whose rows span 2^70 elements). It now refuses any view
 // whose span does not fit in int64, by name, before forming a product.

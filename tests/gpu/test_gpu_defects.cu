@@ -1,5 +1,5 @@
-// One test per defect a careful read of the kernels found (issue 12, items
-// 1-7), each written so that it fails on the code before the fix, and the
+// One test per defect a careful read of the kernels found (the first seven
+// of its list), each written so that it fails on the code before the fix, and the
 // tensor-parallel split (score_async, reduced sums, select_async). Device
 // tests skip without a GPU; the host-side checks (refusals, messages, the
 // shared rules) run anywhere, CI included.
@@ -78,7 +78,7 @@ TEST(GpuDefects, LongNonFiniteRunIsLinear) {
   run_and_check<half_t>(c);
 }
 
-// Exact ties (issue 12, item 10): all-zero rows score 0 everywhere, and the
+// Exact ties: all-zero rows score 0 everywhere, and the
 // kept set must be the CPU's, the lowest indices.
 TEST(GpuDefects, ExactTiesGoToTheLowerIndex) {
   FLASHCACHE_REQUIRE_DEVICE();

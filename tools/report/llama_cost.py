@@ -1,11 +1,11 @@
-"""Markdown section for issue 29's benchmark: one compression inside llama.cpp split into its steps,
+"""Markdown section for the compression-cost benchmark: one compression inside llama.cpp split into its steps,
 against llama.cpp's prefill at the same thread count, at smooth and awkward prompt lengths
 (bench/results/llama_cost.json, written by bench/run_llama_cost.sh). Every number comes from the JSON."""
 
 
 def render(doc):
     m = doc["machine"]
-    lines = ["## One compression inside llama.cpp against its prefill (issue 29)", "",
+    lines = ["## One compression inside llama.cpp against its prefill", "",
              f"Command `{doc['command']}`; date {doc['date']}; {m['cpus']} CPUs ({m['cpu']}), load average "
              f"{m['loadavg_before']} before, {m['loadavg_after']} after; llama.cpp {doc['llama_version']} "
              f"{doc['llama_commit']}. SmolLM2-135M, f16 cache, keep 0.2, the library's defaults; "

@@ -10,7 +10,7 @@ Each section comes from its own JSON, written by the run that measured it:
                                                             -> quality_query.py
   quality_grid.json  bench/quality/run_grid.sh              -> quality_grid.py
   engine.json   examples/engine (its benchmark)             -> engine.py
-  llama_cpp.json  examples/llama_cpp/bench.sh             -> llama_cpp.py
+  llama_cpp.json  bench/llama_cpp/bench.sh                -> llama_cpp.py
   llama_stream.json  bench/stream/run_stream.py           -> llama_stream.py
   cpu_simd.json  bench/run_simd.sh                          -> cpu_simd.py
   llama_event_cost.json  bench/stream/event_cost.py         -> llama_event_cost.py
