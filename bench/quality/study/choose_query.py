@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from choose import RATIOS, TIE, nll_scores, passkey_hits  # noqa: E402  (the base study's readers)
+# The base study's readers, beside this file (a script's own folder is sys.path[0]).
+from choose import RATIOS, TIE, nll_scores, passkey_hits
 
 
 def is_candidate(label: str) -> bool:
