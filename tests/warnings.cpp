@@ -8,6 +8,7 @@
 #include <flashcache/score/dct.hpp>
 #include <flashcache/error.hpp>
 #include <flashcache/score/fft.hpp>
+#include <flashcache/score/fft_butterflies.hpp>
 #include <flashcache/flashcache.hpp>
 #include <flashcache/gather.hpp>
 #include <flashcache/mask.hpp>
