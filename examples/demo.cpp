@@ -13,7 +13,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "../tools/synthetic/synthetic_cache.hpp"
+#include "demo_cache.hpp"  // the built-in input
 
 namespace fc = flashcache;
 

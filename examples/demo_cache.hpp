@@ -1,6 +1,6 @@
 #pragma once
 // A synthetic multimodal KV cache with the structure FlashCache relies on, for
-// the demo and the benchmarks when no real cache is at hand:
+// the demo (its built-in input, no downloads):
 //   - visual tokens from a G x G patch grid in raster order, smooth in both
 //     directions (neighbouring patches look alike), so most energy sits in
 //     low frequencies along the token axis;
