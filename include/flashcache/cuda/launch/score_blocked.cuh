@@ -1,8 +1,9 @@
 #pragma once
 // Stage 1, Transform::blocked (flashcache/cuda/kernels/score_blocked.cuh): one
 // fused kernel per block of tokens, run twice around the edge scan.
-#include "flashcache/cuda/run_context.cuh"
 #include "flashcache/cuda/kernels/score_blocked.cuh"
+#include "flashcache/cuda/kernels/score_blocked_edges.cuh"
+#include "flashcache/cuda/run_context.cuh"
 
 namespace flashcache::gpu::detail {
 

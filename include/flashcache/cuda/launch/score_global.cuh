@@ -1,12 +1,13 @@
 #pragma once
-// Stage 1, Transform::global (flashcache/cuda/kernels/score_global.cuh): per
-// sequence and layer, pack, cuFFT forward, the base (low-pass, or chosen by
+// Stage 1, Transform::global (flashcache/cuda/kernels/score_global.cuh,
+// score_global_base.cuh): per sequence and layer, pack, cuFFT forward, the base (low-pass, or chosen by
 // energy), cuFFT inverse, residuals.
 #include <cufft.h>
 
 #include "flashcache/cuda/global_transform.cuh"
-#include "flashcache/cuda/run_context.cuh"
 #include "flashcache/cuda/kernels/score_global.cuh"
+#include "flashcache/cuda/kernels/score_global_base.cuh"
+#include "flashcache/cuda/run_context.cuh"
 
 namespace flashcache::gpu::detail {
 
@@ -37,8 +38,8 @@ Status choose_base(const RunContext<T>& run, std::int64_t n, cudaStream_t stream
   choose.m = lowpass_cutoff(n, run.opt.score.gamma);
   choose.kind = run.opt.score.base;
   choose.status = run.status;
-  kernels::base_choose_kernel<><<<dim3(static_cast<unsigned>(c.heads), 2), kernels::kBaseChooseThreads, 0, stream>>>(
-      choose);
+  kernels::base_choose_kernel<>
+      <<<dim3(static_cast<unsigned>(c.heads), 2), kernels::kBaseChooseThreads, 0, stream>>>(choose);
   FLASHCACHE_RETURN_IF_ERROR(launched("base_choose_kernel"));
   kernels::ChosenBaseParams keep;
   keep.z = z;
@@ -47,8 +48,7 @@ Status choose_base(const RunContext<T>& run, std::int64_t n, cudaStream_t stream
   keep.head_dim = static_cast<int>(c.head_dim);
   keep.chosen = ws.base_chosen();
   keep.status = run.status;
-  kernels::chosen_base_kernel<>
-      <<<dim3(pair_ctas, static_cast<unsigned>(c.heads * c.head_dim)), 256, 0, stream>>>(keep);
+  kernels::chosen_base_kernel<><<<dim3(pair_ctas, static_cast<unsigned>(c.heads * c.head_dim)), 256, 0, stream>>>(keep);
   return launched("chosen_base_kernel");
 }
 
@@ -116,9 +116,9 @@ Status score_global_layer(const RunContext<T>& run, int b, int l, std::int64_t n
   pack.seq = run.layers.seq;
   pack.z = z;
   pack.status = run.status;
-  kernels::pack_kernel<T><<<dim3(static_cast<unsigned>(kernels::ceil_div(n, 32)),
-                                 static_cast<unsigned>(kernels::ceil_div(columns, 32))),
-                            dim3(32, 8), 0, stream>>>(pack);
+  kernels::pack_kernel<T>
+      <<<dim3(static_cast<unsigned>(kernels::ceil_div(n, 32)), static_cast<unsigned>(kernels::ceil_div(columns, 32))),
+         dim3(32, 8), 0, stream>>>(pack);
   FLASHCACHE_RETURN_IF_ERROR(launched("pack_kernel"));
   // One token: the DCT, the low-pass (m = 1) and the inverse are the identity,
   // so pack feeds the residual pass directly and cuFFT is not involved.

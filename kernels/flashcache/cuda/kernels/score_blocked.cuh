@@ -20,15 +20,14 @@
 // only the other blocks know. So the kernel runs twice around a small scan:
 //   pass 0 (every block)  scores the blocks that begin with a finite row, and
 //                         records each block's first and last finite token;
-//   blocked_edges_kernel  per (layer, head, sequence), a scan over the blocks:
+//   blocked_edges_kernel  per (layer, head, sequence), a scan over the blocks
+//                         (score_blocked_edges.cuh):
 //                         which row stands in for each deferred block's
 //                         leading non-finite rows (O(blocks), whatever the run);
 //   pass 1 (resolve)      only the deferred blocks, with that row; the others
 //                         return after reading one int.
 // The decision to defer or to resolve comes from memory written before a
 // barrier (or by an earlier kernel), so every thread of a CTA takes it alike.
-#include <cub/block/block_scan.cuh>
-
 #include <cstdint>
 
 #include "flashcache/cuda/kernels/common.cuh"
@@ -83,17 +82,17 @@ struct BlockedParams : LayerRows<T> {
   // from `grid_source` ([L][H][capacity], packed tokens; -1 zeros).
   GridSpans grids;
   std::int32_t* grid_source = nullptr;
-  bool vector_ok = false;         // rows and strides allow 16-byte loads
-  bool resolve = false;           // pass 1: only the blocks pass 0 deferred
-  std::int64_t capacity = 0;      // score row length per (layer, head)
-  std::int64_t slot_count = 0;    // partial slots per (layer, head)
+  bool vector_ok = false;       // rows and strides allow 16-byte loads
+  bool resolve = false;         // pass 1: only the blocks pass 0 deferred
+  std::int64_t capacity = 0;    // score row length per (layer, head)
+  std::int64_t slot_count = 0;  // partial slots per (layer, head)
   // [L][H][slot_count] each, token indices within the sequence, -1 for none:
   std::int32_t* first_good = nullptr;    // pass 0: the block's first finite token
   std::int32_t* last_good = nullptr;     // pass 0: the block's last finite token
   const std::int32_t* source = nullptr;  // edges: stand-in for leading non-finite rows (see kSource*)
-  float* scores = nullptr;        // [L][H][capacity]
-  float4* energy_part = nullptr;  // [L][H][slot_count]: K total, K high, V total, V high
-  int* protected_part = nullptr;  // [L][H][slot_count]
+  float* scores = nullptr;               // [L][H][capacity]
+  float4* energy_part = nullptr;         // [L][H][slot_count]: K total, K high, V total, V high
+  int* protected_part = nullptr;         // [L][H][slot_count]
   int* status = nullptr;
 };
 
@@ -120,9 +119,9 @@ __device__ __forceinline__ void transpose_reduce(float (&x)[kN], int lane) {
 // What blocked_edges_kernel leaves in `source` for a block (besides a token
 // index >= 0: the nearest finite row before the block, or after it when
 // neither the block nor anything before it has one).
-inline constexpr std::int32_t kSourceNone = -3;        // the block starts finite: nothing to resolve
+inline constexpr std::int32_t kSourceNone = -3;          // the block starts finite: nothing to resolve
 inline constexpr std::int32_t kSourceFirstInBlock = -2;  // leading rows take the block's first finite row
-inline constexpr std::int32_t kSourceZeros = -1;       // the sequence has no finite row for this head
+inline constexpr std::int32_t kSourceZeros = -1;         // the sequence has no finite row for this head
 
 // Is every element of a K/V row pair finite? One warp; all loads are issued
 // unconditionally (no short-circuit chain of dependent loads), 16 bytes at a
@@ -323,7 +322,7 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
       float high = 0.0f;
 #pragma unroll
       for (int n = 0; n < kTile; ++n) {
-        x[n] = x[n] * x[n];  // zero for padding rows and inactive lanes
+        x[n] = x[n] * x[n];                    // zero for padding rows and inactive lanes
         if (n < len && !bad[n]) high += x[n];  // finite rows outside the spans
       }
       transpose_reduce(x, lane);
@@ -382,75 +381,6 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
     reinterpret_cast<float*>(&p.energy_part[slot_index])[tid] = s;
   }
   if (tid == 0) p.protected_part[slot_index] = misc[0];
-}
-
-// ---- stand-ins for deferred blocks ---------------------------------------------
-struct EdgeParams {
-  int sequences = 0;
-  int block_size = 0;
-  std::int64_t slot_count = 0;
-  const std::int32_t* slots = nullptr;       // [B+1]
-  const std::int32_t* first_good = nullptr;  // [L][H][slot_count], from pass 0
-  const std::int32_t* last_good = nullptr;
-  std::int32_t* source = nullptr;  // [L][H][slot_count]: a token, or kSourceNone / FirstInBlock / Zeros
-  int* status = nullptr;
-};
-
-inline constexpr int kEdgeThreads = 256;
-
-// One CTA per (sequence, head, layer): an exclusive max-scan of the blocks'
-// last finite tokens (the nearest finite row before each block), then an
-// exclusive min-scan from the right of their first finite tokens (the first
-// after it), in chunks of kEdgeThreads blocks with a carry.
-template <int kOneDefinition = 0>
-__global__ void __launch_bounds__(kEdgeThreads) blocked_edges_kernel(EdgeParams p) {
-  using Scan = cub::BlockScan<int, kEdgeThreads>;
-  __shared__ typename Scan::TempStorage storage;
-  const int tid = static_cast<int>(threadIdx.x);
-  if (stop_requested(p.status)) return;
-  const int b = static_cast<int>(blockIdx.x), head = static_cast<int>(blockIdx.y), layer = static_cast<int>(blockIdx.z);
-  const std::int64_t base = (std::int64_t{layer} * gridDim.y + head) * p.slot_count;
-  const std::int64_t s0 = p.slots[b], s1 = p.slots[b + 1];
-  constexpr int kNone = 0x7fffffff;
-
-  // Forward: the last finite token before each block, parked in `source`.
-  int carry = -1;
-  for (std::int64_t c = s0; c < s1; c += kEdgeThreads) {
-    const std::int64_t s = c + tid;
-    const int last = s < s1 ? p.last_good[base + s] : -1;
-    int before = -1, chunk = -1;
-    Scan(storage).ExclusiveScan(last, before, -1, MaxOf{}, chunk);
-    __syncthreads();  // the scan storage is reused next chunk
-    if (s < s1) p.source[base + s] = before > carry ? before : carry;
-    if (chunk > carry) carry = chunk;
-  }
-  __syncthreads();  // the forward results are read by other threads below
-
-  // Backward: the first finite token after each block, and the decision.
-  int after_carry = kNone;
-  for (std::int64_t c = s1 - 1; c >= s0; c -= kEdgeThreads) {
-    const std::int64_t s = c - tid;  // thread 0 takes the last block of the chunk
-    const int first = s >= s0 ? p.first_good[base + s] : -1;
-    int after = kNone, chunk = kNone;
-    Scan(storage).ExclusiveScan(first >= 0 ? first : kNone, after, kNone, MinOf{}, chunk);
-    __syncthreads();
-    if (s >= s0) {
-      if (after_carry < after) after = after_carry;
-      const std::int32_t before = p.source[base + s];
-      const std::int64_t t0 = (s - s0) * p.block_size;
-      std::int32_t decision;
-      if (first == t0)
-        decision = kSourceNone;
-      else if (before >= 0)
-        decision = before;
-      else if (first >= 0)
-        decision = kSourceFirstInBlock;
-      else
-        decision = after != kNone ? after : kSourceZeros;
-      p.source[base + s] = decision;
-    }
-    if (chunk < after_carry) after_carry = chunk;
-  }
 }
 
 }  // namespace flashcache::gpu::kernels
