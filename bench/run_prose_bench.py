@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-PROSE = ["README.md", "tools/extract/README.md", "include/flashcache/cuda/README.md"]
+PROSE = ["README.md", "tools/extract/README.md", "docs/GPU.md"]
 
 
 def loadavg():

@@ -19,7 +19,7 @@ namespace fc = flashcache;
 
 int main(int argc, char** argv) try {
   const double keep_ratio = argc > 1 ? std::atof(argv[1]) : 0.2;
-  fc::Options opt;  // the library's defaults (README "Options and defaults")
+  fc::Options opt;  // the library's defaults (docs/DEFAULTS.md)
   if (argc > 2) opt.score.transform = std::string(argv[2]) == "blocked" ? fc::Transform::blocked : fc::Transform::global;
   opt.select.window = 64;  // keep the text question at the end of the prompt
 

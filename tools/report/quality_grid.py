@@ -97,7 +97,7 @@ def _row_table(agg, ratios, medians=True) -> List[str]:
 
 
 def goals(records, ratios, split: str = "heldout") -> List[str]:
-    """The issue's goals, checked on the held-out mean errors."""
+    """The 2D-grid study's goals, checked on the held-out mean errors."""
     agg = aggregate(records, split)
     have = {l for (l, _) in agg}
     out: List[str] = []
@@ -203,8 +203,8 @@ def render(doc, title: str = "Image spans as 2D grids: ViT caches") -> str:
         best = max(sweep.get("shares", [0])) if sweep else None
         if best is not None and choice.get("base_share") == best:
             lines += [f"The chosen share is the largest tried ({best:g}): the dev error was still falling with "
-                      "the share, so a larger one might do better still; the grid of shares was fixed by the "
-                      "issue before the run and was not extended.", ""]
+                      "the share, so a larger one might do better still; the grid of shares was fixed "
+                      "before the run and was not extended.", ""]
 
     for split, title in (("heldout", "Held-out"), ("dev", "Dev")):
         if not any(r.get("split") == split for r in records):
