@@ -21,7 +21,9 @@
 # an H100/H200's 227 KB of shared memory per block, so the shapes that need it run.
 # Each binary runs with a time limit ($TIMEOUT seconds, default 3600); the table
 # at the end gives each binary's passed, failed and skipped tests, and logs go to
-# $BUILD/gpusim-logs.
+# $BUILD/gpusim-logs. $BUILD/gpusim-results.json holds every test's outcome and
+# each skip's reason (bench/gpu_sim_results.py); to record a run, copy it to
+# bench/results/gpu_sim.json and run tools/report/make_results.py.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -68,6 +70,7 @@ cat >>"$CFG/gpgpusim.config" <<'EOF'
 EOF
 
 printf '\n%-22s %7s %7s %8s %8s  %s\n' binary passed failed skipped seconds result >"$BUILD/gpusim-table.txt"
+exits=()
 for b in $BINARIES; do
   bin=$BUILD/tests/gpu/test_gpu_$b
   log=$BUILD/gpusim-logs/test_gpu_$b.log
@@ -77,6 +80,7 @@ for b in $BINARIES; do
   (set +u; source "$SIM/env118.sh" && cd "$CFG" &&
      timeout "$TIMEOUT" stdbuf -o0 "$bin" --gtest_filter="${FILTER:-*}" >"$log" 2>&1) || rc=$?
   seconds=$(( $(date +%s) - start ))
+  exits+=(--exit "test_gpu_$b=$rc=$seconds")
   passed=$(grep -a -c '^\[       OK \]' "$log")
   failed=$(grep -a -cE '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$log")
   skipped=$(grep -a -cE '^\[  SKIPPED \] .*\([0-9]+ ms\)$' "$log")
@@ -90,6 +94,9 @@ for b in $BINARIES; do
     tee -a "$BUILD/gpusim-table.txt"
   grep -a -E '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$log" | sed 's/^/    /'
 done
+python3 "$ROOT/bench/gpu_sim_results.py" "$BUILD/gpusim-logs" "$BUILD/gpusim-results.json" --simulator "$SIM" \
+  --config "$CFG/gpgpusim.config" --commit "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)" "${exits[@]}" ||
+  echo "gpu_sim_check: could not write $BUILD/gpusim-results.json"
 echo
 echo "GPGPU-Sim, functional mode (results only; no time here is a GPU time). Logs: $BUILD/gpusim-logs"
 cat "$BUILD/gpusim-table.txt"

@@ -16,6 +16,7 @@ Each section comes from its own JSON, written by the run that measured it:
   llama_event_cost.json  bench/stream/event_cost.py         -> llama_event_cost.py
   llama_cost.json  bench/run_llama_cost.sh                  -> llama_cost.py
   static_sm90.json  bench/gpu/static_report.sh              -> static_gpu.py
+  gpu_sim.json  bench/gpu_sim_check.sh (GPGPU-Sim)          -> gpu_sim.py
 A missing JSON leaves its section out; numbers are never typed in by hand.
 """
 import json
@@ -57,7 +58,8 @@ def main():
                                    ("cpu_simd.json", "cpu_simd", "render"),
                                    ("llama_event_cost.json", "llama_event_cost", "render"),
                                    ("llama_cost.json", "llama_cost", "render"),
-                                   ("static_sm90.json", "static_gpu", "render")):
+                                   ("static_sm90.json", "static_gpu", "render"),
+                                   ("gpu_sim.json", "gpu_sim", "render")):
         path = os.path.join(RESULTS, name)
         if os.path.exists(path) and os.path.exists(os.path.join(HERE, module + ".py")):
             section = __import__(module)
