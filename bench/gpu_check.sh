@@ -16,7 +16,7 @@
 # builds with nvcc directly whatever needs only the CUDA toolkit (the GPU
 # benchmarks and the example) plus the tests if the GTest/Eigen headers are
 # in the deps prefix. A prebuilt build folder can be given with
-# FLASHCACHE_PREBUILT=dir (its tests/gpu/test_gpu_* are then run as they are).
+# FLASHCACHE_PREBUILT=dir (its tests/gpu/test_gpu_* and bench/gpu/test_gpu_decode are then run as they are).
 #
 # Environment: OUT (results folder), JOBS (default 16), FLASHCACHE_DEPS,
 # FLASHCACHE_PREBUILT, FLASHCACHE_BUILD (build folder, default build-gpu-check).
@@ -66,6 +66,8 @@ export LD_LIBRARY_PATH="$DEPS/lib/x86_64-linux-gnu:$DEPS/lib:${LD_LIBRARY_PATH:-
 # ---- build -----------------------------------------------------------------------
 BIN=""         # folder with tests/gpu, bench/gpu, examples/cuda binaries
 TESTS_BUILT=0
+# A GPU test binary of $BIN: the decode baseline's test lives with the benchmarks.
+test_bin() { if [[ $1 == decode ]]; then echo "$BIN/bench/gpu/test_gpu_decode"; else echo "$BIN/tests/gpu/test_gpu_$1"; fi; }
 if [[ -n "${FLASHCACHE_PREBUILT:-}" ]]; then
   BIN=$FLASHCACHE_PREBUILT
   TESTS_BUILT=1
@@ -97,8 +99,9 @@ else
       for t in host f32 f16 bf16 decode defects query_tails two_units; do
         src=("$ROOT/tests/gpu/test_gpu_$t.cu")
         [[ $t == two_units ]] && src=("$ROOT/tests/gpu/two_units_a.cu" "$ROOT/tests/gpu/two_units_b.cu")
+        [[ $t == decode ]] && src=("$ROOT/bench/gpu/test_decode_attention.cu")
         "${NVCC[@]}" -I"$ROOT/tests" -I"$DEPS/include" -I"$DEPS/include/eigen3" "${src[@]}" \
-          -o "$BIN/tests/gpu/test_gpu_$t" -L"$DEPS/lib/x86_64-linux-gnu" -lgtest_main -lgtest -lcufft -lpthread \
+          -o "$(test_bin "$t")" -L"$DEPS/lib/x86_64-linux-gnu" -lgtest_main -lgtest -lcufft -lpthread \
           >>"$LOG" 2>&1 & pids+=($!)
       done
       TESTS_BUILT=1
@@ -117,7 +120,7 @@ if [[ $TESTS_BUILT == 1 ]]; then
   say "GPU tests"
   pass=0; fail=0
   for t in host two_units defects f32 f16 bf16 decode query_tails; do
-    exe=$BIN/tests/gpu/test_gpu_$t
+    exe=$(test_bin "$t")
     if [[ ! -x $exe ]]; then echo "missing $exe"; fail=$((fail + 1)); continue; fi
     if timeout 240 "$exe" --gtest_brief=1 --gtest_output="json:$OUT_DIR/gpu_tests_$t.json" >>"$LOG" 2>&1; then
       pass=$((pass + 1)); echo "  test_gpu_$t: passed"
@@ -166,9 +169,9 @@ else
   RESULT[memcheck_bf16]="skipped (no compute-sanitizer or no test binary)"
 fi
 # The decode-attention baseline (bench/gpu/decode_attention.cuh) on its smaller cases.
-if command -v compute-sanitizer >/dev/null && [[ -x $BIN/tests/gpu/test_gpu_decode ]]; then
+if command -v compute-sanitizer >/dev/null && [[ -x $(test_bin decode) ]]; then
   if (( $(elapsed) < 400 )); then
-    exe=$BIN/tests/gpu/test_gpu_decode
+    exe=$(test_bin decode)
     for spec in "memcheck:*_n7:*_n257:GpuDecodeEdges.*" "racecheck:*_d128_g7_*:GpuDecodeEdges.NoTokens*"; do
       tool=${spec%%:*}; filter=${spec#*:}
       if timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" --gtest_filter="$filter" \

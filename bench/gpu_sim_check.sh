@@ -45,7 +45,7 @@ mkdir -p "$BUILD"
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHCACHE_GPU_SIM=ON \
   -DCMAKE_CUDA_COMPILER="$CUDA/bin/nvcc" -DCMAKE_CUDA_HOST_COMPILER=g++-11 -DCMAKE_CUDA_ARCHITECTURES=70 \
   -DCMAKE_CUDA_RUNTIME_LIBRARY=Shared -DCUDAToolkit_ROOT="$CUDA" \
-  -DFLASHCACHE_BUILD_BENCH=OFF -DFLASHCACHE_BUILD_EXAMPLES=OFF -DFLASHCACHE_BUILD_CLI=OFF -DFLASHCACHE_INSTALL=OFF \
+  -DFLASHCACHE_BUILD_BENCH=ON -DFLASHCACHE_BUILD_EXAMPLES=OFF -DFLASHCACHE_BUILD_CLI=OFF -DFLASHCACHE_INSTALL=OFF \
   -DFLASHCACHE_NO_PYTHON_LLAMA=ON -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST >"$BUILD/gpusim-configure.log" 2>&1 ||
   { tail -20 "$BUILD/gpusim-configure.log"; exit 1; }
 targets=$(for b in $BINARIES; do printf 'test_gpu_%s ' "$b"; done)
@@ -73,6 +73,7 @@ printf '\n%-22s %7s %7s %8s %8s  %s\n' binary passed failed skipped seconds resu
 exits=()
 for b in $BINARIES; do
   bin=$BUILD/tests/gpu/test_gpu_$b
+  [[ -x $bin ]] || bin=$BUILD/bench/gpu/test_gpu_$b  # tests of bench code live under bench/
   log=$BUILD/gpusim-logs/test_gpu_$b.log
   echo "== test_gpu_$b (limit ${TIMEOUT}s)"
   start=$(date +%s)

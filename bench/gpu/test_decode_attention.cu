@@ -16,8 +16,8 @@
 #include <tuple>
 #include <vector>
 
-#include "../../bench/decode_attention.hpp"
-#include "../../bench/gpu/decode_attention.cuh"
+#include "../decode_attention.hpp"
+#include "decode_attention.cuh"
 
 namespace {
 
