@@ -17,6 +17,7 @@ std::atomic<long> eigen_heap_allocations{0};
   } while (0)
 #include <gtest/gtest.h>
 #include <flashcache/flashcache.hpp>
+#include <flashcache/recall.hpp>
 
 #include <cmath>
 #include <cstdlib>
@@ -218,6 +219,72 @@ TEST(NoAlloc, WarmQueryTailsAllocateNothing) {
   EXPECT_TRUE(ok);
 }
 
+// The archive and its recall warm: an eviction appended (the archive reserved
+// for its cap), a question's queries scored over every layer, the blocks chosen
+// and taken back, on an archive of the same size as the warm-up's.
+TEST(NoAlloc, WarmArchiveAndRecallAllocateNothing) {
+  const Layers m(0.0);
+  const std::int64_t heads = m.heads, d = m.d, n = 120, question = 6;
+  const int layers = static_cast<int>(m.tokens.size());
+  const fc::ArchiveShape shape{layers, heads, d, fc::RowType::f32};
+  fc::Archive archive;
+  ASSERT_TRUE(archive.reset(shape, {16, 0}).ok());
+  archive.reserve(n);
+  // Rows of the evicted tokens: tokens 0..n of each layer, [token][head][d].
+  std::vector<std::vector<float>> rows(static_cast<std::size_t>(layers),
+                                       std::vector<float>(static_cast<std::size_t>(n * heads * d)));
+  std::vector<const void*> k, v;
+  for (int l = 0; l < layers; ++l) {
+    for (std::int64_t t = 0; t < n; ++t)
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t c = 0; c < d; ++c)
+          rows[static_cast<std::size_t>(l)][static_cast<std::size_t>((t * heads + h) * d + c)] =
+              m.kv[static_cast<std::size_t>(l)](h, t, c);
+    k.push_back(rows[static_cast<std::size_t>(l)].data());
+    v.push_back(rows[static_cast<std::size_t>(l)].data());
+  }
+  std::vector<std::int32_t> positions(static_cast<std::size_t>(n)), back(static_cast<std::size_t>(n));
+  for (std::int64_t t = 0; t < n; ++t) positions[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(t);
+  std::vector<float> q(static_cast<std::size_t>(2 * heads * question * d));
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(std::sin(0.61 * static_cast<double>(i)));
+  const auto qv = fc::hnd<const float>(q.data(), fc::Heads(2 * heads), fc::Tokens(question), fc::HeadDim(d));
+  std::vector<std::vector<float>> out(static_cast<std::size_t>(layers),
+                                      std::vector<float>(static_cast<std::size_t>(n * heads * d)));
+  std::vector<void*> k_out, v_out;
+  for (auto& o : out) {
+    k_out.push_back(o.data());
+    v_out.push_back(o.data());
+  }
+  fc::RecallScorer scorer;
+  std::vector<float> block_scores(static_cast<std::size_t>(n));
+  std::vector<std::int64_t> chosen, order;
+  chosen.reserve(static_cast<std::size_t>(n));
+  order.reserve(static_cast<std::size_t>(n));
+  const auto cycle = [&] {
+    bool ok = archive.append(positions.data(), n, k.data(), v.data(), heads * d * 4).ok();
+    ok &= scorer.reset(archive).ok();
+    for (int l = 0; l < layers; ++l) {
+      const auto resident = fc::token_range(m.kv[static_cast<std::size_t>(l)], n, 40);
+      const auto asked = fc::token_range(m.kv[static_cast<std::size_t>(l)], n + 40, question);
+      ok &= scorer.add_layer(l, qv, resident, asked).ok();
+    }
+    ok &= scorer.block_scores(block_scores.data(), archive.blocks()).ok();
+    ok &= fc::select_recall(archive, block_scores.data(), 32, &chosen, &order).ok();
+    std::vector<std::int64_t>& all = order;  // then everything left goes back too: the archive empties
+    all.clear();
+    for (std::int64_t b = 0; b < archive.blocks(); ++b) all.push_back(b);
+    std::int64_t taken = 0;
+    ok &=
+        archive.take(all.data(), static_cast<std::int64_t>(all.size()), back.data(), k_out.data(), v_out.data(), &taken)
+            .ok();
+    return ok && taken == n && !chosen.empty();
+  };
+  ASSERT_TRUE(cycle());
+  bool ok = false;
+  EXPECT_EQ(heap_allocations([&] { ok = cycle(); }), 0);
+  EXPECT_TRUE(ok);
+}
+
 TEST(NoAlloc, WarmBatchAllocatesNothing) {
   const Layers first(0.0), second(2.0);
   // Layers 0 and 2 hold 300 tokens: two sequences of 120 and 180 in each.
@@ -245,8 +312,8 @@ TEST(NoAlloc, WarmBatchAllocatesNothing) {
                   .ok());
   fc::Status s;
   const long during = heap_allocations([&] {
-    s = fc::compress_batch(k2.data(), v2.data(), 2, fc::Batch{2, indptr.data()}, fc::Budget::ratio(0.2), opt, nullptr, {},
-                           &ws, out);
+    s = fc::compress_batch(k2.data(), v2.data(), 2, fc::Batch{2, indptr.data()}, fc::Budget::ratio(0.2), opt, nullptr,
+                           {}, &ws, out);
   });
   ASSERT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(during, 0);

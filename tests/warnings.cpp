@@ -3,6 +3,7 @@
 // by this build's compiler and, as a ctest, by the other of g++ / clang++.
 // Compiling is the test; nothing runs.
 #include <flashcache/allocate.hpp>
+#include <flashcache/archive.hpp>
 #include <flashcache/batch.hpp>
 #include <flashcache/config.hpp>
 #include <flashcache/score/dct.hpp>
@@ -17,6 +18,7 @@
 #include <flashcache/policies/attention.hpp>
 #include <flashcache/policies/baselines.hpp>
 #include <flashcache/query_tail.hpp>
+#include <flashcache/recall.hpp>
 #include <flashcache/rules.hpp>
 #include <flashcache/score.hpp>
 #include <flashcache/score/blocked.hpp>

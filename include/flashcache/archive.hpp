@@ -1,0 +1,254 @@
+#pragma once
+// Evicted tokens kept aside, so that a later question can bring back what it
+// needs (recall.hpp scores them with its queries).
+//
+// A compaction decides before the question is known; what it drops is gone. An
+// Archive keeps every evicted token instead: its position and, for every layer,
+// its K and V rows as they were stored (f32, f16 or bf16 bytes, all KV heads of
+// the token in one row, as llama.cpp's cells hold them). Tokens are appended in
+// eviction order and grouped in blocks of `block_size` consecutive archive
+// tokens: a block is what a recall scores and brings back.
+//
+// A byte cap bounds the archive: when an append passes it, the oldest whole
+// blocks are dropped and counted (dropped_tokens()), never silently. reserve()
+// sizes the buffers once; after it, append and take allocate nothing.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "error.hpp"
+
+namespace flashcache {
+
+// How a row's elements are stored.
+enum class RowType { f32, f16, bf16 };
+
+inline std::int64_t row_type_bytes(RowType t) { return t == RowType::f32 ? 4 : 2; }
+
+inline const char* to_string(RowType t) {
+  switch (t) {
+    case RowType::f32:
+      return "f32";
+    case RowType::f16:
+      return "f16";
+    case RowType::bf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+// The rows an archive holds: every layer's K and V row of a token is
+// kv_heads x head_dim elements of `type`.
+struct ArchiveShape {
+  int layers = 0;
+  std::int64_t kv_heads = 0;
+  std::int64_t head_dim = 0;
+  RowType type = RowType::f16;
+
+  std::int64_t row_bytes() const { return kv_heads * head_dim * row_type_bytes(type); }
+  // One token's bytes: its position and a K and a V row per layer.
+  std::int64_t token_bytes() const {
+    return static_cast<std::int64_t>(sizeof(std::int32_t)) + 2 * layers * row_bytes();
+  }
+};
+
+struct ArchiveOptions {
+  // Archive tokens per block: the unit a recall scores and brings back.
+  std::int64_t block_size = 16;
+  // At most this many bytes of positions and rows; 0: no cap.
+  std::int64_t byte_cap = 0;
+};
+
+inline Status check_archive(const ArchiveShape& s, const ArchiveOptions& o) {
+  if (s.layers < 1) return make_error(Errc::invalid_shape, "archive: ", s.layers, " layers (at least 1)");
+  if (s.kv_heads < 1 || s.head_dim < 1)
+    return make_error(Errc::invalid_shape, "archive: ", s.kv_heads, " KV heads x head dim ", s.head_dim,
+                      " (both at least 1)");
+  if (s.type != RowType::f32 && s.type != RowType::f16 && s.type != RowType::bf16)
+    return make_error(Errc::invalid_option, "archive: unknown row type");
+  if (o.block_size < 1) return make_error(Errc::invalid_option, "archive block_size ", o.block_size, " (at least 1)");
+  if (o.byte_cap < 0) return make_error(Errc::invalid_option, "archive byte_cap ", o.byte_cap, " is negative");
+  if (o.byte_cap > 0 && o.byte_cap < o.block_size * s.token_bytes())
+    return make_error(Errc::invalid_option, "archive byte_cap ", o.byte_cap, " holds less than one block (",
+                      o.block_size * s.token_bytes(), " bytes)");
+  return Status::success();
+}
+
+class Archive {
+ public:
+  Archive() = default;
+
+  // Empties the archive and sets its shape and options.
+  Status reset(const ArchiveShape& shape, const ArchiveOptions& opt = {}) {
+    FLASHCACHE_RETURN_IF_ERROR(check_archive(shape, opt));
+    shape_ = shape;
+    opt_ = opt;
+    positions_.clear();
+    k_.assign(static_cast<std::size_t>(shape.layers), {});
+    v_.assign(static_cast<std::size_t>(shape.layers), {});
+    dropped_ = 0;
+    return Status::success();
+  }
+
+  // Sizes the buffers for `tokens` archived tokens at once (the cap's worth,
+  // when there is a cap), so that later appends do not allocate.
+  void reserve(std::int64_t tokens) {
+    const auto n = static_cast<std::size_t>(std::max<std::int64_t>(tokens, 0));
+    positions_.reserve(n);
+    for (int l = 0; l < shape_.layers; ++l) {
+      k_[static_cast<std::size_t>(l)].reserve(n * static_cast<std::size_t>(shape_.row_bytes()));
+      v_[static_cast<std::size_t>(l)].reserve(n * static_cast<std::size_t>(shape_.row_bytes()));
+    }
+  }
+
+  // Appends n evicted tokens: positions[n], and per layer l the rows
+  // k[l] + i * row_stride, v[l] + i * row_stride (bytes; row_stride >= row_bytes).
+  // Then drops the oldest whole blocks while the cap is passed.
+  Status append(const std::int32_t* positions, std::int64_t n, const void* const* k, const void* const* v,
+                std::int64_t row_stride) {
+    if (n < 0) return make_error(Errc::invalid_shape, "archive append: ", n, " tokens");
+    if (n == 0) return Status::success();
+    if (shape_.layers < 1) return make_error(Errc::invalid_shape, "archive append: reset() the archive first");
+    if (positions == nullptr || k == nullptr || v == nullptr)
+      return make_error(Errc::invalid_shape, "archive append: null positions or row tables");
+    if (row_stride < shape_.row_bytes())
+      return make_error(Errc::invalid_shape, "archive append: row stride ", row_stride, " bytes < a row's ",
+                        shape_.row_bytes());
+    for (int l = 0; l < shape_.layers; ++l)
+      if (k[l] == nullptr || v[l] == nullptr)
+        return make_error(Errc::invalid_shape, "archive append: layer ", l, ": null K or V rows");
+    positions_.insert(positions_.end(), positions, positions + n);
+    const auto row = static_cast<std::size_t>(shape_.row_bytes());
+    for (int l = 0; l < shape_.layers; ++l) {
+      append_rows(&k_[static_cast<std::size_t>(l)], static_cast<const unsigned char*>(k[l]), n, row_stride, row);
+      append_rows(&v_[static_cast<std::size_t>(l)], static_cast<const unsigned char*>(v[l]), n, row_stride, row);
+    }
+    drop_to_cap();
+    return Status::success();
+  }
+
+  const ArchiveShape& shape() const { return shape_; }
+  const ArchiveOptions& options() const { return opt_; }
+  std::int64_t tokens() const { return static_cast<std::int64_t>(positions_.size()); }
+  std::int64_t blocks() const { return (tokens() + opt_.block_size - 1) / opt_.block_size; }
+  std::int64_t block_first(std::int64_t b) const { return b * opt_.block_size; }
+  std::int64_t block_tokens(std::int64_t b) const { return std::min(opt_.block_size, tokens() - b * opt_.block_size); }
+  std::int64_t bytes() const { return tokens() * shape_.token_bytes(); }
+  // Tokens the cap has dropped since reset().
+  std::int64_t dropped_tokens() const { return dropped_; }
+
+  const std::int32_t* positions() const { return positions_.data(); }
+  // Layer l's K (or V) row of archive token i.
+  const unsigned char* k_row(int l, std::int64_t i) const {
+    return k_[static_cast<std::size_t>(l)].data() + i * shape_.row_bytes();
+  }
+  const unsigned char* v_row(int l, std::int64_t i) const {
+    return v_[static_cast<std::size_t>(l)].data() + i * shape_.row_bytes();
+  }
+
+  // Moves the given blocks (ascending, distinct) out: their positions to
+  // positions_out, layer l's rows to k_out[l] / v_out[l] (row_bytes apart), in
+  // archive order; the rest close up. Counts of what was written go to *taken.
+  Status take(const std::int64_t* blocks, std::int64_t count, std::int32_t* positions_out, void* const* k_out,
+              void* const* v_out, std::int64_t* taken) {
+    if (taken == nullptr) return make_error(Errc::invalid_shape, "archive take: null count");
+    *taken = 0;
+    if (count == 0) return Status::success();
+    if (blocks == nullptr || positions_out == nullptr || k_out == nullptr || v_out == nullptr)
+      return make_error(Errc::invalid_shape, "archive take: null blocks or outputs");
+    for (std::int64_t i = 0; i < count; ++i) {
+      if (blocks[i] < 0 || blocks[i] >= this->blocks())
+        return make_error(Errc::invalid_shape, "archive take: block ", blocks[i], " of ", this->blocks());
+      if (i > 0 && blocks[i] <= blocks[i - 1])
+        return make_error(Errc::invalid_shape, "archive take: blocks must be ascending and distinct (", blocks[i - 1],
+                          " then ", blocks[i], ")");
+    }
+    for (int l = 0; l < shape_.layers; ++l)
+      if (k_out[l] == nullptr || v_out[l] == nullptr)
+        return make_error(Errc::invalid_shape, "archive take: layer ", l, ": null K or V output");
+    const auto row = static_cast<std::size_t>(shape_.row_bytes());
+    std::int64_t out = 0;
+    for (std::int64_t i = 0; i < count; ++i) {
+      const std::int64_t first = block_first(blocks[i]), n = block_tokens(blocks[i]);
+      std::copy(positions_.begin() + first, positions_.begin() + first + n, positions_out + out);
+      for (int l = 0; l < shape_.layers; ++l) {
+        const std::size_t at = static_cast<std::size_t>(out) * row, bytes = static_cast<std::size_t>(n) * row;
+        std::memcpy(static_cast<unsigned char*>(k_out[l]) + at, k_row(l, first), bytes);
+        std::memcpy(static_cast<unsigned char*>(v_out[l]) + at, v_row(l, first), bytes);
+      }
+      out += n;
+    }
+    // Close up: keep the tokens of the blocks not taken, in order.
+    std::int64_t write = 0, next = 0;
+    for (std::int64_t b = 0; b < this->blocks(); ++b) {
+      if (next < count && blocks[next] == b) {
+        ++next;
+        continue;
+      }
+      move_block(b, write);
+      write += block_tokens(b);
+    }
+    resize(write);
+    *taken = out;
+    return Status::success();
+  }
+
+ private:
+  static void append_rows(std::vector<unsigned char>* to, const unsigned char* from, std::int64_t n,
+                          std::int64_t stride, std::size_t row) {
+    if (static_cast<std::int64_t>(row) == stride) {
+      to->insert(to->end(), from, from + static_cast<std::size_t>(n) * row);
+      return;
+    }
+    for (std::int64_t i = 0; i < n; ++i) {
+      const unsigned char* src = from + i * stride;
+      to->insert(to->end(), src, src + row);
+    }
+  }
+
+  // Archive tokens of block b to start at token `at` (at <= the block's first).
+  void move_block(std::int64_t b, std::int64_t at) {
+    const std::int64_t first = block_first(b), n = block_tokens(b);
+    if (first == at) return;
+    std::copy(positions_.begin() + first, positions_.begin() + first + n, positions_.begin() + at);
+    const auto row = static_cast<std::size_t>(shape_.row_bytes());
+    const std::size_t to = static_cast<std::size_t>(at) * row, from = static_cast<std::size_t>(first) * row;
+    const std::size_t bytes = static_cast<std::size_t>(n) * row;
+    for (int l = 0; l < shape_.layers; ++l) {
+      auto& k = k_[static_cast<std::size_t>(l)];
+      auto& v = v_[static_cast<std::size_t>(l)];
+      std::memmove(k.data() + to, k.data() + from, bytes);
+      std::memmove(v.data() + to, v.data() + from, bytes);
+    }
+  }
+
+  void resize(std::int64_t tokens) {
+    positions_.resize(static_cast<std::size_t>(tokens));
+    const auto bytes = static_cast<std::size_t>(tokens * shape_.row_bytes());
+    for (int l = 0; l < shape_.layers; ++l) {
+      k_[static_cast<std::size_t>(l)].resize(bytes);
+      v_[static_cast<std::size_t>(l)].resize(bytes);
+    }
+  }
+
+  // Drops the oldest whole blocks while the archive passes its cap.
+  void drop_to_cap() {
+    if (opt_.byte_cap == 0 || bytes() <= opt_.byte_cap) return;
+    const std::int64_t keep_tokens = opt_.byte_cap / shape_.token_bytes();
+    std::int64_t drop = tokens() - keep_tokens;
+    drop = (drop + opt_.block_size - 1) / opt_.block_size * opt_.block_size;  // whole blocks
+    drop = std::min(drop, tokens());
+    for (std::int64_t b = drop / opt_.block_size; b < blocks(); ++b) move_block(b, block_first(b) - drop);
+    dropped_ += drop;
+    resize(tokens() - drop);
+  }
+
+  ArchiveShape shape_;
+  ArchiveOptions opt_;
+  std::vector<std::int32_t> positions_;
+  std::vector<std::vector<unsigned char>> k_, v_;  // per layer: tokens x row_bytes
+  std::int64_t dropped_ = 0;
+};
+
+}  // namespace flashcache

@@ -1,0 +1,160 @@
+#pragma once
+// Recall: a question's queries rank the archive's blocks (archive.hpp), and the
+// best come back within a budget.
+//
+// When a new question arrives, its queries exist for the first time: they are
+// what can tell which evicted tokens it needs. For each layer, the question's
+// queries q [Hq][m][d] (after RoPE, as attention sees them) attend over the
+// whole context: the resident keys, the archived keys and the question's own
+// keys, causally. An archived token's score is the largest attention
+// probability any of those queries gives it, over the query heads of its KV
+// head (tails, query_tail.hpp, with min_distance 0), the layers and the KV
+// heads: one ranking for the sequence, as llama.cpp's cells need. A block's
+// score is its best token's.
+//
+// select_recall() then takes the highest-scoring blocks, whole, while they fit
+// the budget (ties to the older block); a block nobody attends to (score 0)
+// never comes back.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "archive.hpp"
+#include "error.hpp"
+#include "query_tail.hpp"
+#include "types.hpp"
+#include "view.hpp"
+
+namespace flashcache {
+
+class RecallScorer {
+ public:
+  // Starts a recall over `archive`: every block's score is 0.
+  Status reset(const Archive& archive) {
+    archive_ = &archive;
+    token_score_.assign(static_cast<std::size_t>(archive.tokens()), 0.0f);
+    return Status::success();
+  }
+
+  // One layer: the question's queries q [Hq][m][d], the resident keys of the
+  // layer [Hkv][R][d] and the question's own keys [Hkv][m][d] (positions after
+  // every other key). Raises the archived tokens' scores.
+  template <class T>
+  Status add_layer(int layer, KVView<const T> q, KVView<const T> resident, KVView<const T> question) {
+    if (archive_ == nullptr) return make_error(Errc::invalid_shape, "recall: reset() it with an archive first");
+    const ArchiveShape& s = archive_->shape();
+    if (layer < 0 || layer >= s.layers)
+      return make_error(Errc::invalid_shape, "recall: layer ", layer, " of ", s.layers);
+    if (static_cast<std::int64_t>(token_score_.size()) != archive_->tokens())
+      return make_error(Errc::invalid_shape, "recall: the archive changed since reset()");
+    FLASHCACHE_RETURN_IF_ERROR(check_view(resident, "resident K"));
+    FLASHCACHE_RETURN_IF_ERROR(check_view(question, "question K"));
+    if (resident.heads != s.kv_heads || resident.head_dim != s.head_dim || question.heads != s.kv_heads ||
+        question.head_dim != s.head_dim)
+      return make_error(Errc::invalid_shape, "recall: keys are ", resident.heads, "x", resident.head_dim,
+                        " (resident) and ", question.heads, "x", question.head_dim, " (question) but the archive is ",
+                        s.kv_heads, " KV heads x ", s.head_dim);
+    if (q.tokens != question.tokens)
+      return make_error(Errc::invalid_shape, "recall: ", q.tokens, " queries but ", question.tokens,
+                        " question keys (one key per query position)");
+    const std::int64_t r = resident.tokens, a = archive_->tokens(), m = question.tokens;
+    const std::int64_t n = r + a + m, d = s.head_dim;
+    if (a == 0 || m == 0) return Status::success();
+    // The whole context as one [Hkv][n][d] float view: resident, archived, question.
+    keys_.resize(static_cast<std::size_t>(s.kv_heads * n * d));
+    for (std::int64_t h = 0; h < s.kv_heads; ++h) {
+      float* out = keys_.data() + h * n * d;
+      for (std::int64_t t = 0; t < r; ++t) load(resident.row(h, t), d, out + t * d);
+      for (std::int64_t t = 0; t < a; ++t) load_archived(archive_->k_row(layer, t), h, out + (r + t) * d);
+      for (std::int64_t t = 0; t < m; ++t) load(question.row(h, t), d, out + (r + a + t) * d);
+    }
+    tails_.assign(static_cast<std::size_t>(s.kv_heads * n), 0.0f);
+    QueryTailOptions every;
+    every.min_distance = 0;
+    const KVView<const float> k = hnd<const float>(keys_.data(), Heads(s.kv_heads), Tokens(n), HeadDim(d));
+    FLASHCACHE_RETURN_IF_ERROR(
+        tails_acc_.add(q, r + a, k, nullptr, TailView<float>{tails_.data(), s.kv_heads, n}, every));
+    for (std::int64_t h = 0; h < s.kv_heads; ++h)
+      for (std::int64_t t = 0; t < a; ++t) {
+        float& best = token_score_[static_cast<std::size_t>(t)];
+        best = std::max(best, tails_[static_cast<std::size_t>(h * n + r + t)]);
+      }
+    return Status::success();
+  }
+
+  // Archive token t's score: its largest attention probability so far.
+  float token_score(std::int64_t t) const { return token_score_[static_cast<std::size_t>(t)]; }
+
+  // Block scores [blocks] into caller memory: each block's best token.
+  Status block_scores(float* out, std::int64_t count) const {
+    if (archive_ == nullptr) return make_error(Errc::invalid_shape, "recall: reset() it with an archive first");
+    if (count != archive_->blocks())
+      return make_error(Errc::invalid_shape, "recall: ", count, " block scores for ", archive_->blocks(), " blocks");
+    for (std::int64_t b = 0; b < count; ++b) {
+      const std::int64_t first = archive_->block_first(b);
+      float best = 0.0f;
+      for (std::int64_t t = first; t < first + archive_->block_tokens(b); ++t)
+        best = std::max(best, token_score_[static_cast<std::size_t>(t)]);
+      out[b] = best;
+    }
+    return Status::success();
+  }
+
+ private:
+  template <class T>
+  static void load(const T* row, std::int64_t d, float* out) {
+    for (std::int64_t c = 0; c < d; ++c) out[c] = to_float(row[c]);
+  }
+
+  // KV head h's part of an archived row, as floats.
+  void load_archived(const unsigned char* row, std::int64_t h, float* out) const {
+    const ArchiveShape& s = archive_->shape();
+    const std::int64_t d = s.head_dim;
+    switch (s.type) {
+      case RowType::f32:
+        return load(reinterpret_cast<const float*>(row) + h * d, d, out);
+      case RowType::f16:
+        return load(reinterpret_cast<const half_t*>(row) + h * d, d, out);
+      case RowType::bf16:
+        return load(reinterpret_cast<const bfloat16_t*>(row) + h * d, d, out);
+    }
+  }
+
+  const Archive* archive_ = nullptr;
+  std::vector<float> token_score_;  // [archive tokens]
+  std::vector<float> keys_;         // one layer's context keys [Hkv][n][d]
+  std::vector<float> tails_;        // [Hkv][n]
+  TailAccumulator tails_acc_;
+};
+
+// The blocks to bring back: highest score first (ties to the lower block),
+// whole blocks while their tokens fit `budget`, only blocks with a score above
+// 0 (a NaN score never comes back). *chosen: the blocks, ascending; `order` is
+// scratch. Both keep their capacity between calls.
+inline Status select_recall(const Archive& archive, const float* scores, std::int64_t budget,
+                            std::vector<std::int64_t>* chosen, std::vector<std::int64_t>* order) {
+  if (chosen == nullptr || order == nullptr) return make_error(Errc::invalid_shape, "select_recall: null outputs");
+  chosen->clear();
+  if (budget < 0) return make_error(Errc::invalid_budget, "select_recall: budget ", budget, " is negative");
+  const std::int64_t blocks = archive.blocks();
+  if (blocks == 0) return Status::success();
+  if (scores == nullptr) return make_error(Errc::invalid_shape, "select_recall: null scores");
+  order->clear();
+  for (std::int64_t b = 0; b < blocks; ++b)
+    if (scores[b] > 0) order->push_back(b);
+  // Score descending, then block ascending: std::sort with a total order (a
+  // stable sort would take a buffer from the heap).
+  std::sort(order->begin(), order->end(),
+            [&](std::int64_t x, std::int64_t y) { return scores[x] > scores[y] || (scores[x] == scores[y] && x < y); });
+  std::int64_t used = 0;
+  for (const std::int64_t b : *order) {
+    const std::int64_t n = archive.block_tokens(b);
+    if (used + n > budget) continue;  // only the last block is shorter: it may still fit
+    chosen->push_back(b);
+    used += n;
+  }
+  std::sort(chosen->begin(), chosen->end());
+  return Status::success();
+}
+
+}  // namespace flashcache

@@ -1,0 +1,285 @@
+// The archive of evicted tokens and the recall that brings blocks of it back
+// (archive.hpp, recall.hpp): rows kept bit for bit, the byte cap's drops
+// counted, and block scores against a naive double-precision attention over
+// the whole context, on awkward sizes, f32 / f16 / bf16 rows and NaN rows.
+#include <gtest/gtest.h>
+#include <flashcache/archive.hpp>
+#include <flashcache/recall.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <utility>
+#include <vector>
+
+namespace fc = flashcache;
+
+namespace {
+
+// Layers of token rows: per layer, tokens x (heads x d) values, random.
+struct Rows {
+  int layers;
+  std::int64_t tokens, heads, d;
+  std::vector<std::vector<float>> k, v;
+  Rows(int l, std::int64_t n, std::int64_t h, std::int64_t dim, std::uint64_t seed)
+      : layers(l), tokens(n), heads(h), d(dim) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int i = 0; i < l; ++i) {
+      k.emplace_back(static_cast<std::size_t>(n * h * dim));
+      v.emplace_back(k.back().size());
+      for (auto& x : k.back()) x = normal(rng);
+      for (auto& x : v.back()) x = normal(rng);
+    }
+  }
+};
+
+// Rows of `type` from floats (the bytes an engine would hand over).
+std::vector<unsigned char> as_bytes(const std::vector<float>& x, fc::RowType type) {
+  std::vector<unsigned char> out(x.size() * static_cast<std::size_t>(fc::row_type_bytes(type)));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (type == fc::RowType::f32) {
+      std::memcpy(out.data() + 4 * i, &x[i], 4);
+    } else {
+      const std::uint16_t bits = type == fc::RowType::f16 ? fc::half_t(x[i]).bits : fc::bfloat16_t(x[i]).bits;
+      std::memcpy(out.data() + 2 * i, &bits, 2);
+    }
+  }
+  return out;
+}
+
+// The value an archived element holds after its round trip through `type`.
+float rounded(float x, fc::RowType type) {
+  if (type == fc::RowType::f16) return static_cast<float>(fc::half_t(x));
+  if (type == fc::RowType::bf16) return static_cast<float>(fc::bfloat16_t(x));
+  return x;
+}
+
+struct Archived {
+  fc::Archive archive;
+  std::vector<std::vector<unsigned char>> k, v;
+  std::vector<std::int32_t> positions;
+};
+
+// Archives every token of `rows` (positions 1000 + i) in two appends.
+void fill(const Rows& rows, fc::RowType type, fc::ArchiveOptions opt, Archived* a) {
+  const fc::ArchiveShape shape{rows.layers, rows.heads, rows.d, type};
+  ASSERT_TRUE(a->archive.reset(shape, opt).ok());
+  for (int l = 0; l < rows.layers; ++l) {
+    a->k.push_back(as_bytes(rows.k[static_cast<std::size_t>(l)], type));
+    a->v.push_back(as_bytes(rows.v[static_cast<std::size_t>(l)], type));
+  }
+  for (std::int64_t i = 0; i < rows.tokens; ++i) a->positions.push_back(static_cast<std::int32_t>(1000 + i));
+  const std::int64_t split = rows.tokens / 3, row = shape.row_bytes();
+  for (const auto& [first, n] : {std::pair<std::int64_t, std::int64_t>{0, split}, {split, rows.tokens - split}}) {
+    std::vector<const void*> k, v;
+    for (int l = 0; l < rows.layers; ++l) {
+      k.push_back(a->k[static_cast<std::size_t>(l)].data() + first * row);
+      v.push_back(a->v[static_cast<std::size_t>(l)].data() + first * row);
+    }
+    ASSERT_TRUE(a->archive.append(a->positions.data() + first, n, k.data(), v.data(), row).ok());
+  }
+}
+
+TEST(Archive, KeepsRowsAndPositionsInBlocks) {
+  const Rows rows(3, 53, 2, 7, 1);
+  Archived a;
+  fill(rows, fc::RowType::bf16, {16, 0}, &a);
+  EXPECT_EQ(a.archive.tokens(), 53);
+  EXPECT_EQ(a.archive.blocks(), 4);
+  EXPECT_EQ(a.archive.block_tokens(3), 5);
+  EXPECT_EQ(a.archive.bytes(), 53 * (4 + 2 * 3 * 2 * 7 * 2));
+  const std::int64_t row = a.archive.shape().row_bytes();
+  for (int l = 0; l < 3; ++l)
+    for (std::int64_t t = 0; t < 53; ++t) {
+      ASSERT_EQ(std::memcmp(a.archive.k_row(l, t), a.k[static_cast<std::size_t>(l)].data() + t * row, row), 0);
+      ASSERT_EQ(std::memcmp(a.archive.v_row(l, t), a.v[static_cast<std::size_t>(l)].data() + t * row, row), 0);
+    }
+  EXPECT_EQ(a.archive.positions()[52], 1052);
+}
+
+TEST(Archive, TakeMovesBlocksOutAndClosesUp) {
+  const Rows rows(2, 45, 3, 5, 2);
+  Archived a;
+  fill(rows, fc::RowType::f32, {8, 0}, &a);  // blocks of 8: 0..4 whole, 5 holds 5 tokens
+  const std::int64_t row = a.archive.shape().row_bytes();
+  const std::int64_t blocks[] = {1, 5};
+  std::vector<std::int32_t> pos(13);
+  std::vector<std::vector<unsigned char>> k(2, std::vector<unsigned char>(13 * row)), v = k;
+  void* kp[] = {k[0].data(), k[1].data()};
+  void* vp[] = {v[0].data(), v[1].data()};
+  std::int64_t taken = 0;
+  ASSERT_TRUE(a.archive.take(blocks, 2, pos.data(), kp, vp, &taken).ok());
+  EXPECT_EQ(taken, 13);
+  EXPECT_EQ(pos[0], 1008);
+  EXPECT_EQ(pos[8], 1040);
+  EXPECT_EQ(std::memcmp(k[1].data() + 8 * row, a.k[1].data() + 40 * row, 5 * row), 0);
+  EXPECT_EQ(std::memcmp(v[0].data(), a.v[0].data() + 8 * row, 8 * row), 0);
+  // What stays: tokens 0-7 and 16-39, in order.
+  ASSERT_EQ(a.archive.tokens(), 32);
+  EXPECT_EQ(a.archive.positions()[7], 1007);
+  EXPECT_EQ(a.archive.positions()[8], 1016);
+  EXPECT_EQ(std::memcmp(a.archive.k_row(1, 8), a.k[1].data() + 16 * row, 24 * row), 0);
+  const std::int64_t bad[] = {2, 2};
+  const fc::Status s = a.archive.take(bad, 2, pos.data(), kp, vp, &taken);
+  EXPECT_NE(s.message().find("ascending and distinct"), std::string::npos) << s.message();
+}
+
+TEST(Archive, TheCapDropsTheOldestWholeBlocksAndCountsThem) {
+  const Rows rows(2, 50, 1, 4, 3);
+  const fc::ArchiveShape shape{2, 1, 4, fc::RowType::f16};
+  const std::int64_t per_token = shape.token_bytes();  // 4 + 2 x 2 x 8 = 36
+  Archived a;
+  fill(rows, fc::RowType::f16, {8, 30 * per_token}, &a);
+  // 50 tokens, room for 30: the oldest 24 (three blocks) go, 26 stay.
+  EXPECT_EQ(a.archive.dropped_tokens(), 24);
+  ASSERT_EQ(a.archive.tokens(), 26);
+  EXPECT_LE(a.archive.bytes(), 30 * per_token);
+  EXPECT_EQ(a.archive.positions()[0], 1024);
+  EXPECT_EQ(std::memcmp(a.archive.k_row(1, 0), a.k[1].data() + 24 * shape.row_bytes(), 26 * shape.row_bytes()), 0);
+  fc::Archive small;
+  const fc::Status s = small.reset(shape, {8, 7 * per_token});
+  EXPECT_NE(s.message().find("holds less than one block"), std::string::npos) << s.message();
+}
+
+TEST(Archive, RefusesBadInputByName) {
+  fc::Archive a;
+  EXPECT_NE(a.reset({0, 2, 4, fc::RowType::f32}).message().find("0 layers"), std::string::npos);
+  EXPECT_NE(a.reset({1, 2, 4, fc::RowType::f32}, {0, 0}).message().find("block_size 0"), std::string::npos);
+  ASSERT_TRUE(a.reset({1, 2, 4, fc::RowType::f32}).ok());
+  std::int32_t pos = 0;
+  float row[8] = {};
+  const void* k[] = {row};
+  const void* none[] = {nullptr};
+  EXPECT_NE(a.append(&pos, 1, k, k, 16).message().find("row stride 16 bytes < a row's 32"), std::string::npos);
+  EXPECT_NE(a.append(&pos, 1, k, none, 32).message().find("layer 0: null K or V rows"), std::string::npos);
+  EXPECT_EQ(a.tokens(), 0);  // nothing half-added
+}
+
+// Naive reference: layer by layer, each query's softmax over the whole context
+// (resident, archived, question keys, causally) in double; each archived
+// token's largest probability over layers, KV heads' query groups and queries.
+std::vector<double> naive_scores(const std::vector<std::vector<float>>& q, const std::vector<std::vector<float>>& res,
+                                 const std::vector<std::vector<float>>& arch, const std::vector<std::vector<float>>& qk,
+                                 std::int64_t hq, std::int64_t hkv, std::int64_t r, std::int64_t a, std::int64_t m,
+                                 std::int64_t d) {
+  std::vector<double> best(static_cast<std::size_t>(a), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (std::size_t l = 0; l < q.size(); ++l)
+    for (std::int64_t g = 0; g < hq; ++g) {
+      const std::int64_t h = g / (hq / hkv);
+      for (std::int64_t i = 0; i < m; ++i) {
+        const float* qi = q[l].data() + (g * m + i) * d;  // [Hq][m][d]
+        bool finite = true;
+        for (std::int64_t c = 0; c < d; ++c) finite = finite && std::isfinite(qi[c]);
+        if (!finite) continue;
+        std::vector<double> logit;
+        const auto key = [&](std::int64_t j) -> const float* {  // nhd rows [t][Hkv][d]
+          if (j < r) return res[l].data() + (j * hkv + h) * d;
+          if (j < r + a) return arch[l].data() + ((j - r) * hkv + h) * d;
+          return qk[l].data() + ((j - r - a) * hkv + h) * d;
+        };
+        for (std::int64_t j = 0; j <= r + a + i; ++j) {
+          double s = 0;
+          for (std::int64_t c = 0; c < d; ++c) s += static_cast<double>(qi[c]) * key(j)[c];
+          logit.push_back(std::isfinite(s) ? s * scale : -INFINITY);
+        }
+        const double top = *std::max_element(logit.begin(), logit.end());
+        double sum = 0;
+        for (double x : logit) sum += std::exp(x - top);
+        for (std::int64_t t = 0; t < a; ++t)
+          best[static_cast<std::size_t>(t)] =
+              std::max(best[static_cast<std::size_t>(t)], std::exp(logit[static_cast<std::size_t>(r + t)] - top) / sum);
+      }
+    }
+  return best;
+}
+
+void check_scores_against_naive(fc::RowType type, bool nan_rows) {
+  SCOPED_TRACE(fc::to_string(type));
+  const int layers = 3;
+  const std::int64_t hq = 6, hkv = 2, d = 24, r = 37, a = 53, m = 5;
+  const Rows archived(layers, a, hkv, d, 7);
+  Rows resident(layers, r, hkv, d, 8), question_k(layers, m, hkv, d, 9);
+  Rows queries(layers, m, hq, d, 10);  // read as [Hq][m][d]
+  Rows plain = archived;
+  if (nan_rows) {
+    plain.k[1][static_cast<std::size_t>((20 * hkv + 1) * d + 3)] = std::numeric_limits<float>::quiet_NaN();
+    queries.k[2][static_cast<std::size_t>((4 * m + 2) * d)] = std::numeric_limits<float>::infinity();
+  }
+  Archived arc;
+  fill(plain, type, {16, 0}, &arc);
+  // The reference sees the archived values as stored.
+  std::vector<std::vector<float>> arch_values = plain.k;
+  for (auto& layer : arch_values)
+    for (auto& x : layer) x = rounded(x, type);
+  const auto want = naive_scores(queries.k, resident.k, arch_values, question_k.k, hq, hkv, r, a, m, d);
+
+  fc::RecallScorer scorer;
+  ASSERT_TRUE(scorer.reset(arc.archive).ok());
+  for (int l = 0; l < layers; ++l) {
+    const auto q = fc::hnd<const float>(queries.k[static_cast<std::size_t>(l)].data(), fc::Heads(hq), fc::Tokens(m),
+                                        fc::HeadDim(d));
+    const auto res = fc::nhd<const float>(resident.k[static_cast<std::size_t>(l)].data(), fc::Tokens(r), fc::Heads(hkv),
+                                          fc::HeadDim(d));
+    const auto qk = fc::nhd<const float>(question_k.k[static_cast<std::size_t>(l)].data(), fc::Tokens(m),
+                                         fc::Heads(hkv), fc::HeadDim(d));
+    ASSERT_TRUE(scorer.add_layer(l, q, res, qk).ok());
+  }
+  for (std::int64_t t = 0; t < a; ++t)
+    EXPECT_NEAR(scorer.token_score(t), want[static_cast<std::size_t>(t)],
+                2e-5 + 1e-4 * want[static_cast<std::size_t>(t)])
+        << "archived token " << t;
+  for (std::int64_t t = 0; t < a; ++t) EXPECT_TRUE(std::isfinite(scorer.token_score(t))) << t;
+  std::vector<float> blocks(static_cast<std::size_t>(arc.archive.blocks()));
+  ASSERT_TRUE(scorer.block_scores(blocks.data(), arc.archive.blocks()).ok());
+  for (std::int64_t b = 0; b < arc.archive.blocks(); ++b) {
+    double top = 0;
+    for (std::int64_t t = b * 16; t < std::min<std::int64_t>(a, b * 16 + 16); ++t)
+      top = std::max(top, want[static_cast<std::size_t>(t)]);
+    EXPECT_NEAR(blocks[static_cast<std::size_t>(b)], top, 2e-5 + 1e-4 * top) << "block " << b;
+  }
+}
+
+TEST(Recall, BlockScoresMatchANaiveAttentionOverTheWholeContext) {
+  for (fc::RowType type : {fc::RowType::f32, fc::RowType::f16, fc::RowType::bf16})
+    check_scores_against_naive(type, false);
+}
+
+TEST(Recall, NonFiniteRowsScoreNothingAndChangeNoOtherToken) { check_scores_against_naive(fc::RowType::f32, true); }
+
+TEST(Recall, SelectTakesTheBestWholeBlocksWithinTheBudget) {
+  const Rows rows(1, 45, 1, 4, 4);
+  Archived a;
+  fill(rows, fc::RowType::f32, {8, 0}, &a);  // blocks 0-4 of 8, block 5 of 5
+  const float scores[] = {0.1f, 0.5f, 0.0f, 0.5f, std::numeric_limits<float>::quiet_NaN(), 0.3f};
+  std::vector<std::int64_t> chosen, order;
+  ASSERT_TRUE(fc::select_recall(a.archive, scores, 21, &chosen, &order).ok());
+  // 0.5 (block 1), 0.5 (block 3, the tie goes to the lower first), then 0.3 (block 5, 5 tokens): 21.
+  EXPECT_EQ(chosen, (std::vector<std::int64_t>{1, 3, 5}));
+  // A budget larger than the archive: every block with a score above 0, never the 0 or NaN ones.
+  ASSERT_TRUE(fc::select_recall(a.archive, scores, 1000, &chosen, &order).ok());
+  EXPECT_EQ(chosen, (std::vector<std::int64_t>{0, 1, 3, 5}));
+  EXPECT_EQ(fc::select_recall(a.archive, scores, -1, &chosen, &order).code(), fc::Errc::invalid_budget);
+}
+
+TEST(Recall, AnEmptyArchiveRecallsNothing) {
+  fc::Archive a;
+  ASSERT_TRUE(a.reset({2, 1, 4, fc::RowType::f32}).ok());
+  fc::RecallScorer scorer;
+  ASSERT_TRUE(scorer.reset(a).ok());
+  std::vector<float> q(4), k(4);
+  const auto view = fc::hnd<const float>(q.data(), fc::Heads(1), fc::Tokens(1), fc::HeadDim(4));
+  const auto none = fc::hnd<const float>(k.data(), fc::Heads(1), fc::Tokens(0), fc::HeadDim(4));
+  EXPECT_TRUE(scorer.add_layer(0, view, none, view).ok());
+  EXPECT_TRUE(scorer.block_scores(nullptr, 0).ok());
+  std::vector<std::int64_t> chosen{7}, order;
+  EXPECT_TRUE(fc::select_recall(a, nullptr, 32, &chosen, &order).ok());
+  EXPECT_TRUE(chosen.empty());
+  const fc::Status s = scorer.add_layer(2, view, none, view);
+  EXPECT_NE(s.message().find("layer 2 of 2"), std::string::npos) << s.message();
+}
+
+}  // namespace
