@@ -40,15 +40,15 @@ class ImageSpans {
   ImageSpans(const std::vector<GridSpan>& spans) : data_(spans.data()), size_(spans.size()) {}  // NOLINT
   ImageSpans(const GridSpan* data, std::size_t size) : data_(data), size_(size) {}
 
-  const GridSpan* begin() const { return data_; }
-  const GridSpan* end() const { return data_ + size_; }
-  std::size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-  const GridSpan& operator[](std::size_t i) const { return data_[i]; }
-  // As rules::recent_window_start() reads spans.
-  int span_count() const { return static_cast<int>(size_); }
-  std::int64_t span_first(int g) const { return data_[g].first; }
-  std::int64_t span_end(int g) const { return data_[g].end(); }
+  FLASHCACHE_INLINE const GridSpan* begin() const { return data_; }
+  FLASHCACHE_INLINE const GridSpan* end() const { return data_ + size_; }
+  FLASHCACHE_INLINE std::size_t size() const { return size_; }
+  FLASHCACHE_INLINE bool empty() const { return size_ == 0; }
+  FLASHCACHE_INLINE const GridSpan& operator[](std::size_t i) const { return data_[i]; }
+  // As rules::recent_window_start() (host and device) reads spans.
+  FLASHCACHE_INLINE int span_count() const { return static_cast<int>(size_); }
+  FLASHCACHE_INLINE std::int64_t span_first(int g) const { return data_[g].first; }
+  FLASHCACHE_INLINE std::int64_t span_end(int g) const { return data_[g].end(); }
 
  private:
   const GridSpan* data_ = nullptr;
