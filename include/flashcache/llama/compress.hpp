@@ -30,7 +30,7 @@
 // pinned one (the state format is not versioned), recurrent or hybrid memory,
 // M-RoPE / vision RoPE, SWA models (their cache writes another format), MLA
 // and indexer (DSA, MSA) caches, K or V caches of types other than f32, f16,
-// bf16 and q8_0, Options::rope (the cells' positions have gaps after a
+// bf16 and q8_0, ScoreOptions::rope (the cells' positions have gaps after a
 // compaction, and a q8_0 cache is Hadamard-rotated), an empty sequence, a
 // sequence that may share cells with another one (a unified cache holding any
 // other sequence id, up to 255, over overlapping positions), and any state the
@@ -54,7 +54,7 @@
 // (0: the context's llama_n_threads), by a pool the compressor keeps; the kept
 // cells do not depend on the count.
 //
-// The newest cell is always kept (Options::window is raised to at least 1):
+// The newest cell is always kept (SelectOptions::window is raised to at least 1):
 // llama.cpp requires a new token's position to follow the sequence's last.
 // K and V bytes are copied as they are (f32, f16, bf16, q8_0), never
 // requantized; scoring reads them as float. A q8_0 K cache is stored

@@ -70,7 +70,7 @@ inline Status parse_when_full(const std::string& name, WhenFull* out) {
 }
 
 // The score a running context is compacted with: the library's, with the recent
-// window at 9/10 of the kept cells (Options::window_share): on running text the
+// window at 9/10 of the kept cells (SelectOptions::window_share): on running text the
 // newest tokens are worth more than the outliers (bench/stream/RULE.md).
 inline CompactionSettings when_full_settings() {
   CompactionSettings c;

@@ -63,7 +63,7 @@ inline Status check_compress_params(const CompressParams& p) {
   FLASHCACHE_RETURN_IF_ERROR(check_options(p.options));
   FLASHCACHE_RETURN_IF_ERROR(check_shared_options(shared_keep(p)));
   if (p.options.score.rope.derotate)
-    return make_error(Errc::unsupported, "llama: Options::rope (de-rotation) is refused: after a compaction the "
+    return make_error(Errc::unsupported, "llama: ScoreOptions::rope (de-rotation) is refused: after a compaction the "
                                          "cells' positions have gaps, theta and the layout are the model's, and a "
                                          "q8_0 cache is Hadamard-rotated");
   if (p.n_threads < 0) return make_error(Errc::invalid_option, "llama: n_threads ", p.n_threads, " is negative");
