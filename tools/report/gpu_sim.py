@@ -3,7 +3,8 @@ bench/gpu_sim_results.py from bench/gpu_sim_check.sh's run): which tests pass un
 simulation, which skip and why. Results only: the simulation's wall time is no GPU time and is
 not shown."""
 
-ENDS = {0: "ran to the end", 1: "ran to the end, tests failed", 124: "stopped at the time limit"}
+ENDS = {0: "ran to the end", 1: "ran to the end, tests failed", 124: "stopped at the time limit",
+        143: "stopped before its end (the run's time ran out); the counts are the tests it finished"}
 
 
 def render(doc):
@@ -28,6 +29,8 @@ def render(doc):
                                                     ENDS.get(b["exit_code"], "exit %d" % b["exit_code"])))
     lines.append("| all | %d | %d | %d | |" % (total["passed"], total["failed"], total["skipped"]))
     lines.append("")
+    for note in doc.get("notes", []):
+        lines += [note, ""]
     skipped = [(b["binary"], t) for b in rows for t in b["tests"] if t["outcome"] == "skipped"]
     if skipped:
         lines += ["Skipped, each with the reason it gives:", ""]
