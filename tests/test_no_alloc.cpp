@@ -257,9 +257,10 @@ TEST(NoAlloc, WarmArchiveAndRecallAllocateNothing) {
   }
   fc::RecallScorer scorer;
   std::vector<float> block_scores(static_cast<std::size_t>(n));
-  std::vector<std::int64_t> chosen, order;
+  std::vector<std::int64_t> chosen, order, all;
   chosen.reserve(static_cast<std::size_t>(n));
   order.reserve(static_cast<std::size_t>(n));
+  all.reserve(static_cast<std::size_t>(n));
   const auto cycle = [&] {
     bool ok = archive.append(positions.data(), n, k.data(), v.data(), heads * d * 4).ok();
     ok &= scorer.reset(archive).ok();
@@ -270,8 +271,7 @@ TEST(NoAlloc, WarmArchiveAndRecallAllocateNothing) {
     }
     ok &= scorer.block_scores(block_scores.data(), archive.blocks()).ok();
     ok &= fc::select_recall(archive, block_scores.data(), 32, &chosen, &order).ok();
-    std::vector<std::int64_t>& all = order;  // then everything left goes back too: the archive empties
-    all.clear();
+    all.clear();  // then every block goes back too: the archive empties for the next cycle
     for (std::int64_t b = 0; b < archive.blocks(); ++b) all.push_back(b);
     std::int64_t taken = 0;
     ok &=

@@ -176,7 +176,7 @@ class TailAccumulator {
     grow(&exp_, end);
     grow(&rows_, kQueryTile);
     for (std::int64_t h = 0; h < k.heads; ++h) {
-      for (std::int64_t t = 0; t < end; ++t) load_row(k.row(h, t), d, keys_.data() + t * d);
+      for (std::int64_t t = 0; t < end; ++t) row_to_float(k.row(h, t), d, keys_.data() + t * d);
       for (std::int64_t g = h * group; g < (h + 1) * group; ++g) {
         std::int64_t r = 0;
         while (r < q.tokens) {
@@ -184,7 +184,7 @@ class TailAccumulator {
           for (; r < q.tokens && count < kQueryTile; ++r)
             if (fed(first + r, opt)) {
               rows_[static_cast<std::size_t>(count)] = r;
-              load_row(q.row(g, r), d, queries_.data() + count * d);
+              row_to_float(q.row(g, r), d, queries_.data() + count * d);
               ++count;
             }
           if (count > 0)
@@ -207,10 +207,6 @@ class TailAccumulator {
   template <class V>
   static void grow(std::vector<V>* buf, std::int64_t n) {
     if (static_cast<std::int64_t>(buf->size()) < n) buf->resize(static_cast<std::size_t>(n));
-  }
-  template <class T>
-  static void load_row(const T* row, std::int64_t d, float* out) {
-    for (std::int64_t c = 0; c < d; ++c) out[c] = to_float(row[c]);
   }
 
   // `count` fed rows (rows_, their queries in queries_) of one query head: their

@@ -64,9 +64,9 @@ class RecallScorer {
     keys_.resize(static_cast<std::size_t>(s.kv_heads * n * d));
     for (std::int64_t h = 0; h < s.kv_heads; ++h) {
       float* out = keys_.data() + h * n * d;
-      for (std::int64_t t = 0; t < r; ++t) load(resident.row(h, t), d, out + t * d);
+      for (std::int64_t t = 0; t < r; ++t) row_to_float(resident.row(h, t), d, out + t * d);
       for (std::int64_t t = 0; t < a; ++t) load_archived(archive_->k_row(layer, t), h, out + (r + t) * d);
-      for (std::int64_t t = 0; t < m; ++t) load(question.row(h, t), d, out + (r + a + t) * d);
+      for (std::int64_t t = 0; t < m; ++t) row_to_float(question.row(h, t), d, out + (r + a + t) * d);
     }
     tails_.assign(static_cast<std::size_t>(s.kv_heads * n), 0.0f);
     QueryTailOptions every;
@@ -101,22 +101,17 @@ class RecallScorer {
   }
 
  private:
-  template <class T>
-  static void load(const T* row, std::int64_t d, float* out) {
-    for (std::int64_t c = 0; c < d; ++c) out[c] = to_float(row[c]);
-  }
-
   // KV head h's part of an archived row, as floats.
   void load_archived(const unsigned char* row, std::int64_t h, float* out) const {
     const ArchiveShape& s = archive_->shape();
     const std::int64_t d = s.head_dim;
     switch (s.type) {
       case RowType::f32:
-        return load(reinterpret_cast<const float*>(row) + h * d, d, out);
+        return row_to_float(reinterpret_cast<const float*>(row) + h * d, d, out);
       case RowType::f16:
-        return load(reinterpret_cast<const half_t*>(row) + h * d, d, out);
+        return row_to_float(reinterpret_cast<const half_t*>(row) + h * d, d, out);
       case RowType::bf16:
-        return load(reinterpret_cast<const bfloat16_t*>(row) + h * d, d, out);
+        return row_to_float(reinterpret_cast<const bfloat16_t*>(row) + h * d, d, out);
     }
   }
 

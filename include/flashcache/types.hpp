@@ -126,6 +126,12 @@ inline float to_float(double x) { return static_cast<float>(x); }
 inline float to_float(half_t x) { return static_cast<float>(x); }
 inline float to_float(bfloat16_t x) { return static_cast<float>(x); }
 
+// One row of d elements as floats.
+template <class T>
+inline void row_to_float(const T* row, std::int64_t d, float* out) {
+  for (std::int64_t c = 0; c < d; ++c) out[c] = to_float(row[c]);
+}
+
 template <class T>
 T from_float(float x) {
   if constexpr (std::is_same_v<T, float>)
