@@ -57,6 +57,7 @@ mkdir -p "$OUT_DIR"
 LOG=$OUT_DIR/gpu_check.log
 : >"$LOG"
 declare -A RESULT
+SANITIZED=()  # the compute-sanitizer runs, in their order, for the table
 
 say "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG" || true
@@ -66,8 +67,9 @@ export LD_LIBRARY_PATH="$DEPS/lib/x86_64-linux-gnu:$DEPS/lib:${LD_LIBRARY_PATH:-
 # ---- build -----------------------------------------------------------------------
 BIN=""         # folder with tests/gpu, bench/gpu, examples/cuda binaries
 TESTS_BUILT=0
-# A GPU test binary of $BIN: the decode baseline's test lives with the benchmarks.
-test_bin() { if [[ $1 == decode ]]; then echo "$BIN/bench/gpu/test_gpu_decode"; else echo "$BIN/tests/gpu/test_gpu_$1"; fi; }
+# shellcheck source=bench/gpu/gpu_tests.sh
+source "$ROOT/bench/gpu/gpu_tests.sh"  # FLASHCACHE_GPU_TESTS, gpu_test_bin, gpu_test_sources
+test_bin() { gpu_test_bin "$BIN" "$1"; }
 if [[ -n "${FLASHCACHE_PREBUILT:-}" ]]; then
   BIN=$FLASHCACHE_PREBUILT
   TESTS_BUILT=1
@@ -77,7 +79,7 @@ else
   if timeout 120 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_PREFIX_PATH="$DEPS" -DFLASHCACHE_BUILD_CLI=OFF >>"$LOG" 2>&1; then
     say "build (-j$JOBS)"
-    gpu_targets="test_gpu_host test_gpu_two_units test_gpu_defects test_gpu_f32 test_gpu_f16 test_gpu_bf16 test_gpu_decode test_gpu_query_tails flashcache_bench_gpu flashcache_cuda_example"
+    gpu_targets="$(for t in $FLASHCACHE_GPU_TESTS; do printf 'test_gpu_%s ' "$t"; done)flashcache_bench_gpu flashcache_cuda_example"
     if timeout 360 cmake --build "$BUILD" -j"$JOBS" >>"$LOG" 2>&1; then
       RESULT[build]="cmake: everything"
     elif timeout 240 cmake --build "$BUILD" -j"$JOBS" --target $gpu_targets >>"$LOG" 2>&1; then
@@ -86,7 +88,7 @@ else
       RESULT[build]="FAILED (see $LOG)"
     fi
     BIN=$BUILD
-    [[ -x $BUILD/tests/gpu/test_gpu_bf16 ]] && TESTS_BUILT=1
+    [[ -x $BUILD/tests/gpu/test_gpu_score ]] && TESTS_BUILT=1
   else
     say "configure failed (missing Eigen/GTest/benchmark?): building with nvcc directly"
     BIN=$BUILD/direct
@@ -96,11 +98,14 @@ else
     "${NVCC[@]}" "$ROOT/bench/gpu/bench_gpu.cu" -o "$BIN/bench/gpu/flashcache_bench_gpu" -lcufft >>"$LOG" 2>&1 & pids+=($!)
     "${NVCC[@]}" "$ROOT/examples/cuda/compress_gpu.cu" -o "$BIN/examples/cuda/flashcache_cuda_example" -lcufft >>"$LOG" 2>&1 & pids+=($!)
     if [[ -d $DEPS/include/gtest && -d $DEPS/include/eigen3 ]]; then
-      for t in host f32 f16 bf16 decode defects query_tails two_units; do
-        src=("$ROOT/tests/gpu/test_gpu_$t.cu")
-        [[ $t == two_units ]] && src=("$ROOT/tests/gpu/two_units_a.cu" "$ROOT/tests/gpu/two_units_b.cu")
-        [[ $t == decode ]] && src=("$ROOT/bench/gpu/test_decode_attention.cu")
-        "${NVCC[@]}" -I"$ROOT/tests" -I"$DEPS/include" -I"$DEPS/include/eigen3" "${src[@]}" \
+      GTEST_NVCC=("${NVCC[@]}" -I"$ROOT/tests" -I"$DEPS/include" -I"$DEPS/include/eigen3")
+      # The runners (each the whole pipeline for one element type) once, then every binary.
+      "${GTEST_NVCC[@]}" -c "$ROOT/tests/gpu/runners.cu" -o "$BIN/tests/gpu/runners.o" >>"$LOG" 2>&1 ||
+        echo "the GPU tests' runners did not build (see $LOG)" | tee -a "$LOG"
+      for t in $FLASHCACHE_GPU_TESTS; do
+        read -r -a src <<<"$(gpu_test_sources "$ROOT" "$t")"
+        gpu_test_needs_runners "$t" && src+=("$BIN/tests/gpu/runners.o")
+        "${GTEST_NVCC[@]}" "${src[@]}" \
           -o "$(test_bin "$t")" -L"$DEPS/lib/x86_64-linux-gnu" -lgtest_main -lgtest -lcufft -lpthread \
           >>"$LOG" 2>&1 & pids+=($!)
       done
@@ -119,7 +124,7 @@ echo "build: ${RESULT[build]}"
 if [[ $TESTS_BUILT == 1 ]]; then
   say "GPU tests"
   pass=0; fail=0
-  for t in host two_units defects f32 f16 bf16 decode query_tails; do
+  for t in $FLASHCACHE_GPU_TESTS; do
     exe=$(test_bin "$t")
     if [[ ! -x $exe ]]; then echo "missing $exe"; fail=$((fail + 1)); continue; fi
     if timeout 240 "$exe" --gtest_brief=1 --gtest_output="json:$OUT_DIR/gpu_tests_$t.json" >>"$LOG" 2>&1; then
@@ -137,22 +142,25 @@ fi
 # memcheck, racecheck, synccheck and initcheck over the NaN placements (the
 # blocked kernel's deferred blocks and the edges scan), the global path,
 # paging with compaction, device-side refusals and graph capture.
-if command -v compute-sanitizer >/dev/null && [[ -x $BIN/tests/gpu/test_gpu_bf16 ]]; then
+if command -v compute-sanitizer >/dev/null && [[ -x $BIN/tests/gpu/test_gpu_score ]]; then
   if (( $(elapsed) < 330 )); then
     say "compute-sanitizer"
-    pipeline="*BudgetsNoneAllAndCounts*:*PagedCachesCompactInPlace*:*GlobalScoresAwkwardLengths*:*CapturesInACudaGraph*"
-    defects="GpuDefects.NonFiniteRowsAtBlockStartsMatchTheCpu:GpuDefects.ZeroLength*:GpuDefects.SharedPage*:GpuDefects.Garbage*"
-    for spec in "memcheck|bf16|$pipeline" "memcheck|defects|$defects" \
-                "racecheck|bf16|*BudgetsNoneAllAndCounts*:*GlobalScoresAwkwardLengths*" \
-                "racecheck|defects|GpuDefects.NonFiniteRowsAtBlockStartsMatchTheCpu" \
-                "synccheck|bf16|*BudgetsNoneAllAndCounts*:*PagedCachesCompactInPlace*" \
-                "synccheck|defects|GpuDefects.NonFiniteRowsAtBlockStartsMatchTheCpu" \
-                "initcheck|bf16|*BudgetsNoneAllAndCounts*:*GlobalScoresAwkwardLengths*" \
-                "initcheck|defects|GpuDefects.NonFiniteRowsAtBlockStartsMatchTheCpu:GpuDefects.ZeroLength*" \
+    nan_rows="*/f32.NonFiniteRowsAtBlockStartsMatchTheCpu"
+    for spec in "memcheck|score|*/bf16.GlobalScoresAwkwardLengths:$nan_rows:GpuGlobalTransform.ZeroLength*" \
+                "memcheck|select|*/bf16.BudgetsNoneAllAndCounts" \
+                "memcheck|compact_paged|*/bf16.PagedCachesCompactInPlace:GpuPagedChecks.*" \
+                "memcheck|compress|*/bf16.CapturesInACudaGraph" \
+                "racecheck|score|*/bf16.GlobalScoresAwkwardLengths:$nan_rows" \
+                "racecheck|select|*/bf16.BudgetsNoneAllAndCounts" \
+                "synccheck|score|$nan_rows" \
+                "synccheck|compact_paged|*/bf16.PagedCachesCompactInPlace" \
+                "initcheck|score|*/bf16.GlobalScoresAwkwardLengths:$nan_rows:GpuGlobalTransform.ZeroLength*" \
+                "initcheck|select|*/bf16.BudgetsNoneAllAndCounts" \
                 "memcheck|query_tails|GpuQueryTails.*" "racecheck|query_tails|GpuQueryTails.*"; do
       IFS='|' read -r tool which filter <<<"$spec"
-      exe=$BIN/tests/gpu/test_gpu_$which
+      exe=$(test_bin "$which")
       key=${tool}_$which
+      SANITIZED+=("$key")
       [[ -x $exe ]] || { RESULT[$key]="no test_gpu_$which"; continue; }
       if timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" --gtest_filter="$filter" \
           >"$OUT_DIR/sanitizer_$key.log" 2>&1; then
@@ -163,10 +171,10 @@ if command -v compute-sanitizer >/dev/null && [[ -x $BIN/tests/gpu/test_gpu_bf16
       echo "  $tool on $which: ${RESULT[$key]}"
     done
   else
-    RESULT[memcheck_bf16]="skipped (time)"
+    RESULT[sanitizers]="skipped (time)"
   fi
 else
-  RESULT[memcheck_bf16]="skipped (no compute-sanitizer or no test binary)"
+  RESULT[sanitizers]="skipped (no compute-sanitizer or no test binary)"
 fi
 # The decode-attention baseline (bench/gpu/decode_attention.cuh) on its smaller cases.
 if command -v compute-sanitizer >/dev/null && [[ -x $(test_bin decode) ]]; then
@@ -215,9 +223,8 @@ fi
 
 # ---- table ---------------------------------------------------------------------------
 say "summary"
-for key in build tests memcheck_bf16 memcheck_defects racecheck_bf16 racecheck_defects synccheck_bf16 \
-           synccheck_defects initcheck_bf16 initcheck_defects decode_memcheck decode_racecheck example bench static; do
-  [[ -n "${RESULT[$key]:-}" ]] && printf '  %-16s %s\n' "$key" "${RESULT[$key]}"
+for key in build tests sanitizers "${SANITIZED[@]}" decode_memcheck decode_racecheck example bench static; do
+  [[ -n "${RESULT[$key]:-}" ]] && printf '  %-24s %s\n' "$key" "${RESULT[$key]}"
 done
 if [[ -s $JSON ]]; then
   python3 - "$JSON" <<'PY' || cat "$JSON"

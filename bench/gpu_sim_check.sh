@@ -3,9 +3,10 @@
 # machine without a GPU. It checks results, never speed: no time it prints is a
 # GPU time.
 #
-#   bench/gpu_sim_check.sh                  # every tests/gpu binary
-#   bench/gpu_sim_check.sh host f32         # test_gpu_host and test_gpu_f32 only
-#   FILTER='*Global*' bench/gpu_sim_check.sh f16
+#   bench/gpu_sim_check.sh                      # every GPU test binary
+#   bench/gpu_sim_check.sh compress score       # test_gpu_compress and test_gpu_score only
+#   FILTER='*/bf16.*' bench/gpu_sim_check.sh score select   # one element type
+#   PARALLEL=2 bench/gpu_sim_check.sh           # two binaries at a time
 #
 # Needs a simulator build in $GPUSIM_DIR (default /tmp/gpusim), as the
 # simulator tool beside the project makes it (docs: tests/gpu/README.md):
@@ -19,7 +20,8 @@
 # (default build-sim): the global transform's FFTs run on the host there, and
 # the tests that need CUDA graphs skip by name. The simulated GPU is a V100 with
 # an H100/H200's 227 KB of shared memory per block, so the shapes that need it run.
-# Each binary runs with a time limit ($TIMEOUT seconds, default 3600); the table
+# Each binary runs with a time limit ($TIMEOUT seconds, default 3600), $PARALLEL
+# of them at a time (default 1: the simulator is single-threaded); the table
 # at the end gives each binary's passed, failed and skipped tests, and logs go to
 # $BUILD/gpusim-logs. $BUILD/gpusim-results.json holds every test's outcome and
 # each skip's reason (bench/gpu_sim_results.py); to record a run, copy it to
@@ -31,8 +33,10 @@ SIM=${GPUSIM_DIR:-/tmp/gpusim}
 BUILD=${BUILD:-$ROOT/build-sim}
 TIMEOUT=${TIMEOUT:-3600}
 JOBS=${JOBS:-2}
-ALL="host two_units f32 f16 bf16 defects decode query_tails"
-BINARIES=${*:-$ALL}
+PARALLEL=${PARALLEL:-1}
+# shellcheck source=bench/gpu/gpu_tests.sh
+source "$ROOT/bench/gpu/gpu_tests.sh"  # FLASHCACHE_GPU_TESTS, gpu_test_bin
+BINARIES=${*:-$FLASHCACHE_GPU_TESTS}
 
 for need in "$SIM/env118.sh" "$SIM/cuda-11.8/bin/nvcc" "$SIM/gpgpu-sim/configs/tested-cfgs/SM7_QV100/gpgpusim.config"; do
   [[ -e $need ]] || { echo "gpu_sim_check: $need is missing: build the simulator first (tests/gpu/README.md)"; exit 2; }
@@ -69,18 +73,28 @@ cat >>"$CFG/gpgpusim.config" <<'EOF'
 -gpgpu_shmem_option 0,8,16,32,64,100,132,164,196,227
 EOF
 
-printf '\n%-22s %7s %7s %8s %8s  %s\n' binary passed failed skipped seconds result >"$BUILD/gpusim-table.txt"
-exits=()
-for b in $BINARIES; do
-  bin=$BUILD/tests/gpu/test_gpu_$b
-  [[ -x $bin ]] || bin=$BUILD/bench/gpu/test_gpu_$b  # tests of bench code live under bench/
+# run_one NAME: one binary under the simulator, its log and its exit (code=seconds).
+run_one() {
+  local b=$1 bin log start rc=0
+  bin=$(gpu_test_bin "$BUILD" "$b")
   log=$BUILD/gpusim-logs/test_gpu_$b.log
-  echo "== test_gpu_$b (limit ${TIMEOUT}s)"
   start=$(date +%s)
-  rc=0
   (set +u; source "$SIM/env118.sh" && cd "$CFG" &&
      timeout "$TIMEOUT" stdbuf -o0 "$bin" --gtest_filter="${FILTER:-*}" >"$log" 2>&1) || rc=$?
-  seconds=$(( $(date +%s) - start ))
+  echo "$rc=$(( $(date +%s) - start ))" >"$log.exit"
+}
+for b in $BINARIES; do
+  while (( $(jobs -rp | wc -l) >= PARALLEL )); do wait -n; done
+  echo "== test_gpu_$b (limit ${TIMEOUT}s)"
+  run_one "$b" &
+done
+wait
+
+printf '\n%-26s %7s %7s %8s %8s  %s\n' binary passed failed skipped seconds result >"$BUILD/gpusim-table.txt"
+exits=()
+for b in $BINARIES; do
+  log=$BUILD/gpusim-logs/test_gpu_$b.log
+  IFS='=' read -r rc seconds <"$log.exit"
   exits+=(--exit "test_gpu_$b=$rc=$seconds")
   passed=$(grep -a -c '^\[       OK \]' "$log")
   failed=$(grep -a -cE '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$log")
@@ -91,7 +105,7 @@ for b in $BINARIES; do
     1) result="tests failed" ;;
     *) result="exit $rc (crashed: $(grep -a -E '^\[ RUN      \]' "$log" | tail -1 | cut -c14-))" ;;
   esac
-  printf '%-22s %7s %7s %8s %8s  %s\n' "test_gpu_$b" "$passed" "$failed" "$skipped" "$seconds" "$result" |
+  printf '%-26s %7s %7s %8s %8s  %s\n' "test_gpu_$b" "$passed" "$failed" "$skipped" "$seconds" "$result" |
     tee -a "$BUILD/gpusim-table.txt"
   grep -a -E '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$log" | sed 's/^/    /'
 done

@@ -13,6 +13,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flashcache/cuda/compress.cuh"
@@ -129,6 +130,19 @@ inline Options global_transform() {
   return o;
 }
 
+// One sequence of n tokens, 2 heads of 64, with the given non-finite rows.
+inline Case one_sequence(std::int64_t n, Options opt, std::vector<Case::BadRow> bad,
+                         Budget budget = Budget::ratio(0.8)) {
+  Case c;
+  c.lengths = {n};
+  c.heads = 2;
+  c.head_dim = 64;
+  c.opt = opt;
+  c.bad_rows = std::move(bad);
+  c.budget = budget;
+  return c;
+}
+
 template <class T>
 struct HostCache {
   Case c;
@@ -178,7 +192,8 @@ inline std::vector<double> spectral_rows(std::int64_t n, std::int64_t d, const O
   const std::int64_t designed = std::min<std::int64_t>(n - low, std::min(m, n) - low + 3);
   std::vector<std::pair<std::int64_t, double>> strengths;  // (frequency, orthonormal coefficient)
   for (std::int64_t f = 0; f < low; ++f) strengths.push_back({f, 1.0});
-  for (std::int64_t i = 0; i < designed; ++i) strengths.push_back({others[static_cast<std::size_t>(i)], 1.5 + 0.1 * static_cast<double>(i)});
+  for (std::int64_t i = 0; i < designed; ++i)
+    strengths.push_back({others[static_cast<std::size_t>(i)], 1.5 + 0.1 * static_cast<double>(i)});
   std::uniform_real_distribution<double> weight(0.5, 1.5);
   std::normal_distribution<double> noise(0.0, 0.05);
   const double pi = 3.14159265358979323846;
@@ -549,6 +564,13 @@ void run_and_check(const Case& c) {
   }
 }
 
+// compress_async on a test cache, for the tests that drive the run themselves.
+template <class T>
+Status compress_on(const DeviceCache<T>& dc, const Budget& budget, void* ws, std::size_t bytes, cudaStream_t stream,
+                   const fcc::GlobalTransform* plan = nullptr) {
+  return fcc::compress_async(dc.cache, budget, dc.opt, dc.out, ws, bytes, stream, plan);
+}
+
 // Runs a case that must fail on the device; returns the device's status.
 template <class T>
 Status run_expecting_device_failure(const Case& c) {
@@ -626,5 +648,20 @@ std::string graph_matches_direct(const Case& c) {
         return "kept indices differ";
   return "";
 }
+
+// Every runner above instantiates the whole pipeline for its element type: they
+// are compiled once, in runners.cu, and the suites only call them.
+#define FLASHCACHE_GPU_TESTING_RUNNERS(PREFIX, T)                                                      \
+  PREFIX void run_and_check<T>(const Case&);                                                           \
+  PREFIX Status run_expecting_device_failure<T>(const Case&);                                          \
+  PREFIX std::vector<float> blocked_scores<T>(const Case&);                                            \
+  PREFIX std::string graph_matches_direct<T>(const Case&);                                             \
+  PREFIX Status compress_on<T>(const DeviceCache<T>&, const Budget&, void*, std::size_t, cudaStream_t, \
+                               const fcc::GlobalTransform*);
+#ifndef FLASHCACHE_GPU_TESTING_COMPILE_RUNNERS
+FLASHCACHE_GPU_TESTING_RUNNERS(extern template, float)
+FLASHCACHE_GPU_TESTING_RUNNERS(extern template, half_t)
+FLASHCACHE_GPU_TESTING_RUNNERS(extern template, bfloat16_t)
+#endif
 
 }  // namespace flashcache::gpu_testing

@@ -27,7 +27,7 @@
 //
 // The arithmetic lives in GridTileMath, host and device alike, one item per
 // call: the kernel strides its threads over the items, and a host test runs the
-// same items in a loop against the CPU scorer (tests/gpu/test_gpu_host.cu).
+// same items in a loop against the CPU scorer (tests/gpu/test_grid.cu).
 #include <cmath>
 #include <cstdint>
 

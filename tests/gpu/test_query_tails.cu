@@ -38,8 +38,12 @@ struct Prompt {
     for (float& x : q) x = u(rng);
     for (float& x : k) x = u(rng);
   }
-  float qv(std::int64_t g, std::int64_t i, std::int64_t c) const { return q[static_cast<std::size_t>((g * n + i) * d + c)]; }
-  float kv(std::int64_t h, std::int64_t j, std::int64_t c) const { return k[static_cast<std::size_t>((h * n + j) * d + c)]; }
+  float qv(std::int64_t g, std::int64_t i, std::int64_t c) const {
+    return q[static_cast<std::size_t>((g * n + i) * d + c)];
+  }
+  float kv(std::int64_t h, std::int64_t j, std::int64_t c) const {
+    return k[static_cast<std::size_t>((h * n + j) * d + c)];
+  }
   fc::KVView<const float> q_view() const { return fc::hnd(q.data(), fc::Heads(hq), fc::Tokens(n), fc::HeadDim(d)); }
   fc::KVView<const float> k_view() const { return fc::hnd(k.data(), fc::Heads(hk), fc::Tokens(n), fc::HeadDim(d)); }
 };
@@ -54,7 +58,8 @@ std::vector<float> naive_lse(const Prompt& p) {
       double sum = 0;
       for (std::int64_t j = 0; j <= i; ++j) {
         double dot = 0;
-        for (std::int64_t c = 0; c < p.d; ++c) dot += static_cast<double>(p.qv(g, i, c)) * p.kv(g / (p.hq / p.hk), j, c);
+        for (std::int64_t c = 0; c < p.d; ++c)
+          dot += static_cast<double>(p.qv(g, i, c)) * p.kv(g / (p.hq / p.hk), j, c);
         if (std::isfinite(dot)) sum += std::exp(dot * scale);
       }
       lse[static_cast<std::size_t>(g * p.n + i)] = static_cast<float>(std::log(sum));
@@ -73,7 +78,9 @@ std::vector<double> naive_tails(const Prompt& p, const std::vector<float>& lse, 
       for (std::int64_t j = 0; j + o.min_distance <= i; ++j) {
         double dot = 0;
         for (std::int64_t c = 0; c < p.d; ++c) dot += static_cast<double>(p.qv(g, i, c)) * p.kv(h, j, c);
-        const double e = std::isfinite(dot) ? std::min(1.0, std::exp(dot * scale - lse[static_cast<std::size_t>(g * p.n + i)])) : 0.0;
+        const double e = std::isfinite(dot)
+                             ? std::min(1.0, std::exp(dot * scale - lse[static_cast<std::size_t>(g * p.n + i)]))
+                             : 0.0;
         double& t = tail[static_cast<std::size_t>(h * p.n + j)];
         if (std::isfinite(e)) t = std::max(t, e);
       }
@@ -185,7 +192,8 @@ void host_run_mix(const std::vector<std::int64_t>& lengths, std::int64_t heads, 
       const float* tail = tails.data() + h * capacity + offset;
       std::vector<kn::TailSums> per_thread(kn::kMixTailsThreads);
       for (int tid = 0; tid < kn::kMixTailsThreads; ++tid)
-        for (std::int64_t t = tid; t < n; t += kn::kMixTailsThreads) kn::add_tail_term(score[t], tail[t], &per_thread[tid]);
+        for (std::int64_t t = tid; t < n; t += kn::kMixTailsThreads)
+          kn::add_tail_term(score[t], tail[t], &per_thread[tid]);
       kn::TailSums sum;
       for (const kn::TailSums& s : per_thread) {
         sum.score += s.score;
@@ -194,7 +202,8 @@ void host_run_mix(const std::vector<std::int64_t>& lengths, std::int64_t heads, 
       }
       const fc::rules::TailMixScales s = fc::rules::tail_mix_scales(weight, sum.score, sum.tail, sum.rankable);
       for (std::int64_t t = 0; t < n; ++t)
-        if (!fc::rules::always_kept_score(score[t])) score[t] = fc::rules::mixed_tail_score(s, by_max, score[t], tail[t]);
+        if (!fc::rules::always_kept_score(score[t]))
+          score[t] = fc::rules::mixed_tail_score(s, by_max, score[t], tail[t]);
     }
     offset += n;
   }
@@ -221,8 +230,8 @@ TEST(GpuMixTailsHost, HostRunOfTheKernelArithmeticMatchesTheCpuMix) {
       std::int64_t offset = 0;
       for (std::int64_t n : lengths) {
         for (std::int64_t h = 0; h < heads; ++h)
-          fc::mix_query_tail(weight, by_max ? fc::TailMix::max : fc::TailMix::sum,
-                             tails.data() + h * capacity + offset, cpu.data() + h * capacity + offset, n);
+          fc::mix_query_tail(weight, by_max ? fc::TailMix::max : fc::TailMix::sum, tails.data() + h * capacity + offset,
+                             cpu.data() + h * capacity + offset, n);
         offset += n;
       }
       for (std::size_t i = 0; i < host.size(); ++i) {
@@ -261,8 +270,9 @@ TEST(GpuQueryTails, KernelMatchesTheCpuAccumulator) {
     for (std::int64_t g = 0; g < p.hq; ++g)
       for (std::int64_t r = 0; r < count; ++r) chunk_lse.push_back(lse[static_cast<std::size_t>(g * p.n + first + r)]);
     l.upload(chunk_lse);
-    FLASHCACHE_OK(fcc::query_tails_async(fc::token_range(qd, first, count), first, fc::token_range(kd, 0, first + count),
-                                         l.get(), fc::TailView<float>{t.get(), p.hk, p.n}, o, nullptr));
+    FLASHCACHE_OK(fcc::query_tails_async(fc::token_range(qd, first, count), first,
+                                         fc::token_range(kd, 0, first + count), l.get(),
+                                         fc::TailView<float>{t.get(), p.hk, p.n}, o, nullptr));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
   const std::vector<float> got = t.download();
@@ -285,12 +295,14 @@ TEST(GpuQueryTails, CompressWithTailsMatchesTheCpu) {
     SCOPED_TRACE(fc::to_string(transform));
     fc::Options opt = fc::Options::with_query_tail(fc::Options{});
     opt.score.transform = transform;
-    if (transform == fc::Transform::blocked) opt.score.base = fc::Base::lowpass;  // the GPU's blocked kernel: low-pass only
+    if (transform == fc::Transform::blocked)
+      opt.score.base = fc::Base::lowpass;  // the GPU's blocked kernel: low-pass only
     const auto kh = fc::hnd<const float>(kv.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d));
     const auto vh = fc::hnd<const float>(kv.q.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d));
     fc::Scorer<double> scorer;
     fc::LayerScores cpu;
-    FLASHCACHE_OK(scorer.score(kh, vh, opt.score, &cpu, fc::ScoreInputs{{}, fc::TailView<const float>{tails.data(), heads, n}}));
+    FLASHCACHE_OK(
+        scorer.score(kh, vh, opt.score, &cpu, fc::ScoreInputs{{}, fc::TailView<const float>{tails.data(), heads, n}}));
 
     DeviceArray<float> k, v, t;
     k.upload(kv.k);
@@ -322,8 +334,9 @@ TEST(GpuQueryTails, CompressWithTailsMatchesTheCpu) {
     fcc::WorkspaceLayout layout;
     FLASHCACHE_OK(fcc::workspace_layout(cache, opt, global_ptr, &layout));
     std::vector<float> scores(static_cast<std::size_t>(heads * n));
-    ASSERT_EQ(cudaMemcpy(scores.data(), ws.get() + layout.scores, scores.size() * sizeof(float), cudaMemcpyDeviceToHost),
-              cudaSuccess);
+    ASSERT_EQ(
+        cudaMemcpy(scores.data(), ws.get() + layout.scores, scores.size() * sizeof(float), cudaMemcpyDeviceToHost),
+        cudaSuccess);
     for (std::int64_t h = 0; h < heads; ++h)
       for (std::int64_t j = 0; j < n; ++j) {
         const float want = cpu(h, j), got = scores[static_cast<std::size_t>(h * n + j)];
