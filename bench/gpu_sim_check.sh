@@ -79,7 +79,9 @@ run_one() {
   bin=$(gpu_test_bin "$BUILD" "$b")
   log=$BUILD/gpusim-logs/test_gpu_$b.log
   start=$(date +%s)
-  (set +u; source "$SIM/env118.sh" && cd "$CFG" &&
+  # No positional arguments into the sourced script: GPGPU-Sim's setup_environment
+  # reads a $1 as its build type, and this function's $1 is a binary's name.
+  (set -- && set +u && source "$SIM/env118.sh" && cd "$CFG" &&
      timeout "$TIMEOUT" stdbuf -o0 "$bin" --gtest_filter="${FILTER:-*}" >"$log" 2>&1) || rc=$?
   echo "$rc=$(( $(date +%s) - start ))" >"$log.exit"
 }
@@ -105,6 +107,8 @@ for b in $BINARIES; do
     1) result="tests failed" ;;
     *) result="exit $rc (crashed: $(grep -a -E '^\[ RUN      \]' "$log" | tail -1 | cut -c14-))" ;;
   esac
+  # Without the simulator's banner another libcudart ran, and every device test skipped.
+  grep -a -q 'GPGPU-Sim' "$log" || result="NOT SIMULATED: GPGPU-Sim's libcudart was not loaded ($result)"
   printf '%-26s %7s %7s %8s %8s  %s\n' "test_gpu_$b" "$passed" "$failed" "$skipped" "$seconds" "$result" |
     tee -a "$BUILD/gpusim-table.txt"
   grep -a -E '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$log" | sed 's/^/    /'
