@@ -22,3 +22,9 @@ struct ElementTypeNames {
 };
 
 }  // namespace flashcache::gpu_testing
+
+// A typed test suite over ElementTypes, its tests written TYPED_TEST(Suite, Name).
+#define FLASHCACHE_ELEMENT_TYPED_SUITE(Suite) \
+  template <class T>                          \
+  class Suite : public ::testing::Test {};    \
+  TYPED_TEST_SUITE(Suite, ::flashcache::gpu_testing::ElementTypes, ::flashcache::gpu_testing::ElementTypeNames)

@@ -3,18 +3,6 @@
 // batch with protection, NaNs and both allocations against the CPU (device).
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <functional>
-#include <initializer_list>
-#include <limits>
-#include <random>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include "element_types.cuh"
 #include "flashcache/plan.hpp"
 #include "gpu_testing.cuh"
@@ -25,10 +13,8 @@ namespace {
 
 using host::expect_error;
 
-// Budgets against the CPU, for each element type (element_types.cuh).
-template <class T>
-class GpuAllocate : public ::testing::Test {};
-TYPED_TEST_SUITE(GpuAllocate, ElementTypes, ElementTypeNames);
+// Budgets against the CPU, for each element type.
+FLASHCACHE_ELEMENT_TYPED_SUITE(GpuAllocate);
 
 TYPED_TEST(GpuAllocate, RaggedBatchWithProtectionNaNsAndDynamicAllocation) {
   FLASHCACHE_REQUIRE_DEVICE();
@@ -56,19 +42,8 @@ TYPED_TEST(GpuAllocate, RaggedBatchWithProtectionNaNsAndDynamicAllocation) {
 }  // namespace
 }  // namespace flashcache::gpu_testing
 
+namespace flashcache::gpu_testing::host {
 namespace {
-
-namespace fcc = flashcache::gpu;
-using flashcache::bfloat16_t;
-using flashcache::Budget;
-using flashcache::Errc;
-using flashcache::GridSpan;
-using flashcache::GridZone;
-using flashcache::half_t;
-using flashcache::Options;
-using flashcache::Status;
-using flashcache::Transform;
-using namespace flashcache::gpu_testing::host;  // fake caches, blocked(), expect_error()
 
 // One layer with Allocation::dynamic: allocate_kernel resolves the budget on
 // its own, but refuses it below the min_layer_ratio floor, as the CPU's
@@ -122,3 +97,4 @@ TEST(GpuAllocate, OneDynamicLayerKeepsTheCpusMinLayerRatioFloor) {
 }
 
 }  // namespace
+}  // namespace flashcache::gpu_testing::host

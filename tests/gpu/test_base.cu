@@ -4,18 +4,6 @@
 // the CPU, and the device's whole pipeline against the CPU.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <functional>
-#include <initializer_list>
-#include <limits>
-#include <random>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include "element_types.cuh"
 #include "flashcache/score.hpp"
 #include "flashcache/score/base.hpp"
@@ -27,10 +15,8 @@ namespace {
 
 using host::expect_error;
 
-// Chosen bases against the CPU, for each element type (element_types.cuh).
-template <class T>
-class GpuChosenBase : public ::testing::Test {};
-TYPED_TEST_SUITE(GpuChosenBase, ElementTypes, ElementTypeNames);
+// Chosen bases against the CPU, for each element type.
+FLASHCACHE_ELEMENT_TYPED_SUITE(GpuChosenBase);
 
 // The Base KV chosen by energy (ScoreOptions::base peak, mixed) on the global
 // transform, against the CPU (choose_base_frequencies, its scorer, the whole
@@ -79,19 +65,8 @@ TYPED_TEST(GpuChosenBase, BlockedRefusesAChosenBaseByName) {
 }  // namespace
 }  // namespace flashcache::gpu_testing
 
+namespace flashcache::gpu_testing::host {
 namespace {
-
-namespace fcc = flashcache::gpu;
-using flashcache::bfloat16_t;
-using flashcache::Budget;
-using flashcache::Errc;
-using flashcache::GridSpan;
-using flashcache::GridZone;
-using flashcache::half_t;
-using flashcache::Options;
-using flashcache::Status;
-using flashcache::Transform;
-using namespace flashcache::gpu_testing::host;  // fake caches, blocked(), expect_error()
 
 // ---- a base chosen by energy (ScoreOptions::base peak, mixed), global transform -------
 
@@ -452,3 +427,4 @@ TEST(GpuChosenBase, AllZeroHeadsTieToTheLowestFrequencies) {
 }
 
 }  // namespace
+}  // namespace flashcache::gpu_testing::host

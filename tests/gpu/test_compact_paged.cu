@@ -4,18 +4,6 @@
 // refused with compaction by name.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <functional>
-#include <initializer_list>
-#include <limits>
-#include <random>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include "element_types.cuh"
 #include "gpu_testing.cuh"
 #include "host_fixture.cuh"
@@ -25,10 +13,8 @@ namespace {
 
 using host::expect_error;
 
-// Compaction against the CPU, for each element type (element_types.cuh).
-template <class T>
-class GpuPaged : public ::testing::Test {};
-TYPED_TEST_SUITE(GpuPaged, ElementTypes, ElementTypeNames);
+// Compaction against the CPU, for each element type.
+FLASHCACHE_ELEMENT_TYPED_SUITE(GpuPaged);
 
 TYPED_TEST(GpuPaged, PagedCachesCompactInPlace) {
   FLASHCACHE_REQUIRE_DEVICE();

@@ -4,18 +4,6 @@
 // capture are host-side and run anywhere, CI included.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <functional>
-#include <initializer_list>
-#include <limits>
-#include <random>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include "element_types.cuh"
 #include "flashcache/rules.hpp"
 #include "gpu_testing.cuh"
@@ -26,10 +14,8 @@ namespace {
 
 using host::expect_error;
 
-// The whole run path, for each element type (element_types.cuh).
-template <class T>
-class GpuCompress : public ::testing::Test {};
-TYPED_TEST_SUITE(GpuCompress, ElementTypes, ElementTypeNames);
+// The whole run path, for each element type.
+FLASHCACHE_ELEMENT_TYPED_SUITE(GpuCompress);
 
 TYPED_TEST(GpuCompress, CapturesInACudaGraph) {
   FLASHCACHE_REQUIRE_DEVICE();
@@ -46,19 +32,8 @@ TYPED_TEST(GpuCompress, CapturesInACudaGraph) {
 }  // namespace
 }  // namespace flashcache::gpu_testing
 
+namespace flashcache::gpu_testing::host {
 namespace {
-
-namespace fcc = flashcache::gpu;
-using flashcache::bfloat16_t;
-using flashcache::Budget;
-using flashcache::Errc;
-using flashcache::GridSpan;
-using flashcache::GridZone;
-using flashcache::half_t;
-using flashcache::Options;
-using flashcache::Status;
-using flashcache::Transform;
-using namespace flashcache::gpu_testing::host;  // fake caches, blocked(), expect_error()
 
 TEST(GpuCanImplement, AcceptsTheQwenShape) {
   DenseFixture f(28, 4, 8192, 128);
@@ -379,3 +354,4 @@ TEST(GpuRules, ProtectFloorBudgetAndBlockSize) {
 }
 
 }  // namespace
+}  // namespace flashcache::gpu_testing::host

@@ -3,17 +3,7 @@
 // against the CPU scorer, and the device's pipeline with spans against the CPU.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
 #include <functional>
-#include <initializer_list>
-#include <limits>
-#include <random>
-#include <string>
-#include <utility>
-#include <vector>
 
 #include "element_types.cuh"
 #include "flashcache/score.hpp"
@@ -25,10 +15,8 @@ namespace {
 
 using host::expect_error;
 
-// Image spans against the CPU, for each element type (element_types.cuh).
-template <class T>
-class GpuGrids : public ::testing::Test {};
-TYPED_TEST_SUITE(GpuGrids, ElementTypes, ElementTypeNames);
+// Image spans against the CPU, for each element type.
+FLASHCACHE_ELEMENT_TYPED_SUITE(GpuGrids);
 
 // Image spans (Cache::spans): their tokens scored by the 2D pass, against
 // the CPU scorer, on odd shapes: spans of 7 x 5 and 6 x 6 patches in two
@@ -102,19 +90,8 @@ TYPED_TEST(GpuGrids, GridSpanPastAShortSequenceIsReported) {
 }  // namespace
 }  // namespace flashcache::gpu_testing
 
+namespace flashcache::gpu_testing::host {
 namespace {
-
-namespace fcc = flashcache::gpu;
-using flashcache::bfloat16_t;
-using flashcache::Budget;
-using flashcache::Errc;
-using flashcache::GridSpan;
-using flashcache::GridZone;
-using flashcache::half_t;
-using flashcache::Options;
-using flashcache::Status;
-using flashcache::Transform;
-using namespace flashcache::gpu_testing::host;  // fake caches, blocked(), expect_error()
 
 // ---- image spans (Cache::spans) ----------------------------------------------
 
@@ -469,3 +446,4 @@ TEST(GpuGrids, HostRunEnergyIsTheSpanTokensResidual) {
 }
 
 }  // namespace
+}  // namespace flashcache::gpu_testing::host

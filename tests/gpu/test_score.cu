@@ -5,18 +5,6 @@
 // lengths and its stream). Device tests skip without a GPU.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <functional>
-#include <initializer_list>
-#include <limits>
-#include <random>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include "element_types.cuh"
 #include "gpu_testing.cuh"
 #include "host_fixture.cuh"
@@ -29,10 +17,8 @@ using host::expect_error;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// Scores against the CPU, for each element type (element_types.cuh).
-template <class T>
-class GpuScore : public ::testing::Test {};
-TYPED_TEST_SUITE(GpuScore, ElementTypes, ElementTypeNames);
+// Scores against the CPU, for each element type.
+FLASHCACHE_ELEMENT_TYPED_SUITE(GpuScore);
 
 TYPED_TEST(GpuScore, BlockedScoresAwkwardLengthsBothLayouts) {
   FLASHCACHE_REQUIRE_DEVICE();
@@ -207,19 +193,8 @@ TEST(GpuGlobalTransform, GlobalTransformRefusesASecondStream) {
 }  // namespace
 }  // namespace flashcache::gpu_testing
 
+namespace flashcache::gpu_testing::host {
 namespace {
-
-namespace fcc = flashcache::gpu;
-using flashcache::bfloat16_t;
-using flashcache::Budget;
-using flashcache::Errc;
-using flashcache::GridSpan;
-using flashcache::GridZone;
-using flashcache::half_t;
-using flashcache::Options;
-using flashcache::Status;
-using flashcache::Transform;
-using namespace flashcache::gpu_testing::host;  // fake caches, blocked(), expect_error()
 
 TEST(GpuGlobalTransform, RefusesBadArgumentsBeforeTouchingCufft) {
   fcc::GlobalTransform plan;
@@ -231,3 +206,4 @@ TEST(GpuGlobalTransform, RefusesBadArgumentsBeforeTouchingCufft) {
 }
 
 }  // namespace
+}  // namespace flashcache::gpu_testing::host

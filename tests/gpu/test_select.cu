@@ -4,18 +4,6 @@
 // all, exact ties, and the budgets the device must refuse.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <functional>
-#include <initializer_list>
-#include <limits>
-#include <random>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include "element_types.cuh"
 #include "flashcache/select.hpp"
 #include "gpu_testing.cuh"
@@ -26,10 +14,8 @@ namespace {
 
 using host::expect_error;
 
-// Kept sets against the CPU, for each element type (element_types.cuh).
-template <class T>
-class GpuSelect : public ::testing::Test {};
-TYPED_TEST_SUITE(GpuSelect, ElementTypes, ElementTypeNames);
+// Kept sets against the CPU, for each element type.
+FLASHCACHE_ELEMENT_TYPED_SUITE(GpuSelect);
 
 // The library's defaults: 4 sink tokens and the newest half of each layer's
 // budget, ranked above every score on the GPU, newest first, as on the CPU; then
@@ -148,19 +134,8 @@ TYPED_TEST(GpuSelect, ExactTiesGoToTheLowerIndex) {
 }  // namespace
 }  // namespace flashcache::gpu_testing
 
+namespace flashcache::gpu_testing::host {
 namespace {
-
-namespace fcc = flashcache::gpu;
-using flashcache::bfloat16_t;
-using flashcache::Budget;
-using flashcache::Errc;
-using flashcache::GridSpan;
-using flashcache::GridZone;
-using flashcache::half_t;
-using flashcache::Options;
-using flashcache::Status;
-using flashcache::Transform;
-using namespace flashcache::gpu_testing::host;  // fake caches, blocked(), expect_error()
 
 // ---- the base sample of select_kernel: its rules and its order of passes --------
 
@@ -370,3 +345,4 @@ TEST(GpuSelect, AWindowLongerThanTheKeysTakesItsNewestTokensAsTheCpu) {
 }
 
 }  // namespace
+}  // namespace flashcache::gpu_testing::host

@@ -2,18 +2,6 @@
 // ranks, score_async, the sums reduced between the phases, select_async.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <functional>
-#include <initializer_list>
-#include <limits>
-#include <random>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include "gpu_testing.cuh"
 #include "host_fixture.cuh"
 
