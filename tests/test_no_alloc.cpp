@@ -226,7 +226,7 @@ TEST(NoAlloc, WarmArchiveAndRecallAllocateNothing) {
   const Layers m(0.0);
   const std::int64_t heads = m.heads, d = m.d, n = 120, question = 6;
   const int layers = static_cast<int>(m.tokens.size());
-  const fc::ArchiveShape shape{layers, heads, d, fc::RowType::f32};
+  const fc::ArchiveShape shape{layers, heads, d, fc::RowType::f32, fc::RowType::f32};
   fc::Archive archive;
   ASSERT_TRUE(archive.reset(shape, {16, 0}).ok());
   archive.reserve(n);
@@ -262,7 +262,7 @@ TEST(NoAlloc, WarmArchiveAndRecallAllocateNothing) {
   order.reserve(static_cast<std::size_t>(n));
   all.reserve(static_cast<std::size_t>(n));
   const auto cycle = [&] {
-    bool ok = archive.append(positions.data(), n, k.data(), v.data(), heads * d * 4).ok();
+    bool ok = archive.append(positions.data(), n, k.data(), heads * d * 4, v.data(), heads * d * 4).ok();
     ok &= scorer.reset(archive).ok();
     for (int l = 0; l < layers; ++l) {
       const auto resident = fc::token_range(m.kv[static_cast<std::size_t>(l)], n, 40);

@@ -1,7 +1,8 @@
 // The archive of evicted tokens and the recall that brings blocks of it back
 // (archive.hpp, recall.hpp): rows kept bit for bit, the byte cap's drops
 // counted, and block scores against a naive double-precision attention over
-// the whole context, on awkward sizes, f32 / f16 / bf16 rows and NaN rows.
+// the whole context, shared and per head, on awkward sizes, f32 / f16 / bf16 /
+// q8_0 rows (K and V of different types) and NaN rows.
 #include <gtest/gtest.h>
 #include <flashcache/archive.hpp>
 #include <flashcache/recall.hpp>
@@ -10,7 +11,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -36,11 +39,26 @@ struct Rows {
   }
 };
 
-// Rows of `type` from floats (the bytes an engine would hand over).
+// q8_0 as ggml quantizes it: per block of 32, the scale max|x| / 127 (stored
+// as a half) and each value rounded to x / scale.
+void quantize_q8_0(const float* x, unsigned char* block) {
+  float top = 0;
+  for (int i = 0; i < 32; ++i) top = std::max(top, std::fabs(x[i]));
+  const float scale = top / 127.0f;
+  const std::uint16_t bits = fc::half_t(scale).bits;
+  std::memcpy(block, &bits, 2);
+  for (int i = 0; i < 32; ++i)
+    block[2 + i] = static_cast<unsigned char>(static_cast<std::int8_t>(scale == 0 ? 0 : std::lround(x[i] / scale)));
+}
+
+// Rows of `type` from floats (the bytes an engine would hand over); q8_0 rows
+// hold whole blocks, so x's rows are multiples of 32.
 std::vector<unsigned char> as_bytes(const std::vector<float>& x, fc::RowType type) {
-  std::vector<unsigned char> out(x.size() * static_cast<std::size_t>(fc::row_type_bytes(type)));
+  std::vector<unsigned char> out(static_cast<std::size_t>(fc::row_bytes(type, static_cast<std::int64_t>(x.size()))));
   for (std::size_t i = 0; i < x.size(); ++i) {
-    if (type == fc::RowType::f32) {
+    if (type == fc::RowType::q8_0) {
+      if (i % 32 == 0) quantize_q8_0(x.data() + i, out.data() + i / 32 * 34);
+    } else if (type == fc::RowType::f32) {
       std::memcpy(out.data() + 4 * i, &x[i], 4);
     } else {
       const std::uint16_t bits = type == fc::RowType::f16 ? fc::half_t(x[i]).bits : fc::bfloat16_t(x[i]).bits;
@@ -50,11 +68,27 @@ std::vector<unsigned char> as_bytes(const std::vector<float>& x, fc::RowType typ
   return out;
 }
 
-// The value an archived element holds after its round trip through `type`.
-float rounded(float x, fc::RowType type) {
-  if (type == fc::RowType::f16) return static_cast<float>(fc::half_t(x));
-  if (type == fc::RowType::bf16) return static_cast<float>(fc::bfloat16_t(x));
-  return x;
+// The values archived elements hold after their round trip through `type`,
+// decoded here on their own (not by the library's decoder).
+std::vector<float> rounded(const std::vector<float>& x, fc::RowType type) {
+  std::vector<float> out(x.size());
+  const std::vector<unsigned char> bytes = as_bytes(x, type);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (type == fc::RowType::q8_0) {
+      const unsigned char* block = bytes.data() + i / 32 * 34;
+      std::uint16_t bits;
+      std::memcpy(&bits, block, 2);
+      out[i] = static_cast<float>(static_cast<double>(fc::half_t::to_float(bits)) *
+                                  static_cast<std::int8_t>(block[2 + i % 32]));
+    } else if (type == fc::RowType::f16) {
+      out[i] = static_cast<float>(fc::half_t(x[i]));
+    } else if (type == fc::RowType::bf16) {
+      out[i] = static_cast<float>(fc::bfloat16_t(x[i]));
+    } else {
+      out[i] = x[i];
+    }
+  }
+  return out;
 }
 
 struct Archived {
@@ -63,23 +97,25 @@ struct Archived {
   std::vector<std::int32_t> positions;
 };
 
-// Archives every token of `rows` (positions 1000 + i) in two appends.
-void fill(const Rows& rows, fc::RowType type, fc::ArchiveOptions opt, Archived* a) {
-  const fc::ArchiveShape shape{rows.layers, rows.heads, rows.d, type};
+// Archives every token of `rows` (positions 1000 + i) in two appends, K rows
+// of k_type and V rows of v_type (the same unless given).
+void fill(const Rows& rows, fc::RowType k_type, fc::ArchiveOptions opt, Archived* a,
+          std::optional<fc::RowType> v_type = std::nullopt) {
+  const fc::ArchiveShape shape{rows.layers, rows.heads, rows.d, k_type, v_type.value_or(k_type)};
   ASSERT_TRUE(a->archive.reset(shape, opt).ok());
   for (int l = 0; l < rows.layers; ++l) {
-    a->k.push_back(as_bytes(rows.k[static_cast<std::size_t>(l)], type));
-    a->v.push_back(as_bytes(rows.v[static_cast<std::size_t>(l)], type));
+    a->k.push_back(as_bytes(rows.k[static_cast<std::size_t>(l)], shape.k_type));
+    a->v.push_back(as_bytes(rows.v[static_cast<std::size_t>(l)], shape.v_type));
   }
   for (std::int64_t i = 0; i < rows.tokens; ++i) a->positions.push_back(static_cast<std::int32_t>(1000 + i));
-  const std::int64_t split = rows.tokens / 3, row = shape.row_bytes();
+  const std::int64_t split = rows.tokens / 3, k_row = shape.k_row_bytes(), v_row = shape.v_row_bytes();
   for (const auto& [first, n] : {std::pair<std::int64_t, std::int64_t>{0, split}, {split, rows.tokens - split}}) {
     std::vector<const void*> k, v;
     for (int l = 0; l < rows.layers; ++l) {
-      k.push_back(a->k[static_cast<std::size_t>(l)].data() + first * row);
-      v.push_back(a->v[static_cast<std::size_t>(l)].data() + first * row);
+      k.push_back(a->k[static_cast<std::size_t>(l)].data() + first * k_row);
+      v.push_back(a->v[static_cast<std::size_t>(l)].data() + first * v_row);
     }
-    ASSERT_TRUE(a->archive.append(a->positions.data() + first, n, k.data(), v.data(), row).ok());
+    ASSERT_TRUE(a->archive.append(a->positions.data() + first, n, k.data(), k_row, v.data(), v_row).ok());
   }
 }
 
@@ -91,7 +127,7 @@ TEST(Archive, KeepsRowsAndPositionsInBlocks) {
   EXPECT_EQ(a.archive.blocks(), 4);
   EXPECT_EQ(a.archive.block_tokens(3), 5);
   EXPECT_EQ(a.archive.bytes(), 53 * (4 + 2 * 3 * 2 * 7 * 2));
-  const std::int64_t row = a.archive.shape().row_bytes();
+  const std::int64_t row = a.archive.shape().k_row_bytes();
   for (int l = 0; l < 3; ++l)
     for (std::int64_t t = 0; t < 53; ++t) {
       ASSERT_EQ(std::memcmp(a.archive.k_row(l, t), a.k[static_cast<std::size_t>(l)].data() + t * row, row), 0);
@@ -104,7 +140,7 @@ TEST(Archive, TakeMovesBlocksOutAndClosesUp) {
   const Rows rows(2, 45, 3, 5, 2);
   Archived a;
   fill(rows, fc::RowType::f32, {8, 0}, &a);  // blocks of 8: 0..4 whole, 5 holds 5 tokens
-  const std::int64_t row = a.archive.shape().row_bytes();
+  const std::int64_t row = a.archive.shape().k_row_bytes();
   const std::int64_t blocks[] = {1, 5};
   std::vector<std::int32_t> pos(13);
   std::vector<std::vector<unsigned char>> k(2, std::vector<unsigned char>(13 * row)), v = k;
@@ -129,7 +165,7 @@ TEST(Archive, TakeMovesBlocksOutAndClosesUp) {
 
 TEST(Archive, TheCapDropsTheOldestWholeBlocksAndCountsThem) {
   const Rows rows(2, 50, 1, 4, 3);
-  const fc::ArchiveShape shape{2, 1, 4, fc::RowType::f16};
+  const fc::ArchiveShape shape{2, 1, 4, fc::RowType::f16, fc::RowType::f16};
   const std::int64_t per_token = shape.token_bytes();  // 4 + 2 x 2 x 8 = 36
   Archived a;
   fill(rows, fc::RowType::f16, {8, 30 * per_token}, &a);
@@ -138,7 +174,7 @@ TEST(Archive, TheCapDropsTheOldestWholeBlocksAndCountsThem) {
   ASSERT_EQ(a.archive.tokens(), 26);
   EXPECT_LE(a.archive.bytes(), 30 * per_token);
   EXPECT_EQ(a.archive.positions()[0], 1024);
-  EXPECT_EQ(std::memcmp(a.archive.k_row(1, 0), a.k[1].data() + 24 * shape.row_bytes(), 26 * shape.row_bytes()), 0);
+  EXPECT_EQ(std::memcmp(a.archive.k_row(1, 0), a.k[1].data() + 24 * shape.k_row_bytes(), 26 * shape.k_row_bytes()), 0);
   fc::Archive small;
   const fc::Status s = small.reset(shape, {8, 7 * per_token});
   EXPECT_NE(s.message().find("holds less than one block"), std::string::npos) << s.message();
@@ -146,26 +182,32 @@ TEST(Archive, TheCapDropsTheOldestWholeBlocksAndCountsThem) {
 
 TEST(Archive, RefusesBadInputByName) {
   fc::Archive a;
-  EXPECT_NE(a.reset({0, 2, 4, fc::RowType::f32}).message().find("0 layers"), std::string::npos);
-  EXPECT_NE(a.reset({1, 2, 4, fc::RowType::f32}, {0, 0}).message().find("block_size 0"), std::string::npos);
-  ASSERT_TRUE(a.reset({1, 2, 4, fc::RowType::f32}).ok());
+  constexpr fc::RowType f32 = fc::RowType::f32;
+  EXPECT_NE(a.reset({0, 2, 4, f32, f32}).message().find("0 layers"), std::string::npos);
+  EXPECT_NE(a.reset({1, 2, 4, f32, f32}, {0, 0}).message().find("block_size 0"), std::string::npos);
+  EXPECT_NE(a.reset({1, 2, 7, f32, fc::RowType::q8_0}).message().find("q8_0 rows of 14 elements (whole blocks of 32)"),
+            std::string::npos);
+  ASSERT_TRUE(a.reset({1, 2, 4, f32, f32}).ok());
   std::int32_t pos = 0;
   float row[8] = {};
   const void* k[] = {row};
   const void* none[] = {nullptr};
-  EXPECT_NE(a.append(&pos, 1, k, k, 16).message().find("row stride 16 bytes < a row's 32"), std::string::npos);
-  EXPECT_NE(a.append(&pos, 1, k, none, 32).message().find("layer 0: null K or V rows"), std::string::npos);
+  EXPECT_NE(a.append(&pos, 1, k, 32, k, 16).message().find("row strides 32 (K) and 16 (V) bytes; a row is 32 and 32"),
+            std::string::npos);
+  EXPECT_NE(a.append(&pos, 1, k, 32, none, 32).message().find("layer 0: null K or V rows"), std::string::npos);
   EXPECT_EQ(a.tokens(), 0);  // nothing half-added
 }
 
 // Naive reference: layer by layer, each query's softmax over the whole context
 // (resident, archived, question keys, causally) in double; each archived
-// token's largest probability over layers, KV heads' query groups and queries.
+// token's largest probability over its KV head's query groups and queries, and
+// over layers and KV heads too (shared) or per (layer, KV head): [rankings][a].
 std::vector<double> naive_scores(const std::vector<std::vector<float>>& q, const std::vector<std::vector<float>>& res,
                                  const std::vector<std::vector<float>>& arch, const std::vector<std::vector<float>>& qk,
                                  std::int64_t hq, std::int64_t hkv, std::int64_t r, std::int64_t a, std::int64_t m,
-                                 std::int64_t d) {
-  std::vector<double> best(static_cast<std::size_t>(a), 0.0);
+                                 std::int64_t d, bool per_head) {
+  const std::int64_t rankings = per_head ? static_cast<std::int64_t>(q.size()) * hkv : 1;
+  std::vector<double> best(static_cast<std::size_t>(rankings * a), 0.0);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   for (std::size_t l = 0; l < q.size(); ++l)
     for (std::int64_t g = 0; g < hq; ++g) {
@@ -189,18 +231,20 @@ std::vector<double> naive_scores(const std::vector<std::vector<float>>& q, const
         const double top = *std::max_element(logit.begin(), logit.end());
         double sum = 0;
         for (double x : logit) sum += std::exp(x - top);
+        double* out = best.data() + (per_head ? static_cast<std::int64_t>(l) * hkv + h : 0) * a;
         for (std::int64_t t = 0; t < a; ++t)
-          best[static_cast<std::size_t>(t)] =
-              std::max(best[static_cast<std::size_t>(t)], std::exp(logit[static_cast<std::size_t>(r + t)] - top) / sum);
+          out[t] = std::max(out[t], std::exp(logit[static_cast<std::size_t>(r + t)] - top) / sum);
       }
     }
   return best;
 }
 
-void check_scores_against_naive(fc::RowType type, bool nan_rows) {
-  SCOPED_TRACE(fc::to_string(type));
+void check_scores_against_naive(fc::RowType type, bool nan_rows, std::int64_t d = 24,
+                                fc::RecallScope scope = fc::RecallScope::shared) {
+  SCOPED_TRACE(std::string(fc::to_string(type)) + " " + fc::to_string(scope));
+  const bool per_head = scope == fc::RecallScope::per_head;
   const int layers = 3;
-  const std::int64_t hq = 6, hkv = 2, d = 24, r = 37, a = 53, m = 5;
+  const std::int64_t hq = 6, hkv = 2, r = 37, a = 53, m = 5;
   const Rows archived(layers, a, hkv, d, 7);
   Rows resident(layers, r, hkv, d, 8), question_k(layers, m, hkv, d, 9);
   Rows queries(layers, m, hq, d, 10);  // read as [Hq][m][d]
@@ -212,13 +256,14 @@ void check_scores_against_naive(fc::RowType type, bool nan_rows) {
   Archived arc;
   fill(plain, type, {16, 0}, &arc);
   // The reference sees the archived values as stored.
-  std::vector<std::vector<float>> arch_values = plain.k;
-  for (auto& layer : arch_values)
-    for (auto& x : layer) x = rounded(x, type);
-  const auto want = naive_scores(queries.k, resident.k, arch_values, question_k.k, hq, hkv, r, a, m, d);
+  std::vector<std::vector<float>> arch_values;
+  for (const auto& layer : plain.k) arch_values.push_back(rounded(layer, type));
+  const auto want = naive_scores(queries.k, resident.k, arch_values, question_k.k, hq, hkv, r, a, m, d, per_head);
 
   fc::RecallScorer scorer;
-  ASSERT_TRUE(scorer.reset(arc.archive).ok());
+  ASSERT_TRUE(scorer.reset(arc.archive, scope).ok());
+  const std::int64_t rankings = per_head ? layers * hkv : 1;
+  ASSERT_EQ(scorer.rankings(), rankings);
   for (int l = 0; l < layers; ++l) {
     const auto q = fc::hnd<const float>(queries.k[static_cast<std::size_t>(l)].data(), fc::Heads(hq), fc::Tokens(m),
                                         fc::HeadDim(d));
@@ -228,27 +273,66 @@ void check_scores_against_naive(fc::RowType type, bool nan_rows) {
                                          fc::Heads(hkv), fc::HeadDim(d));
     ASSERT_TRUE(scorer.add_layer(l, q, res, qk).ok());
   }
-  for (std::int64_t t = 0; t < a; ++t)
-    EXPECT_NEAR(scorer.token_score(t), want[static_cast<std::size_t>(t)],
-                2e-5 + 1e-4 * want[static_cast<std::size_t>(t)])
-        << "archived token " << t;
-  for (std::int64_t t = 0; t < a; ++t) EXPECT_TRUE(std::isfinite(scorer.token_score(t))) << t;
-  std::vector<float> blocks(static_cast<std::size_t>(arc.archive.blocks()));
-  ASSERT_TRUE(scorer.block_scores(blocks.data(), arc.archive.blocks()).ok());
-  for (std::int64_t b = 0; b < arc.archive.blocks(); ++b) {
-    double top = 0;
-    for (std::int64_t t = b * 16; t < std::min<std::int64_t>(a, b * 16 + 16); ++t)
-      top = std::max(top, want[static_cast<std::size_t>(t)]);
-    EXPECT_NEAR(blocks[static_cast<std::size_t>(b)], top, 2e-5 + 1e-4 * top) << "block " << b;
+  for (std::int64_t u = 0; u < rankings; ++u) {
+    const double* w = want.data() + u * a;
+    for (std::int64_t t = 0; t < a; ++t) {
+      EXPECT_NEAR(scorer.token_score(t, u), w[t], 2e-5 + 1e-4 * w[t]) << "ranking " << u << ", archived token " << t;
+      EXPECT_TRUE(std::isfinite(scorer.token_score(t, u))) << t;
+    }
+    std::vector<float> blocks(static_cast<std::size_t>(arc.archive.blocks()));
+    ASSERT_TRUE(scorer.block_scores(blocks.data(), arc.archive.blocks(), u).ok());
+    for (std::int64_t b = 0; b < arc.archive.blocks(); ++b) {
+      double top = 0;
+      for (std::int64_t t = b * 16; t < std::min<std::int64_t>(a, b * 16 + 16); ++t) top = std::max(top, w[t]);
+      EXPECT_NEAR(blocks[static_cast<std::size_t>(b)], top, 2e-5 + 1e-4 * top) << "ranking " << u << ", block " << b;
+    }
   }
+  const fc::Status s = scorer.block_scores(nullptr, arc.archive.blocks(), rankings);
+  EXPECT_NE(s.message().find("ranking " + std::to_string(rankings) + " of " + std::to_string(rankings)),
+            std::string::npos)
+      << s.message();
 }
 
 TEST(Recall, BlockScoresMatchANaiveAttentionOverTheWholeContext) {
   for (fc::RowType type : {fc::RowType::f32, fc::RowType::f16, fc::RowType::bf16})
     check_scores_against_naive(type, false);
+  // q8_0: rows of 2 x 48 elements, so KV head 1 starts inside a block.
+  check_scores_against_naive(fc::RowType::q8_0, false, 48);
 }
 
 TEST(Recall, NonFiniteRowsScoreNothingAndChangeNoOtherToken) { check_scores_against_naive(fc::RowType::f32, true); }
+
+// Per head: one ranking per (layer, KV head), each its own maximum.
+TEST(Recall, PerHeadScoresMatchTheNaiveAttentionOfEachHead) {
+  check_scores_against_naive(fc::RowType::bf16, false, 24, fc::RecallScope::per_head);
+  check_scores_against_naive(fc::RowType::f32, true, 24, fc::RecallScope::per_head);
+}
+
+// K and V of different types (llama.cpp's -ctk q8_0 -ctv f16): each kept as it came.
+TEST(Archive, KeepsKAndVOfDifferentTypesBitForBit) {
+  const Rows rows(2, 41, 2, 32, 5);
+  Archived a;
+  fill(rows, fc::RowType::q8_0, {8, 0}, &a, fc::RowType::f16);
+  const fc::ArchiveShape& shape = a.archive.shape();
+  EXPECT_EQ(shape.k_row_bytes(), 2 * 34);  // 64 elements: two q8_0 blocks
+  EXPECT_EQ(shape.v_row_bytes(), 64 * 2);
+  EXPECT_EQ(a.archive.bytes(), 41 * (4 + 2 * (68 + 128)));
+  const std::int64_t blocks[] = {0, 5};  // tokens 0-7 and 40
+  std::vector<std::int32_t> pos(9);
+  std::vector<unsigned char> k0(9 * 68), k1 = k0, v0(9 * 128), v1 = v0;
+  void* kp[] = {k0.data(), k1.data()};
+  void* vp[] = {v0.data(), v1.data()};
+  std::int64_t taken = 0;
+  ASSERT_TRUE(a.archive.take(blocks, 2, pos.data(), kp, vp, &taken).ok());
+  ASSERT_EQ(taken, 9);
+  EXPECT_EQ(pos[8], 1040);
+  EXPECT_EQ(std::memcmp(k1.data(), a.k[1].data(), 8 * 68), 0);
+  EXPECT_EQ(std::memcmp(k1.data() + 8 * 68, a.k[1].data() + 40 * 68, 68), 0);
+  EXPECT_EQ(std::memcmp(v0.data() + 8 * 128, a.v[0].data() + 40 * 128, 128), 0);
+  ASSERT_EQ(a.archive.tokens(), 32);  // tokens 8-39 stay, closed up
+  EXPECT_EQ(std::memcmp(a.archive.k_row(0, 0), a.k[0].data() + 8 * 68, 32 * 68), 0);
+  EXPECT_EQ(std::memcmp(a.archive.v_row(1, 31), a.v[1].data() + 39 * 128, 128), 0);
+}
 
 TEST(Recall, SelectTakesTheBestWholeBlocksWithinTheBudget) {
   const Rows rows(1, 45, 1, 4, 4);
@@ -267,7 +351,7 @@ TEST(Recall, SelectTakesTheBestWholeBlocksWithinTheBudget) {
 
 TEST(Recall, AnEmptyArchiveRecallsNothing) {
   fc::Archive a;
-  ASSERT_TRUE(a.reset({2, 1, 4, fc::RowType::f32}).ok());
+  ASSERT_TRUE(a.reset({2, 1, 4, fc::RowType::f32, fc::RowType::f32}).ok());
   fc::RecallScorer scorer;
   ASSERT_TRUE(scorer.reset(a).ok());
   std::vector<float> q(4), k(4);

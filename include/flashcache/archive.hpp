@@ -4,8 +4,8 @@
 //
 // A compaction decides before the question is known; what it drops is gone. An
 // Archive keeps every evicted token instead: its position and, for every layer,
-// its K and V rows as they were stored (f32, f16 or bf16 bytes, all KV heads of
-// the token in one row, as llama.cpp's cells hold them). Tokens are appended in
+// its K and V rows as they were stored (f32, f16, bf16 or q8_0 bytes, all KV
+// heads of the token in one row, as llama.cpp's cells hold them). Tokens are appended in
 // eviction order and grouped in blocks of `block_size` consecutive archive
 // tokens: a block is what a recall scores and brings back.
 //
@@ -18,13 +18,27 @@
 #include <vector>
 
 #include "error.hpp"
+#include "types.hpp"
 
 namespace flashcache {
 
-// How a row's elements are stored.
-enum class RowType { f32, f16, bf16 };
+// How a row's elements are stored. q8_0 is llama.cpp's (types.hpp): blocks of
+// 32 elements, so its rows hold a multiple of 32.
+enum class RowType { f32, f16, bf16, q8_0 };
 
-inline std::int64_t row_type_bytes(RowType t) { return t == RowType::f32 ? 4 : 2; }
+// Bytes of `elements` elements of type t (q8_0: whole blocks).
+inline std::int64_t row_bytes(RowType t, std::int64_t elements) {
+  switch (t) {
+    case RowType::f32:
+      return 4 * elements;
+    case RowType::f16:
+    case RowType::bf16:
+      return 2 * elements;
+    case RowType::q8_0:
+      return elements / kQ8Block * kQ8BlockBytes;
+  }
+  return 0;
+}
 
 inline const char* to_string(RowType t) {
   switch (t) {
@@ -34,22 +48,26 @@ inline const char* to_string(RowType t) {
       return "f16";
     case RowType::bf16:
       return "bf16";
+    case RowType::q8_0:
+      return "q8_0";
   }
   return "?";
 }
 
-// The rows an archive holds: every layer's K and V row of a token is
-// kv_heads x head_dim elements of `type`.
+// The rows an archive holds: every layer's K row of a token is kv_heads x
+// head_dim elements of k_type, its V row as many of v_type.
 struct ArchiveShape {
   int layers = 0;
   std::int64_t kv_heads = 0;
   std::int64_t head_dim = 0;
-  RowType type = RowType::f16;
+  RowType k_type = RowType::f16;
+  RowType v_type = RowType::f16;
 
-  std::int64_t row_bytes() const { return kv_heads * head_dim * row_type_bytes(type); }
+  std::int64_t k_row_bytes() const { return row_bytes(k_type, kv_heads * head_dim); }
+  std::int64_t v_row_bytes() const { return row_bytes(v_type, kv_heads * head_dim); }
   // One token's bytes: its position and a K and a V row per layer.
   std::int64_t token_bytes() const {
-    return static_cast<std::int64_t>(sizeof(std::int32_t)) + 2 * layers * row_bytes();
+    return static_cast<std::int64_t>(sizeof(std::int32_t)) + layers * (k_row_bytes() + v_row_bytes());
   }
 };
 
@@ -65,8 +83,13 @@ inline Status check_archive(const ArchiveShape& s, const ArchiveOptions& o) {
   if (s.kv_heads < 1 || s.head_dim < 1)
     return make_error(Errc::invalid_shape, "archive: ", s.kv_heads, " KV heads x head dim ", s.head_dim,
                       " (both at least 1)");
-  if (s.type != RowType::f32 && s.type != RowType::f16 && s.type != RowType::bf16)
-    return make_error(Errc::invalid_option, "archive: unknown row type");
+  for (const RowType t : {s.k_type, s.v_type}) {
+    if (t != RowType::f32 && t != RowType::f16 && t != RowType::bf16 && t != RowType::q8_0)
+      return make_error(Errc::invalid_option, "archive: unknown row type");
+    if (t == RowType::q8_0 && s.kv_heads * s.head_dim % kQ8Block != 0)
+      return make_error(Errc::invalid_shape, "archive: q8_0 rows of ", s.kv_heads * s.head_dim,
+                        " elements (whole blocks of ", kQ8Block, ")");
+  }
   if (o.block_size < 1) return make_error(Errc::invalid_option, "archive block_size ", o.block_size, " (at least 1)");
   if (o.byte_cap < 0) return make_error(Errc::invalid_option, "archive byte_cap ", o.byte_cap, " is negative");
   if (o.byte_cap > 0 && o.byte_cap < o.block_size * s.token_bytes())
@@ -97,32 +120,33 @@ class Archive {
     const auto n = static_cast<std::size_t>(std::max<std::int64_t>(tokens, 0));
     positions_.reserve(n);
     for (int l = 0; l < shape_.layers; ++l) {
-      k_[static_cast<std::size_t>(l)].reserve(n * static_cast<std::size_t>(shape_.row_bytes()));
-      v_[static_cast<std::size_t>(l)].reserve(n * static_cast<std::size_t>(shape_.row_bytes()));
+      k_[static_cast<std::size_t>(l)].reserve(n * static_cast<std::size_t>(shape_.k_row_bytes()));
+      v_[static_cast<std::size_t>(l)].reserve(n * static_cast<std::size_t>(shape_.v_row_bytes()));
     }
   }
 
   // Appends n evicted tokens: positions[n], and per layer l the rows
-  // k[l] + i * row_stride, v[l] + i * row_stride (bytes; row_stride >= row_bytes).
+  // k[l] + i * k_stride and v[l] + i * v_stride (bytes, at least a row's).
   // Then drops the oldest whole blocks while the cap is passed.
-  Status append(const std::int32_t* positions, std::int64_t n, const void* const* k, const void* const* v,
-                std::int64_t row_stride) {
+  Status append(const std::int32_t* positions, std::int64_t n, const void* const* k, std::int64_t k_stride,
+                const void* const* v, std::int64_t v_stride) {
     if (n < 0) return make_error(Errc::invalid_shape, "archive append: ", n, " tokens");
     if (n == 0) return Status::success();
     if (shape_.layers < 1) return make_error(Errc::invalid_shape, "archive append: reset() the archive first");
     if (positions == nullptr || k == nullptr || v == nullptr)
       return make_error(Errc::invalid_shape, "archive append: null positions or row tables");
-    if (row_stride < shape_.row_bytes())
-      return make_error(Errc::invalid_shape, "archive append: row stride ", row_stride, " bytes < a row's ",
-                        shape_.row_bytes());
+    if (k_stride < shape_.k_row_bytes() || v_stride < shape_.v_row_bytes())
+      return make_error(Errc::invalid_shape, "archive append: row strides ", k_stride, " (K) and ", v_stride,
+                        " (V) bytes; a row is ", shape_.k_row_bytes(), " and ", shape_.v_row_bytes());
     for (int l = 0; l < shape_.layers; ++l)
       if (k[l] == nullptr || v[l] == nullptr)
         return make_error(Errc::invalid_shape, "archive append: layer ", l, ": null K or V rows");
     positions_.insert(positions_.end(), positions, positions + n);
-    const auto row = static_cast<std::size_t>(shape_.row_bytes());
+    const auto k_row_size = static_cast<std::size_t>(shape_.k_row_bytes());
+    const auto v_row_size = static_cast<std::size_t>(shape_.v_row_bytes());
     for (int l = 0; l < shape_.layers; ++l) {
-      append_rows(&k_[static_cast<std::size_t>(l)], static_cast<const unsigned char*>(k[l]), n, row_stride, row);
-      append_rows(&v_[static_cast<std::size_t>(l)], static_cast<const unsigned char*>(v[l]), n, row_stride, row);
+      append_rows(&k_[static_cast<std::size_t>(l)], static_cast<const unsigned char*>(k[l]), n, k_stride, k_row_size);
+      append_rows(&v_[static_cast<std::size_t>(l)], static_cast<const unsigned char*>(v[l]), n, v_stride, v_row_size);
     }
     drop_to_cap();
     return Status::success();
@@ -141,14 +165,14 @@ class Archive {
   const std::int32_t* positions() const { return positions_.data(); }
   // Layer l's K (or V) row of archive token i.
   const unsigned char* k_row(int l, std::int64_t i) const {
-    return k_[static_cast<std::size_t>(l)].data() + i * shape_.row_bytes();
+    return k_[static_cast<std::size_t>(l)].data() + i * shape_.k_row_bytes();
   }
   const unsigned char* v_row(int l, std::int64_t i) const {
-    return v_[static_cast<std::size_t>(l)].data() + i * shape_.row_bytes();
+    return v_[static_cast<std::size_t>(l)].data() + i * shape_.v_row_bytes();
   }
 
   // Moves the given blocks (ascending, distinct) out: their positions to
-  // positions_out, layer l's rows to k_out[l] / v_out[l] (row_bytes apart), in
+  // positions_out, layer l's rows to k_out[l] / v_out[l] (a row's bytes apart), in
   // archive order; the rest close up. Counts of what was written go to *taken.
   Status take(const std::int64_t* blocks, std::int64_t count, std::int32_t* positions_out, void* const* k_out,
               void* const* v_out, std::int64_t* taken) {
@@ -167,15 +191,16 @@ class Archive {
     for (int l = 0; l < shape_.layers; ++l)
       if (k_out[l] == nullptr || v_out[l] == nullptr)
         return make_error(Errc::invalid_shape, "archive take: layer ", l, ": null K or V output");
-    const auto row = static_cast<std::size_t>(shape_.row_bytes());
+    const auto k_row_size = static_cast<std::size_t>(shape_.k_row_bytes());
+    const auto v_row_size = static_cast<std::size_t>(shape_.v_row_bytes());
     std::int64_t out = 0;
     for (std::int64_t i = 0; i < count; ++i) {
       const std::int64_t first = block_first(blocks[i]), n = block_tokens(blocks[i]);
       std::copy(positions_.begin() + first, positions_.begin() + first + n, positions_out + out);
+      const auto at = static_cast<std::size_t>(out), rows = static_cast<std::size_t>(n);
       for (int l = 0; l < shape_.layers; ++l) {
-        const std::size_t at = static_cast<std::size_t>(out) * row, bytes = static_cast<std::size_t>(n) * row;
-        std::memcpy(static_cast<unsigned char*>(k_out[l]) + at, k_row(l, first), bytes);
-        std::memcpy(static_cast<unsigned char*>(v_out[l]) + at, v_row(l, first), bytes);
+        std::memcpy(static_cast<unsigned char*>(k_out[l]) + at * k_row_size, k_row(l, first), rows * k_row_size);
+        std::memcpy(static_cast<unsigned char*>(v_out[l]) + at * v_row_size, v_row(l, first), rows * v_row_size);
       }
       out += n;
     }
@@ -212,23 +237,23 @@ class Archive {
     const std::int64_t first = block_first(b), n = block_tokens(b);
     if (first == at) return;
     std::copy(positions_.begin() + first, positions_.begin() + first + n, positions_.begin() + at);
-    const auto row = static_cast<std::size_t>(shape_.row_bytes());
-    const std::size_t to = static_cast<std::size_t>(at) * row, from = static_cast<std::size_t>(first) * row;
-    const std::size_t bytes = static_cast<std::size_t>(n) * row;
+    const auto k_row_size = static_cast<std::size_t>(shape_.k_row_bytes());
+    const auto v_row_size = static_cast<std::size_t>(shape_.v_row_bytes());
+    const auto to = static_cast<std::size_t>(at), from = static_cast<std::size_t>(first);
+    const auto rows = static_cast<std::size_t>(n);
     for (int l = 0; l < shape_.layers; ++l) {
       auto& k = k_[static_cast<std::size_t>(l)];
       auto& v = v_[static_cast<std::size_t>(l)];
-      std::memmove(k.data() + to, k.data() + from, bytes);
-      std::memmove(v.data() + to, v.data() + from, bytes);
+      std::memmove(k.data() + to * k_row_size, k.data() + from * k_row_size, rows * k_row_size);
+      std::memmove(v.data() + to * v_row_size, v.data() + from * v_row_size, rows * v_row_size);
     }
   }
 
   void resize(std::int64_t tokens) {
     positions_.resize(static_cast<std::size_t>(tokens));
-    const auto bytes = static_cast<std::size_t>(tokens * shape_.row_bytes());
     for (int l = 0; l < shape_.layers; ++l) {
-      k_[static_cast<std::size_t>(l)].resize(bytes);
-      v_[static_cast<std::size_t>(l)].resize(bytes);
+      k_[static_cast<std::size_t>(l)].resize(static_cast<std::size_t>(tokens * shape_.k_row_bytes()));
+      v_[static_cast<std::size_t>(l)].resize(static_cast<std::size_t>(tokens * shape_.v_row_bytes()));
     }
   }
 
@@ -247,7 +272,7 @@ class Archive {
   ArchiveShape shape_;
   ArchiveOptions opt_;
   std::vector<std::int32_t> positions_;
-  std::vector<std::vector<unsigned char>> k_, v_;  // per layer: tokens x row_bytes
+  std::vector<std::vector<unsigned char>> k_, v_;  // per layer: tokens x a K (V) row's bytes
   std::int64_t dropped_ = 0;
 };
 

@@ -170,13 +170,22 @@ class TailAccumulator {
     for (std::int64_t r = 0; r < q.tokens; ++r) sampled += fed(first + r, opt);
     if (sampled == 0) return Status::success();
 
-    grow(&keys_, end * d);
+    // Float keys whose rows lie one after another are read where they are;
+    // any other layout or element type is copied to float, one KV head at a time.
+    bool in_place = false;
+    if constexpr (std::is_same_v<std::remove_const_t<T>, float>) in_place = k.token_stride == d;
+    if (!in_place) grow(&keys_, end * d);
     grow(&queries_, kQueryTile * d);
     grow(&logits_, kQueryTile * end);
     grow(&exp_, end);
     grow(&rows_, kQueryTile);
     for (std::int64_t h = 0; h < k.heads; ++h) {
-      for (std::int64_t t = 0; t < end; ++t) row_to_float(k.row(h, t), d, keys_.data() + t * d);
+      const float* keys = keys_.data();
+      if constexpr (std::is_same_v<std::remove_const_t<T>, float>) {
+        if (in_place) keys = k.row(h, 0);
+      }
+      if (!in_place)
+        for (std::int64_t t = 0; t < end; ++t) row_to_float(k.row(h, t), d, keys_.data() + t * d);
       for (std::int64_t g = h * group; g < (h + 1) * group; ++g) {
         std::int64_t r = 0;
         while (r < q.tokens) {
@@ -188,7 +197,7 @@ class TailAccumulator {
               ++count;
             }
           if (count > 0)
-            add_tile(count, first, d, scale, opt.min_distance, lse ? lse + g * q.tokens : nullptr,
+            add_tile(keys, count, first, d, scale, opt.min_distance, lse ? lse + g * q.tokens : nullptr,
                      tails.data + h * tails.tokens);
         }
       }
@@ -211,14 +220,14 @@ class TailAccumulator {
 
   // `count` fed rows (rows_, their queries in queries_) of one query head: their
   // scaled logits against the keys they see, their lse, then the tails.
-  void add_tile(std::int64_t count, std::int64_t first, std::int64_t d, float scale, std::int64_t min_distance,
-                const float* lse, float* tail) {
+  void add_tile(const float* keys_of_head, std::int64_t count, std::int64_t first, std::int64_t d, float scale,
+                std::int64_t min_distance, const float* lse, float* tail) {
     const std::int64_t visible = first + rows_[static_cast<std::size_t>(count - 1)] + 1;  // the last row sees most
     const ConstMap queries(queries_.data(), count, d);
     Map logits(logits_.data(), count, visible);
     for (std::int64_t j0 = 0; j0 < visible; j0 += kKeyTile) {
       const std::int64_t width = std::min(kKeyTile, visible - j0);
-      const ConstMap keys(keys_.data() + j0 * d, width, d);
+      const ConstMap keys(keys_of_head + j0 * d, width, d);
       logits.middleCols(j0, width).noalias() = queries * keys.transpose();
     }
     // Per row: scale, lse, then the tails, as whole-row array expressions (SIMD exponentials).
@@ -249,7 +258,7 @@ class TailAccumulator {
     }
   }
 
-  std::vector<float> keys_;     // one KV head's keys [end][d]
+  std::vector<float> keys_;     // one KV head's keys [end][d], when they are not read in place
   std::vector<float> queries_;  // a tile of fed query rows [kQueryTile][d]
   std::vector<float> logits_;   // their logits [kQueryTile][visible]
   std::vector<float> exp_;      // one row's exponentials [visible]

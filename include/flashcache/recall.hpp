@@ -7,10 +7,13 @@
 // queries q [Hq][m][d] (after RoPE, as attention sees them) attend over the
 // whole context: the resident keys, the archived keys and the question's own
 // keys, causally. An archived token's score is the largest attention
-// probability any of those queries gives it, over the query heads of its KV
-// head (tails, query_tail.hpp, with min_distance 0), the layers and the KV
-// heads: one ranking for the sequence, as llama.cpp's cells need. A block's
-// score is its best token's.
+// probability any of those queries gives it (tails, query_tail.hpp, with
+// min_distance 0), over the query heads of its KV head and then, by the scope:
+//   shared    over the layers and KV heads too: one ranking for the sequence,
+//             as llama.cpp's cells need (one set of cells for every layer);
+//   per_head  one ranking per (layer, KV head), for caches that keep a set per
+//             head (the core's compress_model, the numpy evaluation).
+// A block's score is its best token's.
 //
 // select_recall() then takes the highest-scoring blocks, whole, while they fit
 // the budget (ties to the older block); a block nobody attends to (score 0)
@@ -27,13 +30,26 @@
 
 namespace flashcache {
 
+enum class RecallScope { shared, per_head };
+
+inline const char* to_string(RecallScope s) { return s == RecallScope::shared ? "shared" : "per_head"; }
+
 class RecallScorer {
  public:
   // Starts a recall over `archive`: every block's score is 0.
-  Status reset(const Archive& archive) {
+  Status reset(const Archive& archive, RecallScope scope = RecallScope::shared) {
+    if (scope != RecallScope::shared && scope != RecallScope::per_head)
+      return make_error(Errc::invalid_option, "recall: unknown scope");
     archive_ = &archive;
-    token_score_.assign(static_cast<std::size_t>(archive.tokens()), 0.0f);
+    scope_ = scope;
+    token_score_.assign(static_cast<std::size_t>(rankings() * archive.tokens()), 0.0f);
     return Status::success();
+  }
+
+  // Rankings kept: 1 (shared), or layers x KV heads (per_head; ranking l * kv_heads + h).
+  std::int64_t rankings() const {
+    if (archive_ == nullptr) return 0;
+    return scope_ == RecallScope::shared ? 1 : archive_->shape().layers * archive_->shape().kv_heads;
   }
 
   // One layer: the question's queries q [Hq][m][d], the resident keys of the
@@ -45,7 +61,7 @@ class RecallScorer {
     const ArchiveShape& s = archive_->shape();
     if (layer < 0 || layer >= s.layers)
       return make_error(Errc::invalid_shape, "recall: layer ", layer, " of ", s.layers);
-    if (static_cast<std::int64_t>(token_score_.size()) != archive_->tokens())
+    if (static_cast<std::int64_t>(token_score_.size()) != rankings() * archive_->tokens())
       return make_error(Errc::invalid_shape, "recall: the archive changed since reset()");
     FLASHCACHE_RETURN_IF_ERROR(check_view(resident, "resident K"));
     FLASHCACHE_RETURN_IF_ERROR(check_view(question, "question K"));
@@ -74,49 +90,61 @@ class RecallScorer {
     const KVView<const float> k = hnd<const float>(keys_.data(), Heads(s.kv_heads), Tokens(n), HeadDim(d));
     FLASHCACHE_RETURN_IF_ERROR(
         tails_acc_.add(q, r + a, k, nullptr, TailView<float>{tails_.data(), s.kv_heads, n}, every));
-    for (std::int64_t h = 0; h < s.kv_heads; ++h)
-      for (std::int64_t t = 0; t < a; ++t) {
-        float& best = token_score_[static_cast<std::size_t>(t)];
-        best = std::max(best, tails_[static_cast<std::size_t>(h * n + r + t)]);
-      }
+    for (std::int64_t h = 0; h < s.kv_heads; ++h) {
+      float* score = token_score_.data() + ranking_of(layer, h) * a;
+      for (std::int64_t t = 0; t < a; ++t)
+        score[t] = std::max(score[t], tails_[static_cast<std::size_t>(h * n + r + t)]);
+    }
     return Status::success();
   }
 
-  // Archive token t's score: its largest attention probability so far.
-  float token_score(std::int64_t t) const { return token_score_[static_cast<std::size_t>(t)]; }
+  // Archive token t's score in one ranking: its largest attention probability so far.
+  float token_score(std::int64_t t, std::int64_t ranking = 0) const {
+    return token_score_[static_cast<std::size_t>(ranking * archive_->tokens() + t)];
+  }
 
-  // Block scores [blocks] into caller memory: each block's best token.
-  Status block_scores(float* out, std::int64_t count) const {
+  // One ranking's block scores [blocks] into caller memory: each block's best token.
+  Status block_scores(float* out, std::int64_t count, std::int64_t ranking = 0) const {
     if (archive_ == nullptr) return make_error(Errc::invalid_shape, "recall: reset() it with an archive first");
     if (count != archive_->blocks())
       return make_error(Errc::invalid_shape, "recall: ", count, " block scores for ", archive_->blocks(), " blocks");
+    if (ranking < 0 || ranking >= rankings())
+      return make_error(Errc::invalid_shape, "recall: ranking ", ranking, " of ", rankings(), " (", to_string(scope_),
+                        ")");
     for (std::int64_t b = 0; b < count; ++b) {
       const std::int64_t first = archive_->block_first(b);
       float best = 0.0f;
       for (std::int64_t t = first; t < first + archive_->block_tokens(b); ++t)
-        best = std::max(best, token_score_[static_cast<std::size_t>(t)]);
+        best = std::max(best, token_score(t, ranking));
       out[b] = best;
     }
     return Status::success();
   }
 
  private:
-  // KV head h's part of an archived row, as floats.
+  std::int64_t ranking_of(int layer, std::int64_t h) const {
+    return scope_ == RecallScope::shared ? 0 : layer * archive_->shape().kv_heads + h;
+  }
+
+  // KV head h's part of an archived K row, as floats.
   void load_archived(const unsigned char* row, std::int64_t h, float* out) const {
     const ArchiveShape& s = archive_->shape();
     const std::int64_t d = s.head_dim;
-    switch (s.type) {
+    switch (s.k_type) {
       case RowType::f32:
         return row_to_float(reinterpret_cast<const float*>(row) + h * d, d, out);
       case RowType::f16:
         return row_to_float(reinterpret_cast<const half_t*>(row) + h * d, d, out);
       case RowType::bf16:
         return row_to_float(reinterpret_cast<const bfloat16_t*>(row) + h * d, d, out);
+      case RowType::q8_0:
+        return q8_0_to_float(row, h * d, d, out);
     }
   }
 
   const Archive* archive_ = nullptr;
-  std::vector<float> token_score_;  // [archive tokens]
+  RecallScope scope_ = RecallScope::shared;
+  std::vector<float> token_score_;  // [rankings][archive tokens]
   std::vector<float> keys_;         // one layer's context keys [Hkv][n][d]
   std::vector<float> tails_;        // [Hkv][n]
   TailAccumulator tails_acc_;

@@ -4,6 +4,7 @@
 // half_t and bfloat16_t are 16-bit storage types with the same bit layout as
 // CUDA's __half and __nv_bfloat16, so device buffers can be viewed as either.
 // All arithmetic happens in float (or double); conversions round to nearest even.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -130,6 +131,23 @@ inline float to_float(bfloat16_t x) { return static_cast<float>(x); }
 template <class T>
 inline void row_to_float(const T* row, std::int64_t d, float* out) {
   for (std::int64_t c = 0; c < d; ++c) out[c] = to_float(row[c]);
+}
+
+// llama.cpp's q8_0 (ggml's block_q8_0): rows in blocks of 32 elements, each
+// block an IEEE half scale then 32 int8 values; element i is scale x value i.
+inline constexpr std::int64_t kQ8Block = 32;       // elements per block
+inline constexpr std::int64_t kQ8BlockBytes = 34;  // the scale's 2 bytes and 32 int8
+
+// Elements [first, first + n) of a q8_0 row as floats.
+inline void q8_0_to_float(const unsigned char* row, std::int64_t first, std::int64_t n, float* out) {
+  for (std::int64_t e = first; e < first + n;) {
+    const unsigned char* block = row + e / kQ8Block * kQ8BlockBytes;
+    std::uint16_t bits;
+    std::memcpy(&bits, block, 2);
+    const float scale = half_t::to_float(bits);
+    const std::int64_t end = std::min(first + n, (e / kQ8Block + 1) * kQ8Block);
+    for (; e < end; ++e) *out++ = scale * static_cast<float>(static_cast<std::int8_t>(block[2 + e % kQ8Block]));
+  }
 }
 
 template <class T>

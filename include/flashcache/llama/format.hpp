@@ -58,8 +58,7 @@ inline constexpr std::uint32_t kMaxLayers = 1u << 16;
 enum class GgmlType : std::int32_t {
   f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_0 = 8, iq4_nl = 20, bf16 = 30
 };
-inline constexpr std::int64_t kQ8Block = 32;       // elements per q8_0 block
-inline constexpr std::int64_t kQ8BlockBytes = 34;  // f16 scale + 32 int8
+// q8_0's block: flashcache::kQ8Block elements in kQ8BlockBytes bytes (types.hpp).
 
 inline bool is_known_type(GgmlType t) {
   switch (t) {

@@ -75,15 +75,7 @@ inline void to_float_row(GgmlType t, const std::uint8_t* src, std::uint64_t n, f
       detail::halves_to_float<bfloat16_t>(src, n, dst);
       return;
     case GgmlType::q8_0:
-      for (std::uint64_t blk = 0; blk < n / kQ8Block; ++blk) {
-        const std::uint8_t* p = src + blk * kQ8BlockBytes;
-        std::uint16_t b;
-        std::memcpy(&b, p, 2);
-        const float d = half_t::to_float(b);
-        for (std::int64_t i = 0; i < kQ8Block; ++i)
-          dst[blk * kQ8Block + static_cast<std::uint64_t>(i)] =
-              d * static_cast<float>(static_cast<std::int8_t>(p[2 + i]));
-      }
+      q8_0_to_float(src, 0, static_cast<std::int64_t>(n), dst);
       return;
     default:  // the parser refuses every other type
       return;
