@@ -9,6 +9,7 @@
 #include "flashcache/llama/checks.hpp"
 #include "flashcache/llama/compress.hpp"
 #include "flashcache/llama/context.hpp"
+#include "flashcache/llama/evict.hpp"
 #include "flashcache/llama/params.hpp"
 #include "flashcache/llama/queries.hpp"
 #include "flashcache/llama/state.hpp"

@@ -3,14 +3,16 @@
 // each test skipped with an install hint without it (or without llama.cpp).
 #include <gtest/gtest.h>
 
-#define FLASHCACHE_LLAMA_INSTALL_HINT                                                             \
+#define FLASHCACHE_LLAMA_INSTALL_HINT                                                           \
   "llama.cpp not found at configure time: CMAKE_ARGS=-DLLAVA_BUILD=OFF python3 -m pip install " \
   "llama-cpp-python==0.3.36, then configure again (docs/LLAMA_CPP.md)"
 
 #if FLASHCACHE_HAVE_LLAMA
 #include <llama.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "find_model/find_model.hpp"
 #include "session.hpp"
@@ -18,6 +20,25 @@
 namespace llama_test {
 
 inline llama_model* g_model = nullptr;
+
+// A llama.cpp context the test owns.
+struct Ctx {
+  llama_context* ctx = nullptr;
+  Ctx() = default;
+  Ctx(const Ctx&) = delete;
+  Ctx& operator=(const Ctx&) = delete;
+  ~Ctx() {
+    if (ctx != nullptr) llama_free(ctx);
+  }
+  llama_memory_t mem() const { return llama_get_memory(ctx); }
+};
+
+// Sequence seq's state, as llama_state_seq_get_data writes it.
+inline std::vector<std::uint8_t> state_of(const Ctx& c, llama_seq_id seq = 0) {
+  std::vector<std::uint8_t> b(llama_state_seq_get_size(c.ctx, seq));
+  EXPECT_EQ(llama_state_seq_get_data(c.ctx, b.data(), b.size(), seq), b.size());
+  return b;
+}
 
 // Derive a suite from it: class LlamaXyz : public llama_test::ModelTest {};
 class ModelTest : public ::testing::Test {

@@ -36,13 +36,8 @@ std::vector<llama_token> text_tokens(int sentences, int seed = 0) {
   return ls::tokenize(llama_model_get_vocab(g_model), p, true);
 }
 
-struct Ctx {
-  llama_context* ctx = nullptr;
-  ~Ctx() {
-    if (ctx != nullptr) llama_free(ctx);
-  }
-  llama_memory_t mem() const { return llama_get_memory(ctx); }
-};
+using llama_test::Ctx;
+using llama_test::state_of;
 
 void make_ctx(Ctx* c, uint32_t n_ctx, uint32_t n_seq = 1, bool unified = false, int threads = 1,
               fl::QueryCapture* capture = nullptr) {
@@ -58,12 +53,6 @@ void make_ctx(Ctx* c, uint32_t n_ctx, uint32_t n_seq = 1, bool unified = false, 
   cp.n_threads = cp.n_threads_batch = threads;
   c->ctx = llama_init_from_model(g_model, cp);
   ASSERT_NE(c->ctx, nullptr);
-}
-
-std::vector<std::uint8_t> state_of(Ctx& c, llama_seq_id seq) {
-  std::vector<std::uint8_t> b(llama_state_seq_get_size(c.ctx, seq));
-  EXPECT_EQ(llama_state_seq_get_data(c.ctx, b.data(), b.size(), seq), b.size());
-  return b;
 }
 
 // Decodes toks through the manager in chunks; returns the events seen.
@@ -127,10 +116,10 @@ TEST_F(LlamaContext, FlashcacheKeepsTheFirstCellsAndPositionsBelowTheCap) {
   const std::vector<std::int32_t> order = fl::cells_by_position(s), ref_order = fl::cells_by_position(fs);
   const fl::LayerState &L = s.layers[3], &R = fs.layers[3];
   for (int i = 0; i < 4; ++i)
-    EXPECT_EQ(std::memcmp(now.data() + L.k_offset + static_cast<std::size_t>(order[i]) * L.k_row_bytes,
-                          first.data() + R.k_offset + static_cast<std::size_t>(ref_order[i]) * R.k_row_bytes,
-                          L.k_row_bytes),
-              0)
+    EXPECT_EQ(
+        std::memcmp(now.data() + L.k_offset + static_cast<std::size_t>(order[i]) * L.k_row_bytes,
+                    first.data() + R.k_offset + static_cast<std::size_t>(ref_order[i]) * R.k_row_bytes, L.k_row_bytes),
+        0)
         << "cell " << i;
 }
 
@@ -273,7 +262,7 @@ TEST_F(LlamaContext, SeparateStreamsCompressOneSequenceAtATime) {
   for (int n_seq : {2, 4}) {
     Ctx c;
     make_ctx(&c, static_cast<uint32_t>(512 * n_seq), static_cast<uint32_t>(n_seq), false);
-    std::vector<std::vector<llama_token>> toks;
+    std::vector<std::vector<llama_token> > toks;
     for (int q = 0; q < n_seq; ++q) {
       toks.push_back(text_tokens(12 + 3 * q, q));
       ASSERT_LT(toks.back().size(), 512u);  // one stream's cells
@@ -283,7 +272,7 @@ TEST_F(LlamaContext, SeparateStreamsCompressOneSequenceAtATime) {
     fl::CompressParams p = fl::compress_default_params();
     p.budget = fc::Budget::ratio(0.3);
     for (int q = 0; q < n_seq; ++q) {
-      std::vector<std::vector<std::uint8_t>> others;
+      std::vector<std::vector<std::uint8_t> > others;
       for (int o = 0; o < n_seq; ++o) others.push_back(o == q ? std::vector<std::uint8_t>() : state_of(c, o));
       fl::CompactionStats st;
       const fc::Status s = comp.compress(c.ctx, q, p, &st);

@@ -69,6 +69,7 @@
 
 #include "flashcache/error.hpp"
 #include "flashcache/llama/checks.hpp"
+#include "flashcache/llama/evict.hpp"
 #include "flashcache/llama/params.hpp"
 #include "flashcache/llama/queries.hpp"
 #include "flashcache/llama/state.hpp"
@@ -167,10 +168,19 @@ class SequenceCompressor {
     st.select_ms = ms(t2, t3);
     cells_.resize(kept_.size());
     for (std::size_t i = 0; i < kept_.size(); ++i) cells_[i] = order_[static_cast<std::size_t>(kept_[i])];
+    if (p.archive != nullptr)  // staged now, appended once the sequence is replaced
+      FLASHCACHE_RETURN_IF_ERROR(evicted_.stage(blob_.data(), s, st.kv_heads, order_.data(), kept_.data(), keep,
+                                                p.archive, p.archive_options));
     FLASHCACHE_RETURN_IF_ERROR(
         write_seq_state(blob_.data(), s, cells_.data(), static_cast<std::uint32_t>(keep), &out_));
 
     FLASHCACHE_RETURN_IF_ERROR(replace_sequence(ctx, seq, s, st.pos_max, keep));
+    if (p.archive != nullptr) {
+      const std::int64_t dropped = p.archive->dropped_tokens();
+      FLASHCACHE_RETURN_IF_ERROR(evicted_.append_to(p.archive));  // checked by stage(): cannot fail
+      st.archived = evicted_.count();
+      st.archive_dropped = p.archive->dropped_tokens() - dropped;
+    }
     st.query_tails = p.queries != nullptr && keep < static_cast<std::int64_t>(n);  // scored with them
     st.cells_after = keep;
     st.kv_bytes_after = n == 0 ? 0 : st.kv_bytes_before / n * static_cast<std::uint64_t>(keep);
@@ -298,6 +308,7 @@ class SequenceCompressor {
   std::vector<ScoreView> views_;
   std::vector<std::int32_t> order_, kept_, cells_;
   std::vector<llama_pos> kept_pos_;
+  EvictedCells evicted_;
 };
 
 // The one-shot form of SequenceCompressor::compress.

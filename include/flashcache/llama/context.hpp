@@ -94,6 +94,12 @@ struct ContextParams {
   // with the queries decoded since the last; it needs renumbering, and the context must
   // decode this sequence only. Null: the query-free score.
   QueryCapture* queries = nullptr;
+  // flashcache: the cells each compaction evicts go to an archive (ContextManager::archive())
+  // instead of being dropped, so that a later question can bring them back. Needs renumber
+  // off: an archived cell keeps its position, which a renumbering would make wrong. Positions
+  // then keep growing past the cap (llama.cpp accepts the gaps).
+  bool archive = false;
+  ArchiveOptions archive_options;  // block size and byte cap (0: no cap)
 };
 inline ContextParams context_default_params() { return ContextParams{}; }
 
@@ -103,8 +109,8 @@ struct RoomEvent {
   std::int64_t cells_before = 0, cells_after = 0;  // the sequence's cells before and after
   std::int64_t new_cells = 0;                      // the tokens room was made for
   llama_pos pos_max_before = -1, pos_max_after = -1;
-  double ms = 0;                 // the whole event
-  CompactionStats compaction;    // flashcache's compaction
+  double ms = 0;               // the whole event
+  CompactionStats compaction;  // flashcache's compaction
 };
 
 class ContextManager {
@@ -126,8 +132,8 @@ class ContextManager {
       return make_error(Errc::invalid_option, "llama: n_keep ", p.n_keep, " leaves no room in ", cap, " cells");
     if (!(p.target > 0.0 && p.target < 1.0))
       return make_error(Errc::invalid_option, "llama: target ", p.target, " must be a share of the cap in (0, 1)");
-    if (p.when_full != WhenFull::flashcache && p.when_full != WhenFull::shift &&
-        p.when_full != WhenFull::streaming && p.when_full != WhenFull::none)
+    if (p.when_full != WhenFull::flashcache && p.when_full != WhenFull::shift && p.when_full != WhenFull::streaming &&
+        p.when_full != WhenFull::none)
       return make_error(Errc::invalid_option, "llama: unknown when-full policy");
     llama_memory_t mem = llama_get_memory(ctx);
     const bool shifts = p.when_full == WhenFull::shift || p.when_full == WhenFull::streaming ||
@@ -139,15 +145,29 @@ class ContextManager {
     if (p.when_full == WhenFull::flashcache) {
       FLASHCACHE_RETURN_IF_ERROR(check_supported_context(ctx));
       if (p.compress.options.score.query != QueryInput::none && p.queries == nullptr)
-        return make_error(Errc::invalid_option, "llama: query tails in a ContextManager need ContextParams::queries "
-                                                "(a QueryCapture on the context's cb_eval)");
+        return make_error(Errc::invalid_option,
+                          "llama: query tails in a ContextManager need ContextParams::queries "
+                          "(a QueryCapture on the context's cb_eval)");
       FLASHCACHE_RETURN_IF_ERROR(check_compress_params(compress_params(p, Budget::ratio(p.target))));
       if (p.queries != nullptr && !p.renumber)
-        return make_error(Errc::invalid_option, "llama: query tails in a ContextManager need renumber (the tails "
-                                                "read the cells at consecutive positions)");
+        return make_error(Errc::invalid_option,
+                          "llama: query tails in a ContextManager need renumber (the tails "
+                          "read the cells at consecutive positions)");
     } else if (p.queries != nullptr) {
-      return make_error(Errc::invalid_option, "llama: ContextParams::queries with when-full ",
-                        to_string(p.when_full), ": query tails score flashcache's compactions only");
+      return make_error(Errc::invalid_option, "llama: ContextParams::queries with when-full ", to_string(p.when_full),
+                        ": query tails score flashcache's compactions only");
+    }
+    if (p.archive) {
+      if (p.when_full != WhenFull::flashcache)
+        return make_error(Errc::invalid_option, "llama: an archive with when-full ", to_string(p.when_full),
+                          ": it keeps flashcache's evictions only");
+      if (p.renumber)
+        return make_error(Errc::invalid_option,
+                          "llama: an archive needs renumber off: an archived cell keeps its "
+                          "position, which a renumbering would make wrong");
+      if (p.archive_options.block_size < 1 || p.archive_options.byte_cap < 0)
+        return make_error(Errc::invalid_option, "llama: archive block size ", p.archive_options.block_size,
+                          " (at least 1) and byte cap ", p.archive_options.byte_cap, " (0 or more)");
     }
     const llama_pos lo = llama_memory_seq_pos_min(mem, seq), hi = llama_memory_seq_pos_max(mem, seq);
     if (p.queries != nullptr) {
@@ -159,6 +179,7 @@ class ContextManager {
     cap_ = cap;
     base_cells_ = lo < 0 ? 0 : hi - lo + 1;
     base_pos_max_ = hi;
+    archive_ = Archive{};
     protect_from_ = -1;
     pending_ = false;
     events_ = 0;
@@ -192,10 +213,11 @@ class ContextManager {
                         p_.n_keep, " makes room for 1 to ", room, " at a time (decode in smaller chunks)");
     if (have + n_new > cap_) {
       if (p_.when_full == WhenFull::none)
-        return make_error(Errc::invalid_budget, "llama: the context is full: sequence ", seq_, " holds ", have,
-                          " of ", cap_, " cells and ", n_new, " more do not fit (when-full none)");
+        return make_error(Errc::invalid_budget, "llama: the context is full: sequence ", seq_, " holds ", have, " of ",
+                          cap_, " cells and ", n_new, " more do not fit (when-full none)");
       if (pending_)
-        return make_error(Errc::invalid_option, "llama: sequence ", seq_, "'s positions were renumbered by the "
+        return make_error(Errc::invalid_option, "llama: sequence ", seq_,
+                          "'s positions were renumbered by the "
                           "last make_room and llama.cpp applies that at the next llama_decode: decode the tokens "
                           "room was made for before asking for more");
       const auto t0 = std::chrono::steady_clock::now();
@@ -223,11 +245,17 @@ class ContextManager {
   std::int64_t events() const { return events_; }
   double event_ms() const { return event_ms_; }  // all events, in total
   const ContextParams& params() const { return p_; }
+  // The cells compactions evicted (ContextParams::archive), with what its cap dropped.
+  const Archive& archive() const { return archive_; }
 
  private:
   // One compaction's parameters: the settings, this budget and the capture.
   static CompressParams compress_params(const ContextParams& p, Budget budget) {
-    return CompressParams{p.compress, budget, p.queries};
+    CompressParams c;
+    static_cast<CompactionSettings&>(c) = p.compress;
+    c.budget = budget;
+    c.queries = p.queries;
+    return c;
   }
 
   // flashcache: compact to the target, the first n_keep and the newest turn kept.
@@ -243,6 +271,10 @@ class ContextManager {
                         " leave no room for ", n_new, " new cells in ", cap_, " (protect_from a later position)");
     keep = std::max(keep, kept_anyway);
     CompressParams c = compress_params(p_, Budget::tokens(keep));
+    if (p_.archive) {
+      c.archive = &archive_;
+      c.archive_options = p_.archive_options;
+    }
     c.options.select.sink = std::max(c.options.select.sink, p_.n_keep);
     c.options.select.window = std::max(c.options.select.window, turn);
     FLASHCACHE_RETURN_IF_ERROR(compressor_.compress(ctx_, seq_, c, &ev->compaction));
@@ -282,8 +314,10 @@ class ContextManager {
     if (!llama_memory_seq_rm(mem, seq_, from, to))
       return make_error(Errc::unsupported, "llama: llama_memory_seq_rm refused positions [", from, ", ", to, ")");
     llama_memory_seq_add(mem, seq_, to, -1, -static_cast<llama_pos>(n_drop));
-    if (protect_from_ >= to) protect_from_ -= static_cast<llama_pos>(n_drop);
-    else if (protect_from_ >= from) protect_from_ = from;
+    if (protect_from_ >= to)
+      protect_from_ -= static_cast<llama_pos>(n_drop);
+    else if (protect_from_ >= from)
+      protect_from_ = from;
     ev->cells_after = have - n_drop;
     pending_ = true;
     return Status::success();
@@ -296,10 +330,11 @@ class ContextManager {
   std::int64_t base_cells_ = 0;  // cells after the last event (or at init)
   llama_pos base_pos_max_ = -1;  // the last position then
   llama_pos protect_from_ = -1;
-  bool pending_ = false;         // the last event's renumbering waits for a decode
+  bool pending_ = false;  // the last event's renumbering waits for a decode
   std::int64_t events_ = 0;
   double event_ms_ = 0;
   SequenceCompressor compressor_;
+  Archive archive_;
 };
 
 }  // namespace llama

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "flashcache/archive.hpp"
 #include "flashcache/error.hpp"
 #include "flashcache/llama/queries.hpp"
 #include "flashcache/options.hpp"
@@ -18,18 +19,20 @@ namespace llama {
 
 // What one compaction did, and how long each step took.
 struct CompactionStats {
-  std::int64_t cells_before = 0, cells_after = 0;          // cells of the sequence
-  std::uint64_t kv_bytes_before = 0, kv_bytes_after = 0;   // K and V of those cells, all layers
+  std::int64_t cells_before = 0, cells_after = 0;         // cells of the sequence
+  std::uint64_t kv_bytes_before = 0, kv_bytes_after = 0;  // K and V of those cells, all layers
   std::size_t state_bytes_before = 0, state_bytes_after = 0;
   llama_pos pos_min_before = -1, pos_min_after = -1, pos_max = -1;
   std::int64_t layers = 0, kv_heads = 0, head_dim = 0;
   bool v_trans = false;
   std::string k_type, v_type;
-  int threads = 1;                                                 // scoring threads
+  int threads = 1;  // scoring threads
   // get_data + parse + checks; score; select; the kept cells' blob + rm + set_data + verify.
   double read_ms = 0, score_ms = 0, select_ms = 0, write_ms = 0;
-  double compress_ms = 0;                                          // all of it
-  bool query_tails = false;  // scored with the prompt's query tails (ScoreOptions::query = tail)
+  double compress_ms = 0;            // all of it
+  bool query_tails = false;          // scored with the prompt's query tails (ScoreOptions::query = tail)
+  std::int64_t archived = 0;         // evicted cells appended to CompressParams::archive
+  std::int64_t archive_dropped = 0;  // cells the archive's byte cap dropped in this call
 };
 
 // How every compaction scores and selects.
@@ -47,6 +50,12 @@ struct CompactionSettings {
 struct CompressParams : CompactionSettings {
   Budget budget = Budget::ratio(0.2);     // cells to keep, of the sequence's
   const QueryCapture* queries = nullptr;  // the prompt's queries when options.score.query = tail
+  // Where the evicted cells go (flashcache/archive.hpp): their positions and rows as
+  // stored, appended once the sequence is replaced (a failed call appends nothing). An
+  // empty archive takes the state's shape and archive_options; a non-empty one of
+  // another shape is refused. Null: evicted cells are dropped.
+  Archive* archive = nullptr;
+  ArchiveOptions archive_options;
 };
 inline CompressParams compress_default_params() { return CompressParams{}; }
 
@@ -63,9 +72,10 @@ inline Status check_compress_params(const CompressParams& p) {
   FLASHCACHE_RETURN_IF_ERROR(check_options(p.options));
   FLASHCACHE_RETURN_IF_ERROR(check_shared_options(shared_keep(p)));
   if (p.options.score.rope.derotate)
-    return make_error(Errc::unsupported, "llama: ScoreOptions::rope (de-rotation) is refused: after a compaction the "
-                                         "cells' positions have gaps, theta and the layout are the model's, and a "
-                                         "q8_0 cache is Hadamard-rotated");
+    return make_error(Errc::unsupported,
+                      "llama: ScoreOptions::rope (de-rotation) is refused: after a compaction the "
+                      "cells' positions have gaps, theta and the layout are the model's, and a "
+                      "q8_0 cache is Hadamard-rotated");
   if (p.n_threads < 0) return make_error(Errc::invalid_option, "llama: n_threads ", p.n_threads, " is negative");
   if (p.options.score.query != QueryInput::none && p.queries == nullptr)
     return make_error(Errc::invalid_option, "llama: ScoreOptions::query is ", to_string(p.options.score.query),

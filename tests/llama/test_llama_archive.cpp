@@ -1,0 +1,223 @@
+// The cells a llama.cpp compaction evicts, kept in an Archive (flashcache/llama/evict.hpp,
+// CompressParams::archive, ContextParams::archive) on SmolLM2-135M: every evicted cell is in
+// the archive with its position and its K and V rows bit for bit as the state held them
+// (V rows, transposed V, q8_0), or counted as dropped by the cap; a refused call leaves the
+// sequence and the archive as they were. Skips without llama.cpp or the model.
+#include "llama_test_model.hpp"
+
+#if !FLASHCACHE_HAVE_LLAMA
+
+TEST(LlamaArchive, NeedsLlamaCpp) { GTEST_SKIP() << FLASHCACHE_LLAMA_INSTALL_HINT; }
+
+#else
+
+#include <flashcache/llama.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "session.hpp"
+
+namespace fc = flashcache;
+namespace fl = flashcache::llama;
+namespace ls = llama_session;
+
+namespace {
+
+using llama_test::Ctx;
+using llama_test::g_model;
+using llama_test::state_of;
+
+// Running text of about `sentences` x 22 tokens.
+std::vector<llama_token> text_tokens(int sentences) {
+  std::string p;
+  for (int i = 0; i < sentences; ++i)
+    p += "Note " + std::to_string(i * 7 % 31) + " of the ledger says that shipment " + std::to_string(i) +
+         " left the harbour on day " + std::to_string(i * 5 % 29) + ". ";
+  return ls::tokenize(llama_model_get_vocab(g_model), p, true);
+}
+
+void make_ctx(Ctx* c, ggml_type type, llama_flash_attn_type fa, uint32_t n_ctx = 1024) {
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = n_ctx;
+  cp.n_batch = cp.n_ubatch = 256;
+  cp.n_threads = cp.n_threads_batch = 1;
+  cp.type_k = cp.type_v = type;
+  cp.flash_attn_type = fa;
+  c->ctx = llama_init_from_model(g_model, cp);
+  ASSERT_NE(c->ctx, nullptr);
+}
+
+// Each archived cell against the state it was evicted from: its position held a
+// cell there, and its K and V rows are that cell's bytes (V gathered when transposed).
+void expect_archived_as_stored(const fc::Archive& a, std::int64_t first, const std::vector<std::uint8_t>& blob) {
+  fl::SeqState s;
+  ASSERT_TRUE(fl::parse_seq_state(blob.data(), blob.size(), &s).ok());
+  const std::int64_t k_row = a.shape().k_row_bytes(), v_row = a.shape().v_row_bytes();
+  std::vector<std::uint8_t> v(static_cast<std::size_t>(v_row));
+  for (std::int64_t t = first; t < a.tokens(); ++t) {
+    const auto at = std::find(s.pos.begin(), s.pos.end(), a.positions()[t]);
+    ASSERT_NE(at, s.pos.end()) << "archived position " << a.positions()[t] << " was not in the state";
+    const auto cell = static_cast<std::size_t>(at - s.pos.begin());
+    for (std::size_t l = 0; l < s.layers.size(); ++l) {
+      const fl::LayerState& L = s.layers[l];
+      ASSERT_EQ(std::memcmp(a.k_row(static_cast<int>(l), t), blob.data() + L.k_offset + cell * L.k_row_bytes,
+                            static_cast<std::size_t>(k_row)),
+                0)
+          << "K, layer " << l << ", position " << a.positions()[t];
+      if (s.v_trans) {
+        const std::size_t row = static_cast<std::size_t>(s.cell_count) * L.v_elem_bytes;
+        for (std::uint64_t j = 0; j < L.v_embd; ++j)
+          std::memcpy(v.data() + j * L.v_elem_bytes, blob.data() + L.v_offset + j * row + cell * L.v_elem_bytes,
+                      L.v_elem_bytes);
+      } else {
+        std::memcpy(v.data(), blob.data() + L.v_offset + cell * L.v_row_bytes, v.size());
+      }
+      ASSERT_EQ(std::memcmp(a.v_row(static_cast<int>(l), t), v.data(), v.size()), 0)
+          << "V, layer " << l << ", position " << a.positions()[t];
+    }
+  }
+}
+
+fl::CompressParams keep_into(fc::Budget budget, fc::Archive* archive) {
+  fl::CompressParams p = fl::compress_default_params();
+  p.budget = budget;
+  p.archive = archive;
+  return p;
+}
+
+class LlamaArchive : public llama_test::ModelTest {};
+
+}  // namespace
+
+// Two compactions of one sequence, for V rows, transposed V and q8_0: the archive holds
+// exactly the cells each evicted, bit for bit, and with the resident cells every
+// position decoded.
+TEST_F(LlamaArchive, EvictedCellsAreArchivedBitForBit) {
+  struct Kind {
+    ggml_type type;
+    llama_flash_attn_type fa;
+    const char* name;
+  };
+  for (const Kind& kind : {Kind{GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED, "f16, V rows"},
+                           Kind{GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_DISABLED, "f16, V transposed"},
+                           Kind{GGML_TYPE_Q8_0, LLAMA_FLASH_ATTN_TYPE_ENABLED, "q8_0"}}) {
+    SCOPED_TRACE(kind.name);
+    Ctx c;
+    make_ctx(&c, kind.type, kind.fa);
+    const std::vector<llama_token> text = text_tokens(20);
+    ASSERT_EQ(ls::decode(c.ctx, text.data(), 300, 0, 0, false), 0);
+    fc::Archive archive;
+    fl::SequenceCompressor comp;
+    fl::CompactionStats st;
+    const std::vector<std::uint8_t> before = state_of(c);
+    fc::Status s = comp.compress(c.ctx, 0, keep_into(fc::Budget::ratio(0.3), &archive), &st);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(st.archived, 300 - 90);
+    ASSERT_EQ(archive.tokens(), 300 - 90);
+    EXPECT_EQ(archive.shape().k_type, kind.type == GGML_TYPE_Q8_0 ? fc::RowType::q8_0 : fc::RowType::f16);
+    expect_archived_as_stored(archive, 0, before);
+
+    // More text, then a second compaction: its evictions follow the first's.
+    ASSERT_EQ(ls::decode(c.ctx, text.data() + 300, 40, 300, 0, false), 0);
+    const std::vector<std::uint8_t> second = state_of(c);
+    s = comp.compress(c.ctx, 0, keep_into(fc::Budget::tokens(64), &archive), &st);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(st.archived, 90 + 40 - 64);
+    ASSERT_EQ(archive.tokens(), 300 - 90 + 66);
+    expect_archived_as_stored(archive, 300 - 90, second);
+
+    std::set<llama_pos> seen(archive.positions(), archive.positions() + archive.tokens());
+    EXPECT_EQ(static_cast<std::int64_t>(seen.size()), archive.tokens()) << "a position archived twice";
+    for (llama_pos p : comp.kept_positions()) EXPECT_TRUE(seen.insert(p).second) << "kept and archived: " << p;
+    EXPECT_EQ(seen.size(), 340u);
+    EXPECT_EQ(*seen.begin(), 0);
+    EXPECT_EQ(*seen.rbegin(), 339);
+  }
+}
+
+// The byte cap drops whole blocks of the oldest evictions, and says how many.
+TEST_F(LlamaArchive, TheCapsDropsAreCounted) {
+  Ctx c;
+  make_ctx(&c, GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED);
+  const std::vector<llama_token> text = text_tokens(20);
+  ASSERT_EQ(ls::decode(c.ctx, text.data(), 300, 0, 0, false), 0);
+  fc::Archive archive;
+  fl::CompressParams p = keep_into(fc::Budget::tokens(100), &archive);
+  p.archive_options.block_size = 16;
+  fl::CompactionStats st;
+  fl::SequenceCompressor comp;
+  {
+    // The cap is in bytes: 100 tokens' worth of this model's rows (30 layers, 3 x 64, f16).
+    const std::int64_t token_bytes = 4 + 30 * 2 * (3 * 64 * 2);
+    p.archive_options.byte_cap = 100 * token_bytes;
+  }
+  const fc::Status s = comp.compress(c.ctx, 0, p, &st);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(st.archived, 200);
+  EXPECT_EQ(st.archive_dropped, 112);  // 200 - 100 rounded up to whole blocks of 16
+  EXPECT_EQ(archive.dropped_tokens(), 112);
+  EXPECT_EQ(archive.tokens(), 88);
+  EXPECT_LE(archive.bytes(), p.archive_options.byte_cap);
+}
+
+// An archive of another shape is refused before anything is touched: the
+// sequence and the archive stay as they were.
+TEST_F(LlamaArchive, AnArchiveOfAnotherShapeIsRefusedAndNothingChanges) {
+  Ctx c;
+  make_ctx(&c, GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED);
+  const std::vector<llama_token> text = text_tokens(20);
+  ASSERT_EQ(ls::decode(c.ctx, text.data(), 200, 0, 0, false), 0);
+  fc::Archive other;
+  ASSERT_TRUE(other.reset({2, 1, 32, fc::RowType::f32, fc::RowType::f32}).ok());
+  const std::int32_t pos[1] = {7};
+  std::vector<float> row(32, 1.0f);
+  const void* rows[2] = {row.data(), row.data()};
+  ASSERT_TRUE(other.append(pos, 1, rows, 128, rows, 128).ok());
+  const std::vector<std::uint8_t> before = state_of(c);
+  fl::SequenceCompressor comp;
+  const fc::Status s = comp.compress(c.ctx, 0, keep_into(fc::Budget::ratio(0.3), &other), nullptr);
+  EXPECT_EQ(s.code(), fc::Errc::invalid_shape) << s.message();
+  EXPECT_NE(s.message().find("it holds 2 layers x 1 x 32 (K f32, V f32) but this sequence's cells are 30 x 3 x 64"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(state_of(c), before);
+  EXPECT_EQ(other.tokens(), 1);
+  EXPECT_EQ(other.positions()[0], 7);
+}
+
+// A context that fills: with the archive on, every position streamed is resident or
+// archived, and renumbering (which would make archived positions wrong) is refused.
+TEST_F(LlamaArchive, AContextManagerArchivesEveryEviction) {
+  Ctx c;
+  make_ctx(&c, GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED, 512);
+  fl::ContextParams p = fl::context_default_params();
+  p.n_cells = 256;
+  p.archive = true;
+  fl::ContextManager cm;
+  const fc::Status refused = cm.init(c.ctx, 0, p);
+  EXPECT_NE(refused.message().find("an archive needs renumber off"), std::string::npos) << refused.message();
+  p.renumber = false;
+  const fc::Status ok = cm.init(c.ctx, 0, p);
+  ASSERT_TRUE(ok.ok()) << ok.message();
+  const std::vector<llama_token> text = text_tokens(40);
+  ASSERT_GT(text.size(), 700u);
+  std::int64_t archived = 0;
+  for (std::size_t i = 0; i < 700; i += 50) {
+    llama_pos pos = -1;
+    fl::RoomEvent ev;
+    const fc::Status s = cm.make_room(50, &pos, &ev);
+    ASSERT_TRUE(s.ok()) << s.message();
+    archived += ev.compaction.archived;
+    ASSERT_EQ(ls::decode(c.ctx, text.data() + i, 50, pos, 0, false), 0);
+  }
+  EXPECT_GT(cm.events(), 1);
+  EXPECT_EQ(cm.archive().tokens(), archived);
+  EXPECT_EQ(cm.archive().tokens() + cm.cells(), 700);
+  EXPECT_EQ(llama_memory_seq_pos_max(c.mem(), 0), 699);  // positions kept, not renumbered
+}
+
+#endif
