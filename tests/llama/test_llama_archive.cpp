@@ -220,4 +220,34 @@ TEST_F(LlamaArchive, AContextManagerArchivesEveryEviction) {
   EXPECT_EQ(llama_memory_seq_pos_max(c.mem(), 0), 699);  // positions kept, not renumbered
 }
 
+// Positions are kept with an archive, so they grow: past max_pos (by default the model's
+// training length) make_room refuses by name and changes nothing.
+TEST_F(LlamaArchive, PositionsPastTheLimitAreRefusedByName) {
+  Ctx c;
+  make_ctx(&c, GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED, 512);
+  fl::ContextParams p = fl::context_default_params();
+  p.n_cells = 256;
+  p.archive = true;
+  p.renumber = false;
+  p.max_pos = 399;
+  fl::ContextManager cm;
+  ASSERT_TRUE(cm.init(c.ctx, 0, p).ok());
+  const std::vector<llama_token> text = text_tokens(40);
+  for (std::size_t i = 0; i < 400; i += 50) {
+    llama_pos pos = -1;
+    ASSERT_TRUE(cm.make_room(50, &pos).ok());
+    ASSERT_EQ(ls::decode(c.ctx, text.data() + i, 50, pos, 0, false), 0);
+  }
+  const std::int64_t cells = cm.cells(), archived = cm.archive().tokens();
+  llama_pos pos = -1;
+  const fc::Status s = cm.make_room(1, &pos);
+  EXPECT_EQ(s.code(), fc::Errc::unsupported) << s.message();
+  EXPECT_NE(s.message().find("1 new tokens after position 399 pass position 399, the highest a token may take"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(cm.cells(), cells);
+  EXPECT_EQ(cm.archive().tokens(), archived);
+  EXPECT_EQ(llama_memory_seq_pos_max(c.mem(), 0), 399);
+}
+
 #endif

@@ -100,6 +100,10 @@ struct ContextParams {
   // then keep growing past the cap (llama.cpp accepts the gaps).
   bool archive = false;
   ArchiveOptions archive_options;  // block size and byte cap (0: no cap)
+  // With the archive (positions kept): the highest position a new token may take; 0: the
+  // model's training length - 1 (llama_model_n_ctx_train). Past it make_room refuses by
+  // name: renumbering, which would re-rotate the archive's keys, is not done yet.
+  llama_pos max_pos = 0;
 };
 inline ContextParams context_default_params() { return ContextParams{}; }
 
@@ -168,6 +172,7 @@ class ContextManager {
       if (p.archive_options.block_size < 1 || p.archive_options.byte_cap < 0)
         return make_error(Errc::invalid_option, "llama: archive block size ", p.archive_options.block_size,
                           " (at least 1) and byte cap ", p.archive_options.byte_cap, " (0 or more)");
+      if (p.max_pos < 0) return make_error(Errc::invalid_option, "llama: max_pos ", p.max_pos, " is negative");
     }
     const llama_pos lo = llama_memory_seq_pos_min(mem, seq), hi = llama_memory_seq_pos_max(mem, seq);
     if (p.queries != nullptr) {
@@ -180,6 +185,7 @@ class ContextManager {
     base_cells_ = lo < 0 ? 0 : hi - lo + 1;
     base_pos_max_ = hi;
     archive_ = Archive{};
+    max_pos_ = p.max_pos > 0 ? p.max_pos : llama_model_n_ctx_train(llama_get_model(ctx)) - 1;
     protect_from_ = -1;
     pending_ = false;
     events_ = 0;
@@ -211,6 +217,12 @@ class ContextManager {
     if (n_new < 0 || n_new > room)
       return make_error(Errc::invalid_budget, "llama: ", n_new, " new cells; a cap of ", cap_, " with n_keep ",
                         p_.n_keep, " makes room for 1 to ", room, " at a time (decode in smaller chunks)");
+    if (p_.archive && hi + n_new > max_pos_)
+      return make_error(Errc::unsupported, "llama: ", n_new, " new tokens after position ", hi, " pass position ",
+                        max_pos_,
+                        ", the highest a token may take (ContextParams::max_pos; by default the model's "
+                        "training length - 1): with an archive the positions are kept, and renumbering them is "
+                        "not supported yet");
     if (have + n_new > cap_) {
       if (p_.when_full == WhenFull::none)
         return make_error(Errc::invalid_budget, "llama: the context is full: sequence ", seq_, " holds ", have, " of ",
@@ -335,6 +347,7 @@ class ContextManager {
   double event_ms_ = 0;
   SequenceCompressor compressor_;
   Archive archive_;
+  llama_pos max_pos_ = 0;  // with the archive: the highest position a token may take
 };
 
 }  // namespace llama
