@@ -82,6 +82,13 @@ void expect_archived_as_stored(const fc::Archive& a, std::int64_t first, const s
   }
 }
 
+// An f16 context (flash attention) with the first n tokens of the running text decoded.
+void prefill(Ctx* c, int n) {
+  make_ctx(c, GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED);
+  const std::vector<llama_token> text = text_tokens(20);
+  ASSERT_EQ(ls::decode(c->ctx, text.data(), n, 0, 0, false), 0);
+}
+
 fl::CompressParams keep_into(fc::Budget budget, fc::Archive* archive) {
   fl::CompressParams p = fl::compress_default_params();
   p.budget = budget;
@@ -142,9 +149,7 @@ TEST_F(LlamaArchive, EvictedCellsAreArchivedBitForBit) {
 // The byte cap drops whole blocks of the oldest evictions, and says how many.
 TEST_F(LlamaArchive, TheCapsDropsAreCounted) {
   Ctx c;
-  make_ctx(&c, GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED);
-  const std::vector<llama_token> text = text_tokens(20);
-  ASSERT_EQ(ls::decode(c.ctx, text.data(), 300, 0, 0, false), 0);
+  prefill(&c, 300);
   fc::Archive archive;
   fl::CompressParams p = keep_into(fc::Budget::tokens(100), &archive);
   p.archive_options.block_size = 16;
@@ -168,9 +173,7 @@ TEST_F(LlamaArchive, TheCapsDropsAreCounted) {
 // sequence and the archive stay as they were.
 TEST_F(LlamaArchive, AnArchiveOfAnotherShapeIsRefusedAndNothingChanges) {
   Ctx c;
-  make_ctx(&c, GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED);
-  const std::vector<llama_token> text = text_tokens(20);
-  ASSERT_EQ(ls::decode(c.ctx, text.data(), 200, 0, 0, false), 0);
+  prefill(&c, 200);
   fc::Archive other;
   ASSERT_TRUE(other.reset({2, 1, 32, fc::RowType::f32, fc::RowType::f32}).ok());
   const std::int32_t pos[1] = {7};
