@@ -96,6 +96,15 @@ fl::CompressParams keep_into(fc::Budget budget, fc::Archive* archive) {
   return p;
 }
 
+// A running context of `cells` cells whose evictions go to the archive (positions kept).
+fl::ContextParams archiving(std::int64_t cells) {
+  fl::ContextParams p = fl::context_default_params();
+  p.n_cells = cells;
+  p.archive = true;
+  p.renumber = false;
+  return p;
+}
+
 class LlamaArchive : public llama_test::ModelTest {};
 
 }  // namespace
@@ -197,9 +206,8 @@ TEST_F(LlamaArchive, AnArchiveOfAnotherShapeIsRefusedAndNothingChanges) {
 TEST_F(LlamaArchive, AContextManagerArchivesEveryEviction) {
   Ctx c;
   make_ctx(&c, GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED, 512);
-  fl::ContextParams p = fl::context_default_params();
-  p.n_cells = 256;
-  p.archive = true;
+  fl::ContextParams p = archiving(256);
+  p.renumber = true;
   fl::ContextManager cm;
   const fc::Status refused = cm.init(c.ctx, 0, p);
   EXPECT_NE(refused.message().find("an archive needs renumber off"), std::string::npos) << refused.message();
@@ -228,10 +236,7 @@ TEST_F(LlamaArchive, AContextManagerArchivesEveryEviction) {
 TEST_F(LlamaArchive, PositionsPastTheLimitAreRefusedByName) {
   Ctx c;
   make_ctx(&c, GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED, 512);
-  fl::ContextParams p = fl::context_default_params();
-  p.n_cells = 256;
-  p.archive = true;
-  p.renumber = false;
+  fl::ContextParams p = archiving(256);
   p.max_pos = 399;
   fl::ContextManager cm;
   ASSERT_TRUE(cm.init(c.ctx, 0, p).ok());
