@@ -78,7 +78,15 @@ struct ArchiveOptions {
   std::int64_t byte_cap = 0;
 };
 
+// The options' own checks, which need no shape.
+inline Status check_archive_options(const ArchiveOptions& o) {
+  if (o.block_size < 1) return make_error(Errc::invalid_option, "archive block_size ", o.block_size, " (at least 1)");
+  if (o.byte_cap < 0) return make_error(Errc::invalid_option, "archive byte_cap ", o.byte_cap, " is negative");
+  return Status::success();
+}
+
 inline Status check_archive(const ArchiveShape& s, const ArchiveOptions& o) {
+  FLASHCACHE_RETURN_IF_ERROR(check_archive_options(o));
   if (s.layers < 1) return make_error(Errc::invalid_shape, "archive: ", s.layers, " layers (at least 1)");
   if (s.kv_heads < 1 || s.head_dim < 1)
     return make_error(Errc::invalid_shape, "archive: ", s.kv_heads, " KV heads x head dim ", s.head_dim,
@@ -90,8 +98,6 @@ inline Status check_archive(const ArchiveShape& s, const ArchiveOptions& o) {
       return make_error(Errc::invalid_shape, "archive: q8_0 rows of ", s.kv_heads * s.head_dim,
                         " elements (whole blocks of ", kQ8Block, ")");
   }
-  if (o.block_size < 1) return make_error(Errc::invalid_option, "archive block_size ", o.block_size, " (at least 1)");
-  if (o.byte_cap < 0) return make_error(Errc::invalid_option, "archive byte_cap ", o.byte_cap, " is negative");
   if (o.byte_cap > 0 && o.byte_cap < o.block_size * s.token_bytes())
     return make_error(Errc::invalid_option, "archive byte_cap ", o.byte_cap, " holds less than one block (",
                       o.block_size * s.token_bytes(), " bytes)");

@@ -170,22 +170,12 @@ class TailAccumulator {
     for (std::int64_t r = 0; r < q.tokens; ++r) sampled += fed(first + r, opt);
     if (sampled == 0) return Status::success();
 
-    // Float keys whose rows lie one after another are read where they are;
-    // any other layout or element type is copied to float, one KV head at a time.
-    bool in_place = false;
-    if constexpr (std::is_same_v<std::remove_const_t<T>, float>) in_place = k.token_stride == d;
-    if (!in_place) grow(&keys_, end * d);
     grow(&queries_, kQueryTile * d);
     grow(&logits_, kQueryTile * end);
     grow(&exp_, end);
     grow(&rows_, kQueryTile);
     for (std::int64_t h = 0; h < k.heads; ++h) {
-      const float* keys = keys_.data();
-      if constexpr (std::is_same_v<std::remove_const_t<T>, float>) {
-        if (in_place) keys = k.row(h, 0);
-      }
-      if (!in_place)
-        for (std::int64_t t = 0; t < end; ++t) row_to_float(k.row(h, t), d, keys_.data() + t * d);
+      const float* keys = head_keys(k, h, end);
       for (std::int64_t g = h * group; g < (h + 1) * group; ++g) {
         std::int64_t r = 0;
         while (r < q.tokens) {
@@ -216,6 +206,19 @@ class TailAccumulator {
   template <class V>
   static void grow(std::vector<V>* buf, std::int64_t n) {
     if (static_cast<std::int64_t>(buf->size()) < n) buf->resize(static_cast<std::size_t>(n));
+  }
+
+  // KV head h's keys 0..end as float rows [end][d]: read where they are when they
+  // already are such rows, else copied into keys_.
+  template <class T>
+  const float* head_keys(KVView<const T> k, std::int64_t h, std::int64_t end) {
+    const std::int64_t d = k.head_dim;
+    if constexpr (std::is_same_v<std::remove_const_t<T>, float>) {
+      if (k.token_stride == d) return k.row(h, 0);
+    }
+    grow(&keys_, end * d);
+    for (std::int64_t t = 0; t < end; ++t) row_to_float(k.row(h, t), d, keys_.data() + t * d);
+    return keys_.data();
   }
 
   // `count` fed rows (rows_, their queries in queries_) of one query head: their

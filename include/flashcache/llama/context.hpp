@@ -169,9 +169,7 @@ class ContextManager {
         return make_error(Errc::invalid_option,
                           "llama: an archive needs renumber off: an archived cell keeps its "
                           "position, which a renumbering would make wrong");
-      if (p.archive_options.block_size < 1 || p.archive_options.byte_cap < 0)
-        return make_error(Errc::invalid_option, "llama: archive block size ", p.archive_options.block_size,
-                          " (at least 1) and byte cap ", p.archive_options.byte_cap, " (0 or more)");
+      FLASHCACHE_RETURN_IF_ERROR(check_archive_options(p.archive_options));
       if (p.max_pos < 0) return make_error(Errc::invalid_option, "llama: max_pos ", p.max_pos, " is negative");
     }
     const llama_pos lo = llama_memory_seq_pos_min(mem, seq), hi = llama_memory_seq_pos_max(mem, seq);

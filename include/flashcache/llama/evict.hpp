@@ -60,7 +60,7 @@ inline Status archive_shape(const SeqState& s, std::int64_t kv_heads, ArchiveSha
   if (s.v_trans && shape.v_type == RowType::q8_0)
     return make_error(Errc::unsupported, "llama archive: a transposed q8_0 V cache");
   *out = shape;
-  return check_archive(shape, ArchiveOptions{});
+  return Status::success();  // stage() checks it with the archive's options
 }
 
 class EvictedCells {
@@ -95,8 +95,8 @@ class EvictedCells {
         cells_.push_back(order[i]);
         positions_.push_back(s.pos[static_cast<std::size_t>(order[i])]);
       }
-    k_row_ = shape.k_row_bytes();
-    v_row_ = shape.v_row_bytes();
+    const auto k_row = static_cast<std::size_t>(shape.k_row_bytes());
+    const auto v_row = static_cast<std::size_t>(shape.v_row_bytes());
     const std::size_t count = cells_.size();
     k_.resize(s.layers.size());
     v_.resize(s.layers.size());
@@ -106,22 +106,20 @@ class EvictedCells {
       const LayerState& L = s.layers[l];
       std::vector<std::uint8_t>& k = k_[l];
       std::vector<std::uint8_t>& v = v_[l];
-      k.resize(count * static_cast<std::size_t>(k_row_));
-      v.resize(count * static_cast<std::size_t>(v_row_));
+      k.resize(count * k_row);
+      v.resize(count * v_row);
       for (std::size_t i = 0; i < count; ++i) {
         const auto cell = static_cast<std::size_t>(cells_[i]);
-        std::memcpy(k.data() + i * static_cast<std::size_t>(k_row_), blob + L.k_offset + cell * L.k_row_bytes,
-                    static_cast<std::size_t>(k_row_));
+        std::memcpy(k.data() + i * k_row, blob + L.k_offset + cell * L.k_row_bytes, k_row);
         if (!s.v_trans) {
-          std::memcpy(v.data() + i * static_cast<std::size_t>(v_row_), blob + L.v_offset + cell * L.v_row_bytes,
-                      static_cast<std::size_t>(v_row_));
+          std::memcpy(v.data() + i * v_row, blob + L.v_offset + cell * L.v_row_bytes, v_row);
           continue;
         }
         // Transposed: element j of every cell lies in row j.
         const std::size_t row = static_cast<std::size_t>(s.cell_count) * L.v_elem_bytes;
         for (std::uint64_t j = 0; j < L.v_embd; ++j)
-          std::memcpy(v.data() + i * static_cast<std::size_t>(v_row_) + j * L.v_elem_bytes,
-                      blob + L.v_offset + j * row + cell * L.v_elem_bytes, L.v_elem_bytes);
+          std::memcpy(v.data() + i * v_row + j * L.v_elem_bytes, blob + L.v_offset + j * row + cell * L.v_elem_bytes,
+                      L.v_elem_bytes);
       }
       k_ptr_[l] = k.data();
       v_ptr_[l] = v.data();
@@ -131,7 +129,9 @@ class EvictedCells {
 
   // The staged cells into the archive (after the sequence was replaced).
   Status append_to(Archive* archive) const {
-    return archive->append(positions_.data(), count(), k_ptr_.data(), k_row_, v_ptr_.data(), v_row_);
+    const ArchiveShape& shape = archive->shape();
+    return archive->append(positions_.data(), count(), k_ptr_.data(), shape.k_row_bytes(), v_ptr_.data(),
+                           shape.v_row_bytes());
   }
 
   std::int64_t count() const { return static_cast<std::int64_t>(positions_.size()); }
@@ -142,7 +142,6 @@ class EvictedCells {
   std::vector<std::int32_t> cells_, positions_;   // the evicted cells (blob order), their positions
   std::vector<std::vector<std::uint8_t>> k_, v_;  // per layer: evicted x a row's bytes
   std::vector<const void*> k_ptr_, v_ptr_;
-  std::int64_t k_row_ = 0, v_row_ = 0;
 };
 
 }  // namespace llama
