@@ -15,6 +15,13 @@
 // tokens are generated greedily, the policy still applying.
 //   flashcache_chat -m MODEL.gguf -f FILE -c 1024 --when-full flashcache -n 32 --json
 // --json prints one object at the end (the fields: docs/LLAMA_CPP.md).
+//
+// Archive and recall (flashcache): --archive keeps what each compaction evicts
+// (positions kept, so no renumbering); --recall N lets each new turn bring back
+// up to N archived cells with its own queries (flashcache/llama/recall.hpp).
+// --ask TEXT (with -f): after FILE, TEXT arrives as a new turn, then -n tokens
+// are generated: a question asked after the context was compressed.
+//   flashcache_chat -f FILE -c 1024 --recall 32 --ask "What is the code?" -n 12
 #include <flashcache/llama.hpp>
 
 #include <algorithm>
@@ -39,12 +46,15 @@ namespace {
 const char* kUsage =
     "usage: flashcache_chat [-m MODEL.gguf] [-c CELLS] [-n N] [-t THREADS] [--keep N] [--temp T] [--top-p P]\n"
     "         [--seed S] [--when-full flashcache|shift|streaming|none] [--target SHARE] [--no-renumber]\n"
-    "         [--window-share SHARE] [--paper | --query-tail]\n"
-    "         [-s SYSTEM] [-f FILE [-b CHUNK] [--max-tokens N] [--nll-from TOKEN]] [--json] [--quiet]\n"
+    "         [--window-share SHARE] [--paper | --query-tail] [--archive] [--recall N] [--archive-block N]\n"
+    "         [--redo turn|last]\n"
+    "         [-s SYSTEM] [-f FILE [-b CHUNK] [--max-tokens N] [--nll-from TOKEN] [--ask TEXT]] [--json] [--quiet]\n"
     "  without -f: a chat, one user turn per line of standard input\n";
 
 struct Args {
-  std::string model, file, system;
+  std::string model, file, system, ask, redo = "turn";
+  int recall = 0, archive_block = 16;
+  bool archive = false;
   int cells = 1024, n_predict = -1, threads = 2, chunk = 128, max_tokens = 0, nll_from = -1;
   long long keep = -1;  // -1: the system prompt's tokens, or 4
   double temp = 0.0, top_p = 1.0, target = -1, window_share = -1;
@@ -76,6 +86,10 @@ bool parse_args(int argc, char** argv, Args* a) {
       a->query_tail = true;
       continue;
     }
+    if (k == "--archive") {
+      a->archive = true;
+      continue;
+    }
     if (k == "-h" || k == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -103,6 +117,10 @@ bool parse_args(int argc, char** argv, Args* a) {
       a->system = v;
     } else if (k == "--when-full") {
       a->when_full = v;
+    } else if (k == "--ask") {
+      a->ask = v;
+    } else if (k == "--redo") {
+      a->redo = v;
     } else if (!number(&x)) {
       return false;
     } else if (k == "-c" || k == "--ctx-size") {
@@ -125,6 +143,10 @@ bool parse_args(int argc, char** argv, Args* a) {
       a->top_p = x;
     } else if (k == "--seed") {
       a->seed = static_cast<unsigned>(x);
+    } else if (k == "--recall") {
+      a->recall = static_cast<int>(x);
+    } else if (k == "--archive-block") {
+      a->archive_block = static_cast<int>(x);
     } else if (k == "--target") {
       a->target = x;
     } else if (k == "--window-share") {
@@ -136,6 +158,23 @@ bool parse_args(int argc, char** argv, Args* a) {
   }
   if (a->paper && a->query_tail) {
     std::fprintf(stderr, "flashcache_chat: --paper is the paper's query-free score; --query-tail adds queries\n");
+    return false;
+  }
+  if (a->recall > 0) a->archive = true;
+  if (a->archive && a->query_tail) {
+    std::fprintf(stderr, "flashcache_chat: --archive keeps positions, --query-tail renumbers them: one or the other\n");
+    return false;
+  }
+  if (a->redo != "turn" && a->redo != "last") {
+    std::fprintf(stderr, "flashcache_chat: --redo turn or last, not '%s'\n", a->redo.c_str());
+    return false;
+  }
+  if (!a->ask.empty() && a->file.empty()) {
+    std::fprintf(stderr, "flashcache_chat: --ask follows a -f FILE\n");
+    return false;
+  }
+  if (a->recall < 0 || a->archive_block < 1) {
+    std::fprintf(stderr, "flashcache_chat: --recall not negative, --archive-block at least 1\n");
     return false;
   }
   if (a->cells < 16 || a->threads < 1 || a->chunk < 1 || a->max_tokens < 0) {
@@ -156,6 +195,8 @@ struct Session {
   fl::ContextManager manager;
   llama_batch batch{};
   std::vector<std::string> events;  // one JSON object each
+  std::vector<std::string> recalls; // one JSON object per turn recall
+  bool verbose = false;
   std::int64_t tokens = 0;          // decoded so far
   llama_pos max_pos = -1;           // the highest position ever used
   double decode_ms = 0, cells_sum = 0;
@@ -219,6 +260,45 @@ struct Session {
       const int m = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(chunk), toks.size() - i));
       if (!decode(toks.data() + i, m, nullptr)) return false;
     }
+    return true;
+  }
+
+  // A new turn: decoded, then its recall (with --recall; else nothing happens there).
+  bool turn(const std::vector<llama_token>& toks, int chunk) {
+    manager.begin_turn();
+    const double d0 = decode_ms;
+    if (!feed(toks, chunk)) return false;
+    const double turn_ms = decode_ms - d0;
+    fl::RecallStats r;
+    if (auto st = manager.recall_turn(toks.data(), static_cast<std::int64_t>(toks.size()), &r); !st) {
+      std::fprintf(stderr, "flashcache_chat: %s\n", st.message().c_str());
+      return false;
+    }
+    if (manager.params().recall.budget == 0) return true;
+    std::string spans = "[";  // the recalled positions as runs
+    const std::vector<llama_pos>& p = manager.recalled();
+    for (std::size_t i = 0; i < p.size();) {
+      std::size_t j = i + 1;
+      while (j < p.size() && p[j] == p[j - 1] + 1) ++j;
+      spans += (i ? ", [" : "[") + std::to_string(p[i]) + ", " + std::to_string(p[j - 1]) + "]";
+      i = j;
+    }
+    spans += "]";
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "{\"at_token\": %lld, \"turn_tokens\": %zu, \"archive_tokens\": %lld, \"recalled\": %lld, "
+                  "\"displaced\": %lld, \"redecoded\": %lld, \"ms\": %.3f, \"score_ms\": %.3f, \"write_ms\": %.3f, "
+                  "\"redo_ms\": %.3f, \"turn_decode_ms\": %.3f, \"archive_bytes\": %lld, \"archive_dropped\": %lld, ",
+                  static_cast<long long>(tokens), toks.size(), static_cast<long long>(r.archive_tokens),
+                  static_cast<long long>(r.recalled), static_cast<long long>(r.displaced),
+                  static_cast<long long>(r.redecoded), r.ms, r.score_ms, r.write_ms, r.redo_ms, turn_ms,
+                  static_cast<long long>(manager.archive().bytes()),
+                  static_cast<long long>(manager.archive().dropped_tokens()));
+    recalls.push_back(buf + std::string("\"positions\": ") + spans + "}");
+    if (verbose)
+      std::fprintf(stderr, "[recall: %lld of %lld archived cells back at %s, %lld displaced, %.1f ms]\n",
+                   static_cast<long long>(r.recalled), static_cast<long long>(r.archive_tokens), spans.c_str(),
+                   static_cast<long long>(r.displaced), r.ms);
     return true;
   }
 };
@@ -297,8 +377,8 @@ int main(int argc, char** argv) {
   lp.n_batch = lp.n_ubatch = static_cast<uint32_t>(std::min(a.chunk, a.cells));
   lp.n_seq_max = 1;
   lp.n_threads = lp.n_threads_batch = a.threads;
-  fl::QueryCapture capture;  // --query-tail: the queries decoded since the last compaction
-  if (a.query_tail) {
+  fl::QueryCapture capture;  // --query-tail: the queries decoded since the last compaction; --recall: the turn's
+  if (a.query_tail || a.recall > 0) {
     lp.cb_eval = fl::QueryCapture::eval;
     lp.cb_eval_user_data = &capture;
   }
@@ -330,7 +410,18 @@ int main(int argc, char** argv) {
     cp.compress.options = fc::Options::with_query_tail(cp.compress.options);
     cp.queries = &capture;
   }
+  if (a.archive) {
+    cp.archive = true;
+    cp.renumber = false;  // an archived cell keeps its position
+    cp.archive_options.block_size = a.archive_block;
+  }
+  if (a.recall > 0) {
+    cp.recall.budget = a.recall;
+    cp.recall.redo = a.redo == "turn" ? fl::RecallRedo::turn : fl::RecallRedo::last_token;
+    cp.recall.capture = &capture;
+  }
   cp.compress.n_threads = a.threads;
+  s.verbose = !a.json && !a.quiet;
   int rc = 0;
   if (auto st = s.manager.init(ctx, 0, cp); !st) {
     std::fprintf(stderr, "flashcache_chat: %s\n", st.message().c_str());
@@ -363,6 +454,7 @@ int main(int argc, char** argv) {
         ++nll_count;
       }
     }
+    if (rc == 0 && !a.ask.empty() && !s.turn(ls::tokenize(s.vocab, a.ask, false), a.chunk)) rc = 1;
     if (rc == 0 && !generate(&s, sampler, a.n_predict < 0 ? 32 : a.n_predict, !a.json, &out_text)) rc = 1;
     if (!a.json) std::fputc('\n', stdout);
   } else if (rc == 0) {
@@ -382,10 +474,9 @@ int main(int argc, char** argv) {
       const std::string formatted = format_chat(tmpl, msgs, true);
       const std::vector<llama_token> toks =
           ls::tokenize(s.vocab, formatted.substr(std::min(prev_len, formatted.size())), prev_len == 0);
-      s.manager.protect_from(llama_memory_seq_pos_max(llama_get_memory(ctx), 0) + 1);  // this turn, from its start
       if (!a.json && !a.quiet) std::fputs("> ", stdout);
       std::string reply;
-      if (!s.feed(toks, a.chunk) || !generate(&s, sampler, a.n_predict < 0 ? 256 : a.n_predict, !a.json, &reply)) {
+      if (!s.turn(toks, a.chunk) || !generate(&s, sampler, a.n_predict < 0 ? 256 : a.n_predict, !a.json, &reply)) {
         rc = 1;
         break;
       }
@@ -402,16 +493,19 @@ int main(int argc, char** argv) {
     std::string ev = "[";
     for (std::size_t i = 0; i < s.events.size(); ++i) ev += (i ? ", " : "") + s.events[i];
     ev += "]";
+    std::string rec = "[";
+    for (std::size_t i = 0; i < s.recalls.size(); ++i) rec += (i ? ", " : "") + s.recalls[i];
+    rec += "]";
     std::string rep = "[";
     for (std::size_t i = 0; i < replies.size(); ++i) rep += (i ? ", " : "") + json_string(replies[i]);
     rep += "]";
     std::printf(
         "{\"ok\": %s, \"when_full\": \"%s\", \"n_ctx\": %d, \"n_keep\": %lld, \"target\": %.4f, \"renumber\": %s, \"window_share\": %.4f, \"paper\": %s, \"query_tail\": %s, "
-        "\"threads\": %d, \"text\": %s, \"replies\": %s, \"events\": %s, \"stream_tokens\": %lld, "
+        "\"threads\": %d, \"text\": %s, \"replies\": %s, \"events\": %s, \"recalls\": %s, \"archive\": %s, \"recall\": %d, \"stream_tokens\": %lld, "
         "\"stream_nll\": %.6f, \"nll_tokens\": %lld, \"avg_cells\": %.2f, \"max_position\": %d, "
         "\"decode_ms\": %.3f, \"event_ms\": %.3f, \"tokens\": %lld, \"tokens_per_s\": %.3f}\n",
         rc == 0 ? "true" : "false", fl::to_string(cp.when_full), a.cells, static_cast<long long>(cp.n_keep), cp.target,
-        cp.renumber ? "true" : "false", cp.compress.options.select.window_share, a.paper ? "true" : "false", a.query_tail ? "true" : "false", a.threads, json_string(out_text).c_str(), rep.c_str(), ev.c_str(),
+        cp.renumber ? "true" : "false", cp.compress.options.select.window_share, a.paper ? "true" : "false", a.query_tail ? "true" : "false", a.threads, json_string(out_text).c_str(), rep.c_str(), ev.c_str(), rec.c_str(), a.archive ? "true" : "false", a.recall,
         static_cast<long long>(stream_tokens), nll_count > 0 ? nll_sum / static_cast<double>(nll_count) : 0.0,
         static_cast<long long>(nll_count), s.cells_count > 0 ? s.cells_sum / static_cast<double>(s.cells_count) : 0.0,
         static_cast<int>(s.max_pos), s.decode_ms, s.manager.event_ms(), static_cast<long long>(s.tokens),

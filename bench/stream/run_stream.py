@@ -48,7 +48,9 @@ def policy_args(row):
     return args
 
 
-def run_chat(chat, model, path, cells, row, threads, max_tokens=0, generate=GENERATE, nll_from=0):
+def run_chat(chat, model, path, cells, row, threads, max_tokens=0, generate=GENERATE, nll_from=0, flags=None,
+             ask=""):
+    """One flashcache_chat file run; flags: the policy's (policy_args(row) when None); ask: --ask TEXT."""
     cmd = [chat, "-f", path, "-c", str(cells), "-b", str(CHUNK), "-n", str(generate), "-t", str(threads), "--json"]
     if nll_from:
         cmd += ["--nll-from", str(nll_from)]
@@ -56,7 +58,9 @@ def run_chat(chat, model, path, cells, row, threads, max_tokens=0, generate=GENE
         cmd += ["-m", model]
     if max_tokens:
         cmd += ["--max-tokens", str(max_tokens)]
-    cmd += policy_args(row)
+    cmd += policy_args(row) if flags is None else flags
+    if ask:
+        cmd += ["--ask", ask]
     t0 = time.time()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:

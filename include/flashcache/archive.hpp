@@ -177,26 +177,20 @@ class Archive {
     return v_[static_cast<std::size_t>(l)].data() + i * shape_.v_row_bytes();
   }
 
-  // Moves the given blocks (ascending, distinct) out: their positions to
+  // Copies the given blocks (ascending, distinct) out: their positions to
   // positions_out, layer l's rows to k_out[l] / v_out[l] (a row's bytes apart), in
-  // archive order; the rest close up. Counts of what was written go to *taken.
-  Status take(const std::int64_t* blocks, std::int64_t count, std::int32_t* positions_out, void* const* k_out,
-              void* const* v_out, std::int64_t* taken) {
-    if (taken == nullptr) return make_error(Errc::invalid_shape, "archive take: null count");
-    *taken = 0;
+  // archive order; *copied counts the tokens written. The archive is unchanged.
+  Status copy_blocks(const std::int64_t* blocks, std::int64_t count, std::int32_t* positions_out, void* const* k_out,
+                     void* const* v_out, std::int64_t* copied) const {
+    if (copied == nullptr) return make_error(Errc::invalid_shape, "archive copy: null count");
+    *copied = 0;
     if (count == 0) return Status::success();
-    if (blocks == nullptr || positions_out == nullptr || k_out == nullptr || v_out == nullptr)
-      return make_error(Errc::invalid_shape, "archive take: null blocks or outputs");
-    for (std::int64_t i = 0; i < count; ++i) {
-      if (blocks[i] < 0 || blocks[i] >= this->blocks())
-        return make_error(Errc::invalid_shape, "archive take: block ", blocks[i], " of ", this->blocks());
-      if (i > 0 && blocks[i] <= blocks[i - 1])
-        return make_error(Errc::invalid_shape, "archive take: blocks must be ascending and distinct (", blocks[i - 1],
-                          " then ", blocks[i], ")");
-    }
+    FLASHCACHE_RETURN_IF_ERROR(check_blocks(blocks, count));
+    if (positions_out == nullptr || k_out == nullptr || v_out == nullptr)
+      return make_error(Errc::invalid_shape, "archive copy: null outputs");
     for (int l = 0; l < shape_.layers; ++l)
       if (k_out[l] == nullptr || v_out[l] == nullptr)
-        return make_error(Errc::invalid_shape, "archive take: layer ", l, ": null K or V output");
+        return make_error(Errc::invalid_shape, "archive copy: layer ", l, ": null K or V output");
     const auto k_row_size = static_cast<std::size_t>(shape_.k_row_bytes());
     const auto v_row_size = static_cast<std::size_t>(shape_.v_row_bytes());
     std::int64_t out = 0;
@@ -210,7 +204,14 @@ class Archive {
       }
       out += n;
     }
-    // Close up: keep the tokens of the blocks not taken, in order.
+    *copied = out;
+    return Status::success();
+  }
+
+  // Removes the given blocks (ascending, distinct); the rest close up, in order.
+  Status erase(const std::int64_t* blocks, std::int64_t count) {
+    if (count == 0) return Status::success();
+    FLASHCACHE_RETURN_IF_ERROR(check_blocks(blocks, count));
     std::int64_t write = 0, next = 0;
     for (std::int64_t b = 0; b < this->blocks(); ++b) {
       if (next < count && blocks[next] == b) {
@@ -221,11 +222,30 @@ class Archive {
       write += block_tokens(b);
     }
     resize(write);
-    *taken = out;
     return Status::success();
   }
 
+  // copy_blocks, then erase: the blocks move out of the archive.
+  Status take(const std::int64_t* blocks, std::int64_t count, std::int32_t* positions_out, void* const* k_out,
+              void* const* v_out, std::int64_t* taken) {
+    FLASHCACHE_RETURN_IF_ERROR(copy_blocks(blocks, count, positions_out, k_out, v_out, taken));
+    return erase(blocks, count);
+  }
+
  private:
+  Status check_blocks(const std::int64_t* blocks, std::int64_t count) const {
+    if (count < 0 || (count > 0 && blocks == nullptr))
+      return make_error(Errc::invalid_shape, "archive: ", count, " blocks or a null list");
+    for (std::int64_t i = 0; i < count; ++i) {
+      if (blocks[i] < 0 || blocks[i] >= this->blocks())
+        return make_error(Errc::invalid_shape, "archive: block ", blocks[i], " of ", this->blocks());
+      if (i > 0 && blocks[i] <= blocks[i - 1])
+        return make_error(Errc::invalid_shape, "archive: blocks must be ascending and distinct (", blocks[i - 1],
+                          " then ", blocks[i], ")");
+    }
+    return Status::success();
+  }
+
   static void append_rows(std::vector<unsigned char>* to, const unsigned char* from, std::int64_t n,
                           std::int64_t stride, std::size_t row) {
     if (static_cast<std::int64_t>(row) == stride) {

@@ -12,4 +12,5 @@
 #include "flashcache/llama/evict.hpp"
 #include "flashcache/llama/params.hpp"
 #include "flashcache/llama/queries.hpp"
+#include "flashcache/llama/recall.hpp"
 #include "flashcache/llama/state.hpp"

@@ -43,6 +43,8 @@ class RecallScorer {
     archive_ = &archive;
     scope_ = scope;
     token_score_.assign(static_cast<std::size_t>(rankings() * archive.tokens()), 0.0f);
+    resident_score_.clear();
+    resident_tokens_ = -1;
     return Status::success();
   }
 
@@ -75,6 +77,13 @@ class RecallScorer {
                         " question keys (one key per query position)");
     const std::int64_t r = resident.tokens, a = archive_->tokens(), m = question.tokens;
     const std::int64_t n = r + a + m, d = s.head_dim;
+    if (resident_tokens_ >= 0 && r != resident_tokens_)
+      return make_error(Errc::invalid_shape, "recall: ", r, " resident keys in layer ", layer, ", ", resident_tokens_,
+                        " in the layers before (every layer holds the same cells)");
+    if (resident_tokens_ < 0) {
+      resident_tokens_ = r;
+      resident_score_.assign(static_cast<std::size_t>(rankings() * r), 0.0f);
+    }
     if (a == 0 || m == 0) return Status::success();
     // The whole context as one [Hkv][n][d] float view: resident, archived, question.
     keys_.resize(static_cast<std::size_t>(s.kv_heads * n * d));
@@ -94,6 +103,8 @@ class RecallScorer {
       float* score = token_score_.data() + ranking_of(layer, h) * a;
       for (std::int64_t t = 0; t < a; ++t)
         score[t] = std::max(score[t], tails_[static_cast<std::size_t>(h * n + r + t)]);
+      float* kept = resident_score_.data() + ranking_of(layer, h) * r;
+      for (std::int64_t t = 0; t < r; ++t) kept[t] = std::max(kept[t], tails_[static_cast<std::size_t>(h * n + t)]);
     }
     return Status::success();
   }
@@ -102,6 +113,14 @@ class RecallScorer {
   float token_score(std::int64_t t, std::int64_t ranking = 0) const {
     return token_score_[static_cast<std::size_t>(ranking * archive_->tokens() + t)];
   }
+
+  // Resident key t's score in one ranking, on the same scale as the archived
+  // tokens': what a recall would displace it for. 0 before any add_layer.
+  float resident_score(std::int64_t t, std::int64_t ranking = 0) const {
+    return resident_tokens_ <= 0 ? 0.0f : resident_score_[static_cast<std::size_t>(ranking * resident_tokens_ + t)];
+  }
+  // The resident keys each layer gave (-1 before the first add_layer).
+  std::int64_t resident_tokens() const { return resident_tokens_; }
 
   // One ranking's block scores [blocks] into caller memory: each block's best token.
   Status block_scores(float* out, std::int64_t count, std::int64_t ranking = 0) const {
@@ -144,9 +163,11 @@ class RecallScorer {
 
   const Archive* archive_ = nullptr;
   RecallScope scope_ = RecallScope::shared;
-  std::vector<float> token_score_;  // [rankings][archive tokens]
-  std::vector<float> keys_;         // one layer's context keys [Hkv][n][d]
-  std::vector<float> tails_;        // [Hkv][n]
+  std::vector<float> token_score_;     // [rankings][archive tokens]
+  std::vector<float> resident_score_;  // [rankings][resident tokens]
+  std::int64_t resident_tokens_ = -1;
+  std::vector<float> keys_;   // one layer's context keys [Hkv][n][d]
+  std::vector<float> tails_;  // [Hkv][n]
   TailAccumulator tails_acc_;
 };
 

@@ -152,6 +152,10 @@ class SequenceCompressor {
     select.window = std::max<std::int64_t>(select.window, 1);  // the newest cell: decoding continues after it
     order_ = cells_by_position(s);
     kept_.resize(static_cast<std::size_t>(keep));
+    protect_mask_.assign(p.protect_count > 0 ? n : 0, 0);
+    for (std::size_t i = 0; i < protect_mask_.size(); ++i)
+      protect_mask_[i] =
+          std::binary_search(p.protect, p.protect + p.protect_count, s.pos[static_cast<std::size_t>(order_[i])]);
     st.threads = p.n_threads > 0 ? p.n_threads : std::max(1, llama_n_threads(ctx));
     auto t2 = clock::now();
     if (keep == static_cast<std::int64_t>(n)) {
@@ -161,7 +165,8 @@ class SequenceCompressor {
       t2 = clock::now();
       // check_compress_params checked the options and the shared ones.
       FLASHCACHE_RETURN_IF_ERROR(flashcache::detail::select_shared_tokens_trusted(
-          views_.data(), st.layers, keep, select, ProtectMask{}, ImageSpans{}, shared_keep(p), &ws_, kept_.data()));
+          views_.data(), st.layers, keep, select, protect_mask_.empty() ? ProtectMask{} : ProtectMask(protect_mask_),
+          ImageSpans{}, shared_keep(p), &ws_, kept_.data()));
     }
     st.score_ms = ms(t1, t2);
     const auto t3 = clock::now();
@@ -307,6 +312,7 @@ class SequenceCompressor {
   std::vector<float> scores_;
   std::vector<ScoreView> views_;
   std::vector<std::int32_t> order_, kept_, cells_;
+  std::vector<std::uint8_t> protect_mask_;  // [cells by position]: CompressParams::protect
   std::vector<llama_pos> kept_pos_;
   EvictedCells evicted_;
 };

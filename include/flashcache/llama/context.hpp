@@ -40,6 +40,7 @@
 
 #include "flashcache/error.hpp"
 #include "flashcache/llama/compress.hpp"
+#include "flashcache/llama/recall.hpp"
 
 namespace flashcache {
 namespace llama {
@@ -104,6 +105,11 @@ struct ContextParams {
   // model's training length - 1 (llama_model_n_ctx_train). Past it make_room refuses by
   // name: renumbering, which would re-rotate the archive's keys, is not done yet.
   llama_pos max_pos = 0;
+  // With the archive: at each new turn (begin_turn, then recall_turn once the turn is
+  // decoded) the turn's queries bring back up to recall.budget archived cells
+  // (flashcache/llama/recall.hpp); they stay through compactions until the next turn.
+  // recall.capture is a QueryCapture on the context's cb_eval, not `queries` above.
+  RecallSettings recall;
 };
 inline ContextParams context_default_params() { return ContextParams{}; }
 
@@ -172,6 +178,12 @@ class ContextManager {
       FLASHCACHE_RETURN_IF_ERROR(check_archive_options(p.archive_options));
       if (p.max_pos < 0) return make_error(Errc::invalid_option, "llama: max_pos ", p.max_pos, " is negative");
     }
+    FLASHCACHE_RETURN_IF_ERROR(check_recall_settings(p.recall));
+    if (p.recall.budget > 0 && !p.archive)
+      return make_error(Errc::invalid_option, "llama: recall needs the archive (ContextParams::archive)");
+    if (p.recall.budget > 0 && p.recall.capture == p.queries)
+      return make_error(Errc::invalid_option,
+                        "llama: recall.capture and queries are one QueryCapture: the turn's queries need their own");
     const llama_pos lo = llama_memory_seq_pos_min(mem, seq), hi = llama_memory_seq_pos_max(mem, seq);
     if (p.queries != nullptr) {
       p.queries->follow(hi + 1);  // the next token decoded is the sequence's next position
@@ -185,6 +197,8 @@ class ContextManager {
     archive_ = Archive{};
     max_pos_ = p.max_pos > 0 ? p.max_pos : llama_model_n_ctx_train(llama_get_model(ctx)) - 1;
     protect_from_ = -1;
+    recalled_.clear();
+    if (p.recall.capture != nullptr) p.recall.capture->pause();
     pending_ = false;
     events_ = 0;
     event_ms_ = 0;
@@ -195,6 +209,41 @@ class ContextManager {
   // stay through the next events (flashcache), and pos follows a renumbering.
   void protect_from(llama_pos pos) { protect_from_ = pos; }
   llama_pos protected_from() const { return protect_from_; }
+
+  // A new turn starts with the next token: it is protected (protect_from), the
+  // cells the last turn recalled are no longer, and with recall on the capture
+  // starts following the turn's queries.
+  void begin_turn() {
+    const llama_pos next = ctx_ == nullptr ? 0 : llama_memory_seq_pos_max(llama_get_memory(ctx_), seq_) + 1;
+    protect_from(next);
+    recalled_.clear();
+    if (ctx_ != nullptr && p_.recall.budget > 0) p_.recall.capture->follow(next, p_.recall.queries);
+  }
+
+  // The turn turn[0..n), begun by begin_turn, is decoded: its queries score the
+  // archive and what it needs comes back, the turn (or its last token) decoded
+  // again (ContextParams::recall). The logits of the context's last token are then
+  // the turn's, as after the program's own decode. A refusal or failure leaves the
+  // sequence and the archive as they were. With recall off, or nothing recalled,
+  // nothing changes.
+  Status recall_turn(const llama_token* turn, std::int64_t n, RecallStats* stats = nullptr) {
+    if (ctx_ == nullptr) return make_error(Errc::invalid_option, "llama: ContextManager used before a successful init");
+    RecallStats st;
+    if (p_.recall.budget > 0) {
+      const int threads = p_.compress.n_threads > 0 ? p_.compress.n_threads : std::max(1, llama_n_threads(ctx_));
+      FLASHCACHE_RETURN_IF_ERROR(recaller_.recall(ctx_, seq_, p_.recall.capture, turn, n, &archive_, cap_, p_.n_keep,
+                                                  p_.recall, threads, &st));
+    }
+    if (st.recalled > 0) {
+      recalled_ = recaller_.recalled_positions();
+      base_cells_ = st.cells_after;
+      base_pos_max_ = llama_memory_seq_pos_max(llama_get_memory(ctx_), seq_);
+    }
+    if (stats != nullptr) *stats = st;
+    return Status::success();
+  }
+  // The positions the current turn's recall brought back, ascending.
+  const std::vector<llama_pos>& recalled() const { return recalled_; }
 
   // Call right before decoding n_new tokens of the sequence. Makes room when
   // they would not fit the cap and sets *next_pos to the first new token's
@@ -275,16 +324,20 @@ class ContextManager {
     const std::int64_t turn = protect_from_ < 0 || protect_from_ > hi ? 0 : hi - std::max(protect_from_, lo) + 1;
     const std::int64_t most = cap_ - n_new;
     std::int64_t keep = std::min<std::int64_t>(std::llround(p_.target * static_cast<double>(cap_)), most);
-    const std::int64_t kept_anyway = std::min(have, p_.n_keep + std::max<std::int64_t>(turn, 1));
+    const std::int64_t recalled = static_cast<std::int64_t>(recalled_.size());
+    const std::int64_t kept_anyway = std::min(have, p_.n_keep + std::max<std::int64_t>(turn, 1) + recalled);
     if (kept_anyway > most)
-      return make_error(Errc::invalid_budget, "llama: the first ", p_.n_keep, " cells and the newest turn's ", turn,
-                        " leave no room for ", n_new, " new cells in ", cap_, " (protect_from a later position)");
+      return make_error(Errc::invalid_budget, "llama: the first ", p_.n_keep, " cells, the newest turn's ", turn,
+                        " and the ", recalled, " recalled leave no room for ", n_new, " new cells in ", cap_,
+                        " (protect_from a later position)");
     keep = std::max(keep, kept_anyway);
     CompressParams c = compress_params(p_, Budget::tokens(keep));
     if (p_.archive) {
       c.archive = &archive_;
       c.archive_options = p_.archive_options;
     }
+    c.protect = recalled_.data();
+    c.protect_count = recalled;
     c.options.select.sink = std::max(c.options.select.sink, p_.n_keep);
     c.options.select.window = std::max(c.options.select.window, turn);
     FLASHCACHE_RETURN_IF_ERROR(compressor_.compress(ctx_, seq_, c, &ev->compaction));
@@ -345,7 +398,9 @@ class ContextManager {
   double event_ms_ = 0;
   SequenceCompressor compressor_;
   Archive archive_;
-  llama_pos max_pos_ = 0;  // with the archive: the highest position a token may take
+  TurnRecaller recaller_;
+  std::vector<llama_pos> recalled_;  // the current turn's recalled positions: kept through compactions
+  llama_pos max_pos_ = 0;            // with the archive: the highest position a token may take
 };
 
 }  // namespace llama

@@ -72,6 +72,18 @@ class EvictedCells {
   // is written to the archive here.
   Status stage(const std::uint8_t* blob, const SeqState& s, std::int64_t kv_heads, const std::int32_t* order,
                const std::int32_t* kept, std::int64_t keep, Archive* archive, const ArchiveOptions& opt) {
+    const std::uint32_t n = s.cell_count;
+    keep_mask_.assign(n, 0);
+    for (std::int64_t i = 0; i < keep; ++i) keep_mask_[static_cast<std::size_t>(kept[i])] = 1;
+    evicted_.clear();
+    for (std::uint32_t i = 0; i < n; ++i)
+      if (!keep_mask_[i]) evicted_.push_back(order[i]);
+    return stage_cells(blob, s, kv_heads, evicted_.data(), static_cast<std::int64_t>(evicted_.size()), archive, opt);
+  }
+
+  // The same for the given cells (blob indices, in the order they are to be archived).
+  Status stage_cells(const std::uint8_t* blob, const SeqState& s, std::int64_t kv_heads, const std::int32_t* cells,
+                     std::int64_t count_in, Archive* archive, const ArchiveOptions& opt) {
     ArchiveShape shape;
     FLASHCACHE_RETURN_IF_ERROR(archive_shape(s, kv_heads, &shape));
     FLASHCACHE_RETURN_IF_ERROR(check_archive(shape, opt));
@@ -85,16 +97,9 @@ class EvictedCells {
                         " (K ", to_string(shape.k_type), ", V ", to_string(shape.v_type), ")");
     if (!same) FLASHCACHE_RETURN_IF_ERROR(archive->reset(shape, opt));
 
-    const std::uint32_t n = s.cell_count;
-    keep_mask_.assign(n, 0);
-    for (std::int64_t i = 0; i < keep; ++i) keep_mask_[static_cast<std::size_t>(kept[i])] = 1;
-    cells_.clear();
+    cells_.assign(cells, cells + count_in);
     positions_.clear();
-    for (std::uint32_t i = 0; i < n; ++i)
-      if (!keep_mask_[i]) {
-        cells_.push_back(order[i]);
-        positions_.push_back(s.pos[static_cast<std::size_t>(order[i])]);
-      }
+    for (const std::int32_t c : cells_) positions_.push_back(s.pos[static_cast<std::size_t>(c)]);
     const auto k_row = static_cast<std::size_t>(shape.k_row_bytes());
     const auto v_row = static_cast<std::size_t>(shape.v_row_bytes());
     const std::size_t count = cells_.size();
@@ -138,9 +143,9 @@ class EvictedCells {
   const std::vector<std::int32_t>& positions() const { return positions_; }
 
  private:
-  std::vector<std::uint8_t> keep_mask_;           // [cells]: kept
-  std::vector<std::int32_t> cells_, positions_;   // the evicted cells (blob order), their positions
-  std::vector<std::vector<std::uint8_t>> k_, v_;  // per layer: evicted x a row's bytes
+  std::vector<std::uint8_t> keep_mask_;                    // [cells]: kept
+  std::vector<std::int32_t> evicted_, cells_, positions_;  // the cells staged (blob indices), their positions
+  std::vector<std::vector<std::uint8_t>> k_, v_;           // per layer: evicted x a row's bytes
   std::vector<const void*> k_ptr_, v_ptr_;
 };
 

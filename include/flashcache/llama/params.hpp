@@ -56,6 +56,10 @@ struct CompressParams : CompactionSettings {
   // another shape is refused. Null: evicted cells are dropped.
   Archive* archive = nullptr;
   ArchiveOptions archive_options;
+  // Positions kept whatever their score (ascending; cells recalled for the current
+  // turn, ContextManager): protect_count of them at protect.
+  const llama_pos* protect = nullptr;
+  std::int64_t protect_count = 0;
 };
 inline CompressParams compress_default_params() { return CompressParams{}; }
 
@@ -77,6 +81,8 @@ inline Status check_compress_params(const CompressParams& p) {
                       "cells' positions have gaps, theta and the layout are the model's, and a "
                       "q8_0 cache is Hadamard-rotated");
   if (p.n_threads < 0) return make_error(Errc::invalid_option, "llama: n_threads ", p.n_threads, " is negative");
+  if (p.protect_count < 0 || (p.protect_count > 0 && p.protect == nullptr))
+    return make_error(Errc::invalid_option, "llama: ", p.protect_count, " protected positions at a null pointer");
   if (p.options.score.query != QueryInput::none && p.queries == nullptr)
     return make_error(Errc::invalid_option, "llama: ScoreOptions::query is ", to_string(p.options.score.query),
                       " but no QueryCapture was given (flashcache/llama/queries.hpp)");

@@ -70,6 +70,14 @@ class QueryCapture {
       status_ = make_error(Errc::invalid_option, "llama: QueryCapture::follow(", first, ", ", count, ")");
   }
 
+  // Keeps nothing and asks llama.cpp for nothing until the next begin() or
+  // follow(): decodes run as without a capture.
+  void pause() {
+    running_ = false;
+    prompt_ = 0;
+    start(0, 0, 0);
+  }
+
   // llama_context_params::cb_eval, with cb_eval_user_data = the QueryCapture.
   static bool eval(ggml_tensor* t, bool ask, void* user) {
     auto* self = static_cast<QueryCapture*>(user);
@@ -80,7 +88,7 @@ class QueryCapture {
 
   // The first problem met while capturing (a type, shape or count off), or success.
   const Status& status() const { return status_; }
-  bool running() const { return running_; }       // follow(), not begin()
+  bool running() const { return running_; }  // follow(), not begin()
   std::int64_t prompt_tokens() const { return prompt_; }
   std::int64_t first_position() const { return windows_.empty() ? first_ : windows_[0].first_kept(); }
   int layers() const { return static_cast<int>(seen_.size()); }
@@ -178,8 +186,8 @@ class QueryCapture {
 
   bool running_ = false;
   std::int64_t prompt_ = 0, origin_ = 0, first_ = 0, count_ = 0, heads_ = 0, dim_ = 0;
-  std::vector<std::int64_t> seen_;     // tokens each layer's node has seen
-  std::vector<QueryWindow> windows_;   // [layer]: the kept queries
+  std::vector<std::int64_t> seen_;    // tokens each layer's node has seen
+  std::vector<QueryWindow> windows_;  // [layer]: the kept queries
   Status status_;
 };
 

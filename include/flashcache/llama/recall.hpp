@@ -1,0 +1,434 @@
+#pragma once
+// Recall at a new turn: the cells a running context evicted (an Archive, kept
+// by ContextManager with ContextParams::archive) are scored with the new turn's
+// own queries, and the blocks it needs come back before the reply is generated.
+//
+// A compaction decides before the question is known; a question is the first
+// moment its queries exist. After the program decoded the turn (its queries
+// captured through cb_eval by a QueryCapture that follows the turn), the
+// recall reads the sequence's state, scores every archived token by the
+// largest attention probability the turn's queries give it over the whole
+// context (flashcache/recall.hpp, one ranking shared by every layer and head,
+// as llama.cpp's cells need), and takes the best blocks within the budget.
+// A block comes back only where there is room or it beats, by that same
+// score, the resident cells it would displace (never the first n_keep, never
+// the turn). The new sequence (the residents kept and the blocks, each cell at
+// its original position) replaces the old one, and the turn is decoded again
+// (RecallRedo::turn) or only its last token (RecallRedo::last_token: its logits
+// are what the reply starts from), so the reply sees what came back. The
+// displaced residents go to the archive.
+//
+// Nothing is lost: the archive changes only after the sequence was replaced and
+// decoded again; any failure before puts the original state back. A q8_0 K
+// cache is refused by name: llama.cpp stores its keys Hadamard-rotated, the
+// captured queries are not.
+#include <llama.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "flashcache/archive.hpp"
+#include "flashcache/error.hpp"
+#include "flashcache/llama/checks.hpp"
+#include "flashcache/llama/evict.hpp"
+#include "flashcache/llama/queries.hpp"
+#include "flashcache/llama/rows.hpp"
+#include "flashcache/llama/state.hpp"
+#include "flashcache/parallel.hpp"
+#include "flashcache/recall.hpp"
+#include "flashcache/view.hpp"
+
+namespace flashcache {
+namespace llama {
+
+// What is decoded again once recalled cells are in.
+enum class RecallRedo {
+  last_token,  // the turn's last token: its logits see the recalled cells in every layer
+  turn,        // the whole turn: its own cells are recomputed with the recalled ones
+};
+
+inline const char* to_string(RecallRedo r) { return r == RecallRedo::turn ? "turn" : "last_token"; }
+
+struct RecallSettings {
+  std::int64_t budget = 0;  // cells a new turn may bring back; 0: no recall
+  RecallRedo redo = RecallRedo::turn;
+  std::int64_t queries = 256;  // the turn's last queries that score
+  // The QueryCapture on the context's cb_eval that takes the turn's queries
+  // (ContextManager::begin_turn starts it; it pauses after the recall).
+  QueryCapture* capture = nullptr;
+};
+
+inline Status check_recall_settings(const RecallSettings& r) {
+  if (r.budget < 0) return make_error(Errc::invalid_budget, "llama recall: budget ", r.budget, " is negative");
+  if (r.budget == 0) return Status::success();
+  if (r.redo != RecallRedo::turn && r.redo != RecallRedo::last_token)
+    return make_error(Errc::invalid_option, "llama recall: unknown redo");
+  if (r.queries < 1) return make_error(Errc::invalid_option, "llama recall: ", r.queries, " queries (at least 1)");
+  if (r.capture == nullptr)
+    return make_error(Errc::invalid_option,
+                      "llama recall: RecallSettings::capture is null (a QueryCapture on the context's cb_eval "
+                      "takes the turn's queries)");
+  return Status::success();
+}
+
+// What one recall did.
+struct RecallStats {
+  std::int64_t archive_tokens = 0;                 // scored
+  std::int64_t queries = 0;                        // the turn's queries that scored them
+  std::int64_t recalled = 0;                       // cells brought back
+  std::int64_t displaced = 0;                      // resident cells moved to the archive to make room
+  std::int64_t redecoded = 0;                      // tokens decoded again
+  std::int64_t archive_dropped = 0;                // cells the archive's cap dropped when the displaced went in
+  std::int64_t cells_before = 0, cells_after = 0;  // the sequence's (0 when nothing was read)
+  double score_ms = 0, write_ms = 0, redo_ms = 0, ms = 0;
+};
+
+class TurnRecaller {
+ public:
+  // The turn `turn[0..n)` was just decoded as the sequence's last n positions,
+  // with `capture` following it. Recalls into a sequence of at most `cap` cells
+  // whose first n_keep positions stay. threads: the scoring threads.
+  Status recall(llama_context* ctx, llama_seq_id seq, QueryCapture* capture, const llama_token* turn, std::int64_t n,
+                Archive* archive, std::int64_t cap, std::int64_t n_keep, const RecallSettings& r, int threads,
+                RecallStats* stats) {
+    const auto t0 = clock::now();
+    RecallStats st;
+    recalled_pos_.clear();
+    FLASHCACHE_RETURN_IF_ERROR(check_supported(ctx, seq));
+    FLASHCACHE_RETURN_IF_ERROR(check_recall_settings(r));
+    if (archive == nullptr || capture == nullptr || turn == nullptr || n < 1)
+      return make_error(Errc::invalid_option, "llama recall: null archive, capture or turn, or ", n, " turn tokens");
+    if (r.budget == 0 || archive->tokens() == 0) {  // nothing to bring back: nothing read
+      capture->pause();
+      if (stats != nullptr) *stats = st;
+      return Status::success();
+    }
+    SeqState s;
+    FLASHCACHE_RETURN_IF_ERROR(read(ctx, seq, &s));
+    const std::int64_t heads = llama_model_n_head_kv(llama_get_model(ctx));
+    FLASHCACHE_RETURN_IF_ERROR(check_turn(ctx, s, heads, *capture, *archive, n));
+    st.cells_before = st.cells_after = s.cell_count;
+    FLASHCACHE_RETURN_IF_ERROR(score(s, heads, *capture, *archive, threads, &st));
+    capture->pause();  // the turn's queries are used; a decode again must not count as new tokens
+    const auto t1 = clock::now();
+    st.score_ms = ms(t0, t1);
+    choose(*archive, cap, n_keep, n, r.budget);
+    if (chosen_.empty()) {
+      st.ms = ms(t0, clock::now());
+      if (stats != nullptr) *stats = st;
+      return Status::success();
+    }
+    // The new sequence: every resident not displaced (without what is decoded
+    // again) and the recalled tokens, by position.
+    const std::int64_t redo = r.redo == RecallRedo::turn ? n : 1;
+    const std::int64_t cells = s.cell_count;
+    merged_.clear();
+    for (std::int64_t i = 0; i < cells - redo; ++i)
+      if (!displaced_mask_[static_cast<std::size_t>(i)]) merged_.push_back({order_[static_cast<std::size_t>(i)], -1});
+    for (const std::int64_t b : chosen_)
+      for (std::int64_t t = archive->block_first(b); t < archive->block_first(b) + archive->block_tokens(b); ++t)
+        merged_.push_back({-1, t});
+    std::sort(merged_.begin(), merged_.end(),
+              [&](const Merged& x, const Merged& y) { return pos_of(s, *archive, x) < pos_of(s, *archive, y); });
+    for (const Merged& m : merged_)
+      if (m.cell < 0) recalled_pos_.push_back(archive->positions()[m.token]);
+    FLASHCACHE_RETURN_IF_ERROR(evicted_.stage_cells(blob_.data(), s, heads, displaced_.data(),
+                                                    static_cast<std::int64_t>(displaced_.size()), archive,
+                                                    archive->options()));
+    FLASHCACHE_RETURN_IF_ERROR(detail::write_cells(s, static_cast<std::uint32_t>(merged_.size()),
+                                                   MergedCells{blob_.data(), s, *archive, merged_.data()}, &out_));
+    const auto t2 = clock::now();
+    FLASHCACHE_RETURN_IF_ERROR(replace_and_redo(ctx, seq, s, turn + (n - redo), redo));
+    const auto t3 = clock::now();
+    // Committed: the recalled blocks leave the archive, the displaced residents enter it.
+    const std::int64_t dropped = archive->dropped_tokens();
+    FLASHCACHE_RETURN_IF_ERROR(archive->erase(chosen_.data(), static_cast<std::int64_t>(chosen_.size())));
+    FLASHCACHE_RETURN_IF_ERROR(evicted_.append_to(archive));
+    st.archive_dropped = archive->dropped_tokens() - dropped;
+    st.recalled = static_cast<std::int64_t>(recalled_pos_.size());
+    st.displaced = static_cast<std::int64_t>(displaced_.size());
+    st.redecoded = redo;
+    st.cells_after = static_cast<std::int64_t>(merged_.size()) + redo;
+    st.write_ms = ms(t1, t2);
+    st.redo_ms = ms(t2, t3);
+    st.ms = ms(t0, clock::now());
+    if (stats != nullptr) *stats = st;
+    return Status::success();
+  }
+
+  // The positions the last recall brought back, ascending.
+  const std::vector<llama_pos>& recalled_positions() const { return recalled_pos_; }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  static double ms(clock::time_point a, clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  }
+
+  // A cell of the new sequence: a resident (its blob index) or an archived token.
+  struct Merged {
+    std::int32_t cell;
+    std::int64_t token;
+  };
+  static std::int32_t pos_of(const SeqState& s, const Archive& a, const Merged& m) {
+    return m.cell >= 0 ? s.pos[static_cast<std::size_t>(m.cell)] : a.positions()[m.token];
+  }
+  // The writer's view of the merged cells (detail::write_cells).
+  struct MergedCells {
+    const std::uint8_t* blob;
+    const SeqState& s;
+    const Archive& a;
+    const Merged* cells;
+    std::int32_t pos(std::uint32_t i) const { return pos_of(s, a, cells[i]); }
+    const std::uint8_t* k(std::size_t l, std::uint32_t i) const {
+      const Merged& m = cells[i];
+      return m.cell >= 0 ? blob + s.layers[l].k_offset + static_cast<std::size_t>(m.cell) * s.layers[l].k_row_bytes
+                         : a.k_row(static_cast<int>(l), m.token);
+    }
+    const std::uint8_t* v(std::size_t l, std::uint32_t i) const {
+      const Merged& m = cells[i];
+      const LayerState& L = s.layers[l];
+      return m.cell >= 0
+                 ? blob + L.v_offset + static_cast<std::size_t>(m.cell) * (s.v_trans ? L.v_elem_bytes : L.v_row_bytes)
+                 : a.v_row(static_cast<int>(l), m.token);
+    }
+    std::size_t v_step(std::size_t l, std::uint32_t i) const {
+      return cells[i].cell >= 0 ? static_cast<std::size_t>(s.cell_count) * s.layers[l].v_elem_bytes
+                                : s.layers[l].v_elem_bytes;  // an archived V row holds its elements in order
+    }
+  };
+
+  Status read(llama_context* ctx, llama_seq_id seq, SeqState* s) {
+    const std::size_t size = llama_state_seq_get_size(ctx, seq);
+    if (size == 0) return make_error(Errc::unsupported, "llama recall: llama_state_seq_get_size failed");
+    blob_.resize(size);
+    if (llama_state_seq_get_data(ctx, blob_.data(), size, seq) != size)
+      return make_error(Errc::unsupported, "llama recall: llama_state_seq_get_data wrote less than its size");
+    FLASHCACHE_RETURN_IF_ERROR(parse_seq_state(blob_.data(), blob_.size(), s));
+    llama_memory_t mem = llama_get_memory(ctx);
+    return detail::check_against_model(ctx, llama_get_model(ctx), seq, *s, llama_memory_seq_pos_min(mem, seq),
+                                       llama_memory_seq_pos_max(mem, seq));
+  }
+
+  // The turn is the sequence's last n positions, the capture holds its queries
+  // (one run ending at the last), and the archive holds this state's rows.
+  Status check_turn(llama_context* ctx, const SeqState& s, std::int64_t heads, const QueryCapture& q, const Archive& a,
+                    std::int64_t n) {
+    if (s.layers[0].k_type == GgmlType::q8_0)
+      return make_error(Errc::unsupported,
+                        "llama recall: a q8_0 K cache (llama.cpp stores its keys Hadamard-rotated; the captured "
+                        "queries are not)");
+    FLASHCACHE_RETURN_IF_ERROR(detail::check_logit_scale(llama_get_model(ctx)));
+    ArchiveShape shape;
+    FLASHCACHE_RETURN_IF_ERROR(archive_shape(s, heads, &shape));
+    const ArchiveShape& has = a.shape();
+    if (has.layers != shape.layers || has.kv_heads != shape.kv_heads || has.head_dim != shape.head_dim ||
+        has.k_type != shape.k_type || has.v_type != shape.v_type)
+      return make_error(Errc::invalid_shape, "llama recall: the archive's rows are not this sequence's");
+    order_ = cells_by_position(s);
+    const std::int64_t cells = s.cell_count;
+    if (n > cells)
+      return make_error(Errc::invalid_option, "llama recall: a turn of ", n, " tokens in ", cells, " cells");
+    const llama_pos hi = s.pos[static_cast<std::size_t>(order_.back())];
+    for (std::int64_t i = 0; i < n; ++i)
+      if (s.pos[static_cast<std::size_t>(order_[static_cast<std::size_t>(cells - n + i)])] != hi - n + 1 + i)
+        return make_error(Errc::invalid_option, "llama recall: the turn's ", n,
+                          " tokens are not the sequence's last positions (", hi - n + 1, " to ", hi, ")");
+    FLASHCACHE_RETURN_IF_ERROR(q.status());
+    if (!q.running() || !q.complete() || q.layers() != static_cast<int>(s.layers.size()) || q.end_position() != hi + 1)
+      return make_error(Errc::invalid_option, "llama recall: the QueryCapture did not follow the turn (it saw ",
+                        q.tokens_seen(), " tokens in ", q.layers(), " layers up to position ", q.end_position() - 1,
+                        "; the turn ends at ", hi, "): ContextManager::begin_turn before the turn is decoded");
+    const std::int64_t dim = static_cast<std::int64_t>(s.layers[0].k_embd) / heads;
+    for (int l = 0; l < q.layers(); ++l) {
+      const QueryWindow& w = q.window(l);
+      if (w.pieces() != 1 || w.piece(0).first < hi - n + 1 || w.piece(0).first + w.piece(0).q.tokens != hi + 1)
+        return make_error(Errc::invalid_option, "llama recall: layer ", l,
+                          "'s captured queries are not one run of the turn's last positions");
+      if (w.head_dim() != dim || w.heads() % heads != 0)
+        return make_error(Errc::unsupported, "llama recall: queries of ", w.heads(), " heads of ", w.head_dim(),
+                          " for ", heads, " KV heads of ", dim);
+    }
+    return Status::success();
+  }
+
+  // Every archived token's score (and every resident's) from the turn's queries,
+  // the layers spread over the threads, each with its own scorer; then merged.
+  Status score(const SeqState& s, std::int64_t heads, const QueryCapture& q, const Archive& a, int threads,
+               RecallStats* st) {
+    const std::int64_t cells = s.cell_count, layers = static_cast<std::int64_t>(s.layers.size());
+    const std::int64_t m = q.window(0).piece(0).q.tokens, r = cells - m;
+    const std::int64_t embd = static_cast<std::int64_t>(s.layers[0].k_embd), dim = embd / heads;
+    const int workers = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, layers)));
+    pool_.resize(workers);
+    if (work_.size() < static_cast<std::size_t>(workers)) work_.resize(static_cast<std::size_t>(workers));
+    for (int w = 0; w < workers; ++w) {
+      Worker& x = work_[static_cast<std::size_t>(w)];
+      x.status = x.scorer.reset(a, RecallScope::shared);
+      x.keys.resize(static_cast<std::size_t>(cells * embd));
+    }
+    auto one_layer = [&](std::int64_t l, int w) {
+      Worker& x = work_[static_cast<std::size_t>(w)];
+      if (!x.status.ok()) return;
+      layer_to_float(blob_.data(), s, static_cast<std::size_t>(l), Part::k, order_.data(),
+                     static_cast<std::uint32_t>(cells), x.keys.data());
+      const float* k = x.keys.data();
+      x.status = x.scorer.add_layer<float>(static_cast<int>(l), q.window(static_cast<int>(l)).piece(0).q,
+                                           nhd(k, Tokens(r), Heads(heads), HeadDim(dim)),
+                                           nhd(k + r * embd, Tokens(m), Heads(heads), HeadDim(dim)));
+    };
+    pool_.run(layers, one_layer);
+    block_score_.assign(static_cast<std::size_t>(a.blocks()), 0.0f);
+    resident_score_.assign(static_cast<std::size_t>(r), 0.0f);
+    part_.resize(block_score_.size());
+    for (int w = 0; w < workers; ++w) {
+      Worker& x = work_[static_cast<std::size_t>(w)];
+      FLASHCACHE_RETURN_IF_ERROR(x.status);
+      if (x.scorer.resident_tokens() < 0) continue;  // no layer ran on this worker
+      FLASHCACHE_RETURN_IF_ERROR(x.scorer.block_scores(part_.data(), a.blocks()));
+      for (std::size_t b = 0; b < part_.size(); ++b) block_score_[b] = std::max(block_score_[b], part_[b]);
+      for (std::int64_t t = 0; t < r; ++t)
+        resident_score_[static_cast<std::size_t>(t)] =
+            std::max(resident_score_[static_cast<std::size_t>(t)], x.scorer.resident_score(t));
+    }
+    st->archive_tokens = a.tokens();
+    st->queries = m;
+    return Status::success();
+  }
+
+  // The blocks to bring back, best first, each only where it fits the budget and
+  // there is room or it beats every resident it displaces (the lowest-scoring
+  // ones, outside the first n_keep and the turn). Fills chosen_ (ascending),
+  // displaced_ (blob indices) and displaced_mask_ (by position order).
+  void choose(const Archive& a, std::int64_t cap, std::int64_t n_keep, std::int64_t turn, std::int64_t budget) {
+    const std::int64_t cells = static_cast<std::int64_t>(order_.size());
+    chosen_.clear();
+    displaced_.clear();
+    displaced_mask_.assign(static_cast<std::size_t>(cells), 0);
+    std::vector<std::int64_t>& blocks = scratch_;
+    blocks.clear();
+    for (std::int64_t b = 0; b < a.blocks(); ++b)
+      if (block_score_[static_cast<std::size_t>(b)] > 0) blocks.push_back(b);
+    const auto& bs = block_score_;
+    std::sort(blocks.begin(), blocks.end(), [&](std::int64_t x, std::int64_t y) {
+      return bs[static_cast<std::size_t>(x)] > bs[static_cast<std::size_t>(y)] ||
+             (bs[static_cast<std::size_t>(x)] == bs[static_cast<std::size_t>(y)] && x < y);
+    });
+    // Residents that may make room, lowest score first (ties: the older).
+    victims_.clear();
+    for (std::int64_t i = std::min(n_keep, cells); i < cells - turn; ++i) victims_.push_back(i);
+    const auto& rs = resident_score_;
+    std::sort(victims_.begin(), victims_.end(), [&](std::int64_t x, std::int64_t y) {
+      return rs[static_cast<std::size_t>(x)] < rs[static_cast<std::size_t>(y)] ||
+             (rs[static_cast<std::size_t>(x)] == rs[static_cast<std::size_t>(y)] && x < y);
+    });
+    std::int64_t used = 0, out = 0;
+    const std::int64_t room = std::max<std::int64_t>(0, cap - cells);
+    for (const std::int64_t b : blocks) {
+      const std::int64_t size = a.block_tokens(b);
+      if (used + size > budget) continue;
+      const std::int64_t need = std::max<std::int64_t>(0, used + size - room);  // residents out in all
+      if (need > static_cast<std::int64_t>(victims_.size())) continue;
+      bool beats = true;
+      for (std::int64_t v = out; v < need && beats; ++v)
+        beats = bs[static_cast<std::size_t>(b)] > rs[static_cast<std::size_t>(victims_[static_cast<std::size_t>(v)])];
+      if (!beats) continue;
+      chosen_.push_back(b);
+      used += size;
+      out = std::max(out, need);
+    }
+    std::sort(chosen_.begin(), chosen_.end());
+    for (std::int64_t v = 0; v < out; ++v)
+      displaced_mask_[static_cast<std::size_t>(victims_[static_cast<std::size_t>(v)])] = 1;
+    for (std::int64_t i = 0; i < cells; ++i)
+      if (displaced_mask_[static_cast<std::size_t>(i)]) displaced_.push_back(order_[static_cast<std::size_t>(i)]);
+  }
+
+  // Replaces the sequence by out_ and decodes `redo` tokens again after it; any
+  // failure puts the original state (blob_) back.
+  Status replace_and_redo(llama_context* ctx, llama_seq_id seq, const SeqState& s, const llama_token* tokens,
+                          std::int64_t redo) {
+    llama_memory_t mem = llama_get_memory(ctx);
+    const llama_pos hi = s.pos[static_cast<std::size_t>(order_.back())];
+    if (!llama_memory_seq_rm(mem, seq, -1, -1))
+      return make_error(Errc::unsupported, "llama recall: llama_memory_seq_rm refused to remove sequence ", seq);
+    Status failed = Status::success();
+    const std::size_t set = llama_state_seq_set_data(ctx, out_.data(), out_.size(), seq);
+    if (set != out_.size()) {
+      failed = make_error(Errc::unsupported, "llama recall: llama_state_seq_set_data read ", set, " of ", out_.size(),
+                          " bytes");
+    } else if (llama_memory_seq_pos_max(mem, seq) >= hi - redo + 1) {
+      failed = make_error(Errc::unsupported, "llama recall: after the write the last position is ",
+                          llama_memory_seq_pos_max(mem, seq), ", expected below ", hi - redo + 1);
+    } else {
+      const std::int64_t step = std::max<std::int64_t>(1, llama_n_batch(ctx));
+      for (std::int64_t i = 0; i < redo && failed.ok(); i += step) {
+        const std::int64_t count = std::min(step, redo - i);
+        fill_batch(tokens + i, count, hi - redo + 1 + static_cast<llama_pos>(i), seq, i + count == redo);
+        if (const int rc = llama_decode(ctx, batch_view(count)); rc != 0)
+          failed =
+              make_error(Errc::unsupported, "llama recall: decoding the turn again failed (llama_decode ", rc, ")");
+      }
+      if (failed.ok() && llama_memory_seq_pos_max(mem, seq) != hi)
+        failed = make_error(Errc::unsupported, "llama recall: after decoding again the last position is ",
+                            llama_memory_seq_pos_max(mem, seq), ", expected ", hi);
+    }
+    if (failed.ok()) return failed;
+    llama_memory_seq_rm(mem, seq, -1, -1);
+    const std::size_t back = llama_state_seq_set_data(ctx, blob_.data(), blob_.size(), seq);
+    if (back != blob_.size() || llama_memory_seq_pos_max(mem, seq) != hi)
+      return make_error(Errc::unsupported, failed.message(), "; restoring the original state failed too: sequence ",
+                        seq, " is lost");
+    return make_error(failed.code(), failed.message(), "; the original state is restored, the archive unchanged");
+  }
+
+  void fill_batch(const llama_token* tokens, std::int64_t count, llama_pos first, llama_seq_id seq, bool last) {
+    tokens_.assign(tokens, tokens + count);
+    pos_.resize(static_cast<std::size_t>(count));
+    n_seq_.assign(static_cast<std::size_t>(count), 1);
+    seq_ = seq;
+    seq_ptr_.assign(static_cast<std::size_t>(count), &seq_);
+    logits_.assign(static_cast<std::size_t>(count), 0);
+    for (std::int64_t i = 0; i < count; ++i) pos_[static_cast<std::size_t>(i)] = first + static_cast<llama_pos>(i);
+    if (last) logits_.back() = 1;
+  }
+  llama_batch batch_view(std::int64_t count) {
+    llama_batch b{};
+    b.n_tokens = static_cast<std::int32_t>(count);
+    b.token = tokens_.data();
+    b.pos = pos_.data();
+    b.n_seq_id = n_seq_.data();
+    b.seq_id = seq_ptr_.data();
+    b.logits = logits_.data();
+    return b;
+  }
+
+  struct Worker {
+    RecallScorer scorer;
+    std::vector<float> keys;  // one layer's keys, [cells][kv heads x head dim]
+    Status status;
+  };
+
+  WorkerPool pool_;
+  std::vector<Worker> work_;
+  std::vector<std::uint8_t> blob_, out_;
+  std::vector<std::int32_t> order_, displaced_;
+  std::vector<std::uint8_t> displaced_mask_;
+  std::vector<float> block_score_, resident_score_, part_;
+  std::vector<std::int64_t> chosen_, scratch_, victims_;
+  std::vector<Merged> merged_;
+  std::vector<llama_pos> recalled_pos_;
+  EvictedCells evicted_;
+  // The batch decoded again.
+  std::vector<llama_token> tokens_;
+  std::vector<llama_pos> pos_;
+  std::vector<std::int32_t> n_seq_;
+  std::vector<llama_seq_id*> seq_ptr_;
+  std::vector<std::int8_t> logits_;
+  llama_seq_id seq_ = 0;
+};
+
+}  // namespace llama
+}  // namespace flashcache
