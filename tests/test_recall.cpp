@@ -180,6 +180,34 @@ TEST(Archive, TheCapDropsTheOldestWholeBlocksAndCountsThem) {
   EXPECT_NE(s.message().find("holds less than one block"), std::string::npos) << s.message();
 }
 
+// copy_blocks leaves the archive as it was; erase then closes up; drop_all empties
+// it and counts every token it held.
+TEST(Archive, CopyEraseAndDropAllKeepTheCount) {
+  const Rows rows(2, 40, 1, 4, 5);
+  Archived a;
+  fill(rows, fc::RowType::f16, {8, 0}, &a);
+  const std::int64_t blocks[] = {1, 4};
+  std::vector<std::int32_t> pos(16);
+  std::vector<std::vector<unsigned char>> k(2, std::vector<unsigned char>(16 * 8)), v = k;
+  void* kp[] = {k[0].data(), k[1].data()};
+  void* vp[] = {v[0].data(), v[1].data()};
+  std::int64_t copied = 0;
+  ASSERT_TRUE(a.archive.copy_blocks(blocks, 2, pos.data(), kp, vp, &copied).ok());
+  EXPECT_EQ(copied, 16);
+  EXPECT_EQ(a.archive.tokens(), 40);
+  EXPECT_EQ(pos[0], 1008);
+  EXPECT_EQ(pos[8], 1032);
+  EXPECT_EQ(std::memcmp(k[1].data() + 8 * 8, a.archive.k_row(1, 32), 8 * 8), 0);
+  ASSERT_TRUE(a.archive.erase(blocks, 2).ok());
+  ASSERT_EQ(a.archive.tokens(), 24);
+  EXPECT_EQ(a.archive.positions()[8], 1016);
+  EXPECT_EQ(a.archive.positions()[23], 1031);
+  EXPECT_EQ(std::memcmp(a.archive.v_row(0, 8), a.v[0].data() + 16 * 8, 16 * 8), 0);
+  a.archive.drop_all();
+  EXPECT_EQ(a.archive.tokens(), 0);
+  EXPECT_EQ(a.archive.dropped_tokens(), 24);
+}
+
 TEST(Archive, RefusesBadInputByName) {
   fc::Archive a;
   constexpr fc::RowType f32 = fc::RowType::f32;
@@ -309,6 +337,84 @@ TEST(Recall, PerHeadScoresMatchTheNaiveAttentionOfEachHead) {
 }
 
 // K and V of different types (llama.cpp's -ctk q8_0 -ctv f16): each kept as it came.
+// RecallScore::digest against a naive double reference (each block's per-channel
+// range of its keys as stored, each query's lse over the resident and question keys,
+// causally), and as a bound: a block's digest is at least its exact score.
+TEST(Recall, DigestScoresMatchANaiveBoundAndBoundTheExactScore) {
+  for (fc::RowType type : {fc::RowType::f32, fc::RowType::f16, fc::RowType::q8_0}) {
+    SCOPED_TRACE(fc::to_string(type));
+    const int layers = 2;
+    const std::int64_t hq = 6, hkv = 2, r = 29, a = 45, m = 4, d = 48, block = 16;
+    const Rows archived(layers, a, hkv, d, 17), resident(layers, r, hkv, d, 18), question_k(layers, m, hkv, d, 19);
+    const Rows queries(layers, m, hq, d, 20);
+    Archived arc;
+    fill(archived, type, {block, 0}, &arc);
+    fc::RecallScorer digest, exact;
+    ASSERT_TRUE(digest.reset(arc.archive, fc::RecallScope::shared, fc::RecallScore::digest).ok());
+    ASSERT_TRUE(exact.reset(arc.archive).ok());
+    const std::int64_t blocks = arc.archive.blocks();
+    std::vector<double> want(static_cast<std::size_t>(blocks), 0.0), want_resident(static_cast<std::size_t>(r), 0.0);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    for (int l = 0; l < layers; ++l) {
+      const auto& Q = queries.k[static_cast<std::size_t>(l)];
+      const auto& R = resident.k[static_cast<std::size_t>(l)];
+      const auto& M = question_k.k[static_cast<std::size_t>(l)];
+      const std::vector<float> A = rounded(archived.k[static_cast<std::size_t>(l)], type);
+      for (std::int64_t g = 0; g < hq; ++g) {
+        const std::int64_t h = g / (hq / hkv);
+        for (std::int64_t i = 0; i < m; ++i) {
+          const float* qi = Q.data() + (g * m + i) * d;
+          auto dot = [&](const float* k) {
+            double x = 0;
+            for (std::int64_t c = 0; c < d; ++c) x += static_cast<double>(qi[c]) * k[c];
+            return x * scale;
+          };
+          std::vector<double> logit;
+          for (std::int64_t j = 0; j < r; ++j) logit.push_back(dot(R.data() + (j * hkv + h) * d));
+          for (std::int64_t j = 0; j <= i; ++j) logit.push_back(dot(M.data() + (j * hkv + h) * d));
+          double sum = 0;
+          for (double x : logit) sum += std::exp(x);
+          const double lse = std::log(sum);
+          for (std::int64_t t = 0; t < r; ++t)
+            want_resident[static_cast<std::size_t>(t)] = std::max(want_resident[static_cast<std::size_t>(t)],
+                                                                  std::exp(logit[static_cast<std::size_t>(t)] - lse));
+          for (std::int64_t b = 0; b < blocks; ++b) {
+            double most = 0;
+            for (std::int64_t c = 0; c < d; ++c) {
+              double lo = INFINITY, hi = -INFINITY;
+              for (std::int64_t t = b * block; t < std::min(a, (b + 1) * block); ++t) {
+                lo = std::min<double>(lo, A[static_cast<std::size_t>((t * hkv + h) * d + c)]);
+                hi = std::max<double>(hi, A[static_cast<std::size_t>((t * hkv + h) * d + c)]);
+              }
+              most += std::max(qi[c] * lo, qi[c] * hi);
+            }
+            want[static_cast<std::size_t>(b)] =
+                std::max(want[static_cast<std::size_t>(b)], std::exp(most * scale - lse));
+          }
+        }
+      }
+      const auto q = fc::hnd<const float>(Q.data(), fc::Heads(hq), fc::Tokens(m), fc::HeadDim(d));
+      const auto res = fc::nhd<const float>(R.data(), fc::Tokens(r), fc::Heads(hkv), fc::HeadDim(d));
+      const auto qk = fc::nhd<const float>(M.data(), fc::Tokens(m), fc::Heads(hkv), fc::HeadDim(d));
+      ASSERT_TRUE(digest.add_layer(l, q, res, qk).ok());
+      ASSERT_TRUE(exact.add_layer(l, q, res, qk).ok());
+    }
+    std::vector<float> got(static_cast<std::size_t>(blocks)), exact_blocks(static_cast<std::size_t>(blocks));
+    ASSERT_TRUE(digest.block_scores(got.data(), blocks).ok());
+    ASSERT_TRUE(exact.block_scores(exact_blocks.data(), blocks).ok());
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const double w = want[static_cast<std::size_t>(b)];
+      EXPECT_NEAR(got[static_cast<std::size_t>(b)], w, 1e-5 + 1e-4 * w) << "block " << b;
+      EXPECT_GE(got[static_cast<std::size_t>(b)], exact_blocks[static_cast<std::size_t>(b)] * (1 - 1e-4f))
+          << "block " << b;
+    }
+    for (std::int64_t t = 0; t < r; ++t)
+      EXPECT_NEAR(digest.resident_score(t), want_resident[static_cast<std::size_t>(t)],
+                  1e-5 + 1e-4 * want_resident[static_cast<std::size_t>(t)])
+          << "resident " << t;
+  }
+}
+
 TEST(Archive, KeepsKAndVOfDifferentTypesBitForBit) {
   const Rows rows(2, 41, 2, 32, 5);
   Archived a;

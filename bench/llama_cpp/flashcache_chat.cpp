@@ -16,9 +16,11 @@
 //   flashcache_chat -m MODEL.gguf -f FILE -c 1024 --when-full flashcache -n 32 --json
 // --json prints one object at the end (the fields: docs/LLAMA_CPP.md).
 //
-// Archive and recall (flashcache): --archive keeps what each compaction evicts
-// (positions kept, so no renumbering); --recall N lets each new turn bring back
-// up to N archived cells with its own queries (flashcache/llama/recall.hpp).
+// Archive and recall (flashcache, on by default): each compaction's evicted cells
+// are archived (positions kept, so no renumbering until the model's training
+// length, where the archive is dropped, counted, and the cells renumbered), and
+// each new turn brings back up to --recall N (64) archived cells with its own
+// queries (flashcache/llama/recall.hpp). --no-recall: compaction alone, renumbered.
 // --ask TEXT (with -f): after FILE, TEXT arrives as a new turn, then -n tokens
 // are generated: a question asked after the context was compressed.
 //   flashcache_chat -f FILE -c 1024 --recall 32 --ask "What is the code?" -n 12
@@ -46,14 +48,18 @@ namespace {
 const char* kUsage =
     "usage: flashcache_chat [-m MODEL.gguf] [-c CELLS] [-n N] [-t THREADS] [--keep N] [--temp T] [--top-p P]\n"
     "         [--seed S] [--when-full flashcache|shift|streaming|none] [--target SHARE] [--no-renumber]\n"
-    "         [--window-share SHARE] [--paper | --query-tail] [--archive] [--recall N] [--archive-block N]\n"
-    "         [--redo turn|last]\n"
+    "         [--window-share SHARE] [--paper | --query-tail] [--archive] [--recall N | --no-recall]\n"
+    "         [--archive-block N] [--redo turn|last] [--recall-score exact|digest]\n"
     "         [-s SYSTEM] [-f FILE [-b CHUNK] [--max-tokens N] [--nll-from TOKEN] [--ask TEXT]] [--json] [--quiet]\n"
     "  without -f: a chat, one user turn per line of standard input\n";
 
+// flashcache mode recalls by default: up to 64 cells in blocks of 32 at each new turn,
+// the turn decoded again (chosen on dev by bench/stream/RULE.md stage 4).
+constexpr int kDefaultRecall = 64;
+
 struct Args {
-  std::string model, file, system, ask, redo = "turn";
-  int recall = 0, archive_block = 16;
+  std::string model, file, system, ask, redo = "turn", recall_score = "exact";
+  int recall = -1, archive_block = 32;  // recall -1: kDefaultRecall in flashcache mode, else 0
   bool archive = false;
   int cells = 1024, n_predict = -1, threads = 2, chunk = 128, max_tokens = 0, nll_from = -1;
   long long keep = -1;  // -1: the system prompt's tokens, or 4
@@ -90,6 +96,10 @@ bool parse_args(int argc, char** argv, Args* a) {
       a->archive = true;
       continue;
     }
+    if (k == "--no-recall") {
+      a->recall = 0;
+      continue;
+    }
     if (k == "-h" || k == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -121,6 +131,8 @@ bool parse_args(int argc, char** argv, Args* a) {
       a->ask = v;
     } else if (k == "--redo") {
       a->redo = v;
+    } else if (k == "--recall-score") {
+      a->recall_score = v;
     } else if (!number(&x)) {
       return false;
     } else if (k == "-c" || k == "--ctx-size") {
@@ -160,6 +172,7 @@ bool parse_args(int argc, char** argv, Args* a) {
     std::fprintf(stderr, "flashcache_chat: --paper is the paper's query-free score; --query-tail adds queries\n");
     return false;
   }
+  if (a->recall < 0) a->recall = a->when_full == "flashcache" && !a->query_tail ? kDefaultRecall : 0;
   if (a->recall > 0) a->archive = true;
   if (a->archive && a->query_tail) {
     std::fprintf(stderr, "flashcache_chat: --archive keeps positions, --query-tail renumbers them: one or the other\n");
@@ -167,6 +180,10 @@ bool parse_args(int argc, char** argv, Args* a) {
   }
   if (a->redo != "turn" && a->redo != "last") {
     std::fprintf(stderr, "flashcache_chat: --redo turn or last, not '%s'\n", a->redo.c_str());
+    return false;
+  }
+  if (a->recall_score != "exact" && a->recall_score != "digest") {
+    std::fprintf(stderr, "flashcache_chat: --recall-score exact or digest, not '%s'\n", a->recall_score.c_str());
     return false;
   }
   if (!a->ask.empty() && a->file.empty()) {
@@ -194,11 +211,11 @@ struct Session {
   int n_vocab = 0;
   fl::ContextManager manager;
   llama_batch batch{};
-  std::vector<std::string> events;  // one JSON object each
-  std::vector<std::string> recalls; // one JSON object per turn recall
+  std::vector<std::string> events;   // one JSON object each
+  std::vector<std::string> recalls;  // one JSON object per turn recall
   bool verbose = false;
-  std::int64_t tokens = 0;          // decoded so far
-  llama_pos max_pos = -1;           // the highest position ever used
+  std::int64_t tokens = 0;  // decoded so far
+  llama_pos max_pos = -1;   // the highest position ever used
   double decode_ms = 0, cells_sum = 0;
   std::int64_t cells_count = 0;
 
@@ -212,17 +229,18 @@ struct Session {
       return false;
     }
     if (ev.policy != fl::WhenFull::none) {
-      char buf[512];
+      char buf[1024];
       const fl::CompactionStats& c = ev.compaction;
       std::snprintf(buf, sizeof buf,
                     "{\"policy\": \"%s\", \"at_token\": %lld, \"cells_before\": %lld, \"cells_after\": %lld, "
                     "\"pos_max_after\": %d, \"ms\": %.3f, \"compress_ms\": %.3f, \"read_ms\": %.3f, "
                     "\"score_ms\": %.3f, \"select_ms\": %.3f, \"write_ms\": %.3f, \"query_tails\": %s, "
-                    "\"decode_ms_before\": %.3f}",
-                    fl::to_string(ev.policy), static_cast<long long>(tokens),
-                    static_cast<long long>(ev.cells_before), static_cast<long long>(ev.cells_after),
-                    static_cast<int>(ev.pos_max_after), ev.ms, c.compress_ms, c.read_ms, c.score_ms, c.select_ms,
-                    c.write_ms, c.query_tails ? "true" : "false", decode_ms);
+                    "\"archived\": %lld, \"restarted\": %s, \"restart_dropped\": %lld, \"decode_ms_before\": %.3f}",
+                    fl::to_string(ev.policy), static_cast<long long>(tokens), static_cast<long long>(ev.cells_before),
+                    static_cast<long long>(ev.cells_after), static_cast<int>(ev.pos_max_after), ev.ms, c.compress_ms,
+                    c.read_ms, c.score_ms, c.select_ms, c.write_ms, c.query_tails ? "true" : "false",
+                    static_cast<long long>(c.archived), ev.restarted ? "true" : "false",
+                    static_cast<long long>(ev.restart_dropped), decode_ms);
       events.emplace_back(buf);
     }
     const std::int64_t cells_before = manager.cells();
@@ -414,11 +432,13 @@ int main(int argc, char** argv) {
     cp.archive = true;
     cp.renumber = false;  // an archived cell keeps its position
     cp.archive_options.block_size = a.archive_block;
+    cp.at_max_pos = fl::AtMaxPos::restart;  // a chat never hits the wall
   }
   if (a.recall > 0) {
     cp.recall.budget = a.recall;
     cp.recall.redo = a.redo == "turn" ? fl::RecallRedo::turn : fl::RecallRedo::last_token;
     cp.recall.capture = &capture;
+    cp.recall.score = a.recall_score == "digest" ? fc::RecallScore::digest : fc::RecallScore::exact;
   }
   cp.compress.n_threads = a.threads;
   s.verbose = !a.json && !a.quiet;
@@ -436,7 +456,8 @@ int main(int argc, char** argv) {
   if (rc == 0 && !a.file.empty()) {
     // File mode: teacher-forced through the bounded context, then greedy generation.
     std::vector<llama_token> toks = ls::tokenize(s.vocab, text, true);
-    if (a.max_tokens > 0 && static_cast<int>(toks.size()) > a.max_tokens) toks.resize(static_cast<std::size_t>(a.max_tokens));
+    if (a.max_tokens > 0 && static_cast<int>(toks.size()) > a.max_tokens)
+      toks.resize(static_cast<std::size_t>(a.max_tokens));
     stream_tokens = static_cast<std::int64_t>(toks.size());
     const int nll_from = a.nll_from >= 0 ? a.nll_from : a.cells;  // by default the tokens after the first fill
     std::vector<float> logits;
@@ -500,18 +521,22 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < replies.size(); ++i) rep += (i ? ", " : "") + json_string(replies[i]);
     rep += "]";
     std::printf(
-        "{\"ok\": %s, \"when_full\": \"%s\", \"n_ctx\": %d, \"n_keep\": %lld, \"target\": %.4f, \"renumber\": %s, \"window_share\": %.4f, \"paper\": %s, \"query_tail\": %s, "
-        "\"threads\": %d, \"text\": %s, \"replies\": %s, \"events\": %s, \"recalls\": %s, \"archive\": %s, \"recall\": %d, \"stream_tokens\": %lld, "
+        "{\"ok\": %s, \"when_full\": \"%s\", \"n_ctx\": %d, \"n_keep\": %lld, \"target\": %.4f, \"renumber\": %s, "
+        "\"window_share\": %.4f, \"paper\": %s, \"query_tail\": %s, "
+        "\"threads\": %d, \"text\": %s, \"replies\": %s, \"events\": %s, \"recalls\": %s, \"archive\": %s, \"recall\": "
+        "%d, \"stream_tokens\": %lld, "
         "\"stream_nll\": %.6f, \"nll_tokens\": %lld, \"avg_cells\": %.2f, \"max_position\": %d, "
         "\"decode_ms\": %.3f, \"event_ms\": %.3f, \"tokens\": %lld, \"tokens_per_s\": %.3f}\n",
         rc == 0 ? "true" : "false", fl::to_string(cp.when_full), a.cells, static_cast<long long>(cp.n_keep), cp.target,
-        cp.renumber ? "true" : "false", cp.compress.options.select.window_share, a.paper ? "true" : "false", a.query_tail ? "true" : "false", a.threads, json_string(out_text).c_str(), rep.c_str(), ev.c_str(), rec.c_str(), a.archive ? "true" : "false", a.recall,
-        static_cast<long long>(stream_tokens), nll_count > 0 ? nll_sum / static_cast<double>(nll_count) : 0.0,
-        static_cast<long long>(nll_count), s.cells_count > 0 ? s.cells_sum / static_cast<double>(s.cells_count) : 0.0,
-        static_cast<int>(s.max_pos), s.decode_ms, s.manager.event_ms(), static_cast<long long>(s.tokens),
-        s.decode_ms + s.manager.event_ms() > 0 ? 1000.0 * static_cast<double>(s.tokens) /
-                                                      (s.decode_ms + s.manager.event_ms())
-                                                : 0.0);
+        cp.renumber ? "true" : "false", cp.compress.options.select.window_share, a.paper ? "true" : "false",
+        a.query_tail ? "true" : "false", a.threads, json_string(out_text).c_str(), rep.c_str(), ev.c_str(), rec.c_str(),
+        a.archive ? "true" : "false", a.recall, static_cast<long long>(stream_tokens),
+        nll_count > 0 ? nll_sum / static_cast<double>(nll_count) : 0.0, static_cast<long long>(nll_count),
+        s.cells_count > 0 ? s.cells_sum / static_cast<double>(s.cells_count) : 0.0, static_cast<int>(s.max_pos),
+        s.decode_ms, s.manager.event_ms(), static_cast<long long>(s.tokens),
+        s.decode_ms + s.manager.event_ms() > 0
+            ? 1000.0 * static_cast<double>(s.tokens) / (s.decode_ms + s.manager.event_ms())
+            : 0.0);
   }
   llama_sampler_free(sampler);
   llama_batch_free(s.batch);

@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def run(chat, path, tail):
     cmd = [chat, "-f", path, "-c", "1024", "-b", "128", "-n", "8", "-t", "2", "--json", "--max-tokens", "8192",
-           "--nll-from", "1024", "--when-full", "flashcache"] + (["--query-tail"] if tail else [])
+           "--nll-from", "1024", "--when-full", "flashcache"] + (["--query-tail"] if tail else ["--no-recall"])
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=True)
     d = json.loads(out.stdout)
     shares, last = [], 0.0

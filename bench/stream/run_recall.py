@@ -31,13 +31,17 @@ def default_row():
     return rs.fc_row(0.75, 0.9)
 
 
-def recall_row(budget, block, redo="turn"):
-    return rs.fc_row(0.75, 0.9, renumber=False, archive=True, recall=budget, block=block, redo=redo)
+def recall_row(budget, block, redo="turn", score="exact"):
+    row = rs.fc_row(0.75, 0.9, renumber=False, archive=True, recall=budget, block=block, redo=redo)
+    if score != "exact":
+        row["score"] = score
+    return row
 
 
 def label(row):
     if row.get("archive"):
-        return (f"flashcache + archive, recall {row['recall']}, block {row['block']}, redo {row['redo']}"
+        return (f"flashcache + archive, recall {row['recall']}, block {row['block']}, redo {row['redo']}" +
+                (f", {row['score']} score" if row.get("score") else "")
                 if row.get("recall") else "flashcache + archive, no recall")
     return rs.label(row)
 
@@ -47,7 +51,8 @@ def extra_args(row):
     if row.get("archive"):
         args += ["--archive", "--archive-block", str(row["block"])]
         if row.get("recall"):
-            args += ["--recall", str(row["recall"]), "--redo", "turn" if row["redo"] == "turn" else "last"]
+            args += ["--recall", str(row["recall"]), "--redo", "turn" if row["redo"] == "turn" else "last",
+                     "--recall-score", row.get("score", "exact")]
     return args
 
 
@@ -83,7 +88,7 @@ def run_facts(args, cache, facts, split, rows, log):
             rec = doc.get("recalls", [])
             out.append({"split": split, "filler": filler, "depth": depth, "label": label(row), **row, "cells": cells,
                         "hit": hit, "answer": doc["text"], "events": len(doc["events"]),
-                        "avg_cells": doc["avg_cells"], "recall": rec[0] if rec else None})
+                        "avg_cells": doc["avg_cells"], "recall_event": rec[0] if rec else None})
             log(f"ask {split} depth {depth} {label(row)}: {'hit' if hit else 'miss'} ({doc['text'][:40]!r})")
     return out
 
@@ -158,6 +163,20 @@ def main():
     held_default = {r["cells"]: r["stream_nll"] for r in stage2["streams"]
                     if r["split"] == "heldout" and r["label"] == rs.label(default_row())}
 
+    # Stage 4b: the digest at the chosen setting, on dev; held-out once if it wins.
+    digest = dict(pick, score="digest")
+    dev += run_facts(args, cache, dev_facts_in, "dev", [digest], log)
+
+    def median_score_ms(rows, lab):
+        ms = sorted(r["recall_event"]["score_ms"] for r in rows if r["label"] == lab and r["recall_event"])
+        return ms[len(ms) // 2] if ms else float("inf")
+    digest_wins = (hits(dev, label(digest)) >= hits(dev, label(pick)) and
+                   median_score_ms(dev, label(digest)) < median_score_ms(dev, label(pick)))
+    log(f"digest wins: {digest_wins} (dev hits {hits(dev, label(digest))}, median score ms "
+        f"{median_score_ms(dev, label(digest)):.1f} against {median_score_ms(dev, label(pick)):.1f})")
+    if digest_wins:
+        held += run_facts(args, cache, held_in, "heldout", [digest], log)
+
     doc = {
         "command": "python3 bench/stream/run_recall.py --chat build/bench/llama_cpp/flashcache_chat",
         "date": started,
@@ -169,6 +188,9 @@ def main():
                    "chosen": label(pick), "row": pick, "dev_default_nll": default_nll,
                    "on_by_default": on_by_default},
         "heldout_default_nll": held_default,
+        "digest_choice": {"label": label(digest), "dev_hits": hits(dev, label(digest)), "wins": digest_wins,
+                          "dev_median_score_ms": median_score_ms(dev, label(digest)),
+                          "dev_median_score_ms_exact": median_score_ms(dev, label(pick))},
         "facts": dev + held, "streams": dev_streams + held_streams,
     }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

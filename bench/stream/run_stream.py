@@ -45,6 +45,8 @@ def policy_args(row):
             args.append("--paper")
         if row.get("query_tail"):
             args.append("--query-tail")
+        if not row.get("archive"):
+            args.append("--no-recall")  # the rows of stages 1-3 ran before recall was the chat's default
     return args
 
 

@@ -158,6 +158,13 @@ class Archive {
     return Status::success();
   }
 
+  // Drops every token, counted with the cap's drops (dropped_tokens()): for when
+  // the archived positions are no longer the sequence's (a renumbering).
+  void drop_all() {
+    dropped_ += tokens();
+    resize(0);
+  }
+
   const ArchiveShape& shape() const { return shape_; }
   const ArchiveOptions& options() const { return opt_; }
   std::int64_t tokens() const { return static_cast<std::int64_t>(positions_.size()); }

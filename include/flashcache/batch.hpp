@@ -102,8 +102,8 @@ Status check_batch(const KVView<const T>* k, const KVView<const T>* v, int layer
     const KVView<U>* const outputs[2] = {out.k_out, out.v_out};
     for (const KVView<U>* dst : outputs)
       if (dst != nullptr && (dst[l].heads != k[l].heads || dst[l].head_dim != k[l].head_dim))
-        return make_error(Errc::invalid_shape, "layer ", l, ": output is ", dst[l].heads, " heads x ",
-                          dst[l].head_dim, " dims but the cache is ", k[l].heads, " x ", k[l].head_dim);
+        return make_error(Errc::invalid_shape, "layer ", l, ": output is ", dst[l].heads, " heads x ", dst[l].head_dim,
+                          " dims but the cache is ", k[l].heads, " x ", k[l].head_dim);
   }
   return Status::success();
 }
@@ -147,10 +147,10 @@ Status compress_batch(const KVView<const T>* k, const KVView<const T>* v, int la
       float* scores = ws->scores.data() + score_at;
       HeadEnergy* energy = ws->energy.data() + energy_at;
       std::int64_t nonfinite = 0;
-      FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(
-          ws->scorer.score(token_range(k[l], first, len), token_range(v[l], first, len), opt.score,
-                           ScoreBuffers{scores, energy, &nonfinite}, ScoreInputs{spans, {}}),
-          sequences, b, l));
+      FLASHCACHE_RETURN_IF_ERROR(
+          detail::at_layer(ws->scorer.score(token_range(k[l], first, len), token_range(v[l], first, len), opt.score,
+                                            ScoreBuffers{scores, energy, &nonfinite}, ScoreInputs{spans, {}}),
+                           sequences, b, l));
       ws->summary[static_cast<std::size_t>(l)] = summarize({scores, k[l].heads, len}, energy, opt.select, mask);
       if (out.nonfinite) out.nonfinite[l * sequences + b] = nonfinite;
       score_at += k[l].heads * len;
@@ -169,10 +169,10 @@ Status compress_batch(const KVView<const T>* k, const KVView<const T>* v, int la
       const std::int32_t row = out.kept_indptr[l * (sequences + 1) + b];
       const ProtectMask mask = masks ? masks[l].slice(first, len) : ProtectMask{};
       std::int32_t* kept = out.kept[l] + row;
-      FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(
-          select_tokens(ScoreView{ws->scores.data() + score_at, k[l].heads, len}, keep, opt.select, mask, spans,
-                        &ws->select, KeptView{kept, capacity}),
-          sequences, b, l));
+      FLASHCACHE_RETURN_IF_ERROR(
+          detail::at_layer(select_tokens(ScoreView{ws->scores.data() + score_at, k[l].heads, len}, keep, opt.select,
+                                         mask, spans, &ws->select, KeptView{kept, capacity}),
+                           sequences, b, l));
       out.kept_indptr[l * (sequences + 1) + b + 1] = row + static_cast<std::int32_t>(keep);
       const KVView<const T>* const sources[2] = {k, v};
       const KVView<U>* const outputs[2] = {out.k_out, out.v_out};
@@ -181,11 +181,10 @@ Status compress_batch(const KVView<const T>* k, const KVView<const T>* v, int la
         const KVView<U>* dst = outputs[i];
         if (dst == nullptr) continue;
         if (row + keep > dst[l].tokens)
-          return make_error(Errc::invalid_shape, "layer ", l, ": output holds ", dst[l].tokens, " rows, ",
-                            row + keep, " needed");
+          return make_error(Errc::invalid_shape, "layer ", l, ": output holds ", dst[l].tokens, " rows, ", row + keep,
+                            " needed");
         FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(
-            gather(token_range(src[l], first, len), kept, capacity, token_range(dst[l], row, keep)), sequences, b,
-            l));
+            gather(token_range(src[l], first, len), kept, capacity, token_range(dst[l], row, keep)), sequences, b, l));
       }
       if (out.budgets) out.budgets[l * sequences + b] = keep;
       if (out.energy_ratio)

@@ -182,10 +182,9 @@ Status compress_per_head(const std::vector<KVView<const T>>& k, const std::vecto
   model->layers.resize(k.size());
   SelectWorkspace ws;
   for (std::size_t l = 0; l < k.size(); ++l)
-    FLASHCACHE_RETURN_IF_ERROR(
-        at_layer(select_and_gather<T>(k[l], v[l], model->budgets[l], opt.select, mask[l], spans, &ws,
-                                      std::move(scores[l]), &model->layers[l]),
-                 1, 0, static_cast<int>(l)));
+    FLASHCACHE_RETURN_IF_ERROR(at_layer(select_and_gather<T>(k[l], v[l], model->budgets[l], opt.select, mask[l], spans,
+                                                             &ws, std::move(scores[l]), &model->layers[l]),
+                                        1, 0, static_cast<int>(l)));
   return Status::success();
 }
 
@@ -235,13 +234,13 @@ Status compress_shared(const std::vector<KVView<const T>>& k, const std::vector<
   std::int64_t keep = 0;
   FLASHCACHE_RETURN_IF_ERROR(budget.resolve(n, &keep));
   set.resize(static_cast<std::size_t>(keep));
-  FLASHCACHE_RETURN_IF_ERROR(select_shared_tokens_trusted(views.data(), static_cast<std::int64_t>(views.size()), keep,
-                                                          opt.select, united.empty() ? ProtectMask{} : ProtectMask{united},
-                                                          spans, shared, &ws, set.data()));
+  FLASHCACHE_RETURN_IF_ERROR(select_shared_tokens_trusted(
+      views.data(), static_cast<std::int64_t>(views.size()), keep, opt.select,
+      united.empty() ? ProtectMask{} : ProtectMask{united}, spans, shared, &ws, set.data()));
   for (std::size_t l = 0; l < k.size(); ++l) {
     model->budgets[l] = keep;
-    FLASHCACHE_RETURN_IF_ERROR(
-        at_layer(gather_shared<T>(k[l], v[l], set, std::move(scores[l]), &model->layers[l]), 1, 0, static_cast<int>(l)));
+    FLASHCACHE_RETURN_IF_ERROR(at_layer(gather_shared<T>(k[l], v[l], set, std::move(scores[l]), &model->layers[l]), 1,
+                                        0, static_cast<int>(l)));
   }
   return Status::success();
 }
@@ -266,8 +265,8 @@ Status compress_shared(const std::vector<KVView<const T>>& k, const std::vector<
 template <class T>
 Status compress_scored_model(const std::vector<KVView<const T>>& k, const std::vector<KVView<const T>>& v,
                              std::vector<LayerScores> scores, Budget budget, const Options& opt,
-                             const SharedKeepOptions& shared, const std::vector<ProtectMask>& masks,
-                             ImageSpans spans, CompressedModel<T>* model) {
+                             const SharedKeepOptions& shared, const std::vector<ProtectMask>& masks, ImageSpans spans,
+                             CompressedModel<T>* model) {
   // The scores are given: only the selection and the allocation are read.
   FLASHCACHE_RETURN_IF_ERROR(check_options(opt.select));
   FLASHCACHE_RETURN_IF_ERROR(check_options(opt.allocate));

@@ -39,8 +39,7 @@ struct LayerSummary {
 
 // The summary of a scored layer: energy[h] for each head, its scores, the
 // caller's protected set. Allocates nothing.
-inline LayerSummary summarize(ScoreView scores, const HeadEnergy* energy, const SelectOptions& opt,
-                              ProtectMask mask) {
+inline LayerSummary summarize(ScoreView scores, const HeadEnergy* energy, const SelectOptions& opt, ProtectMask mask) {
   LayerSummary s;
   s.tokens = scores.tokens;
   for (std::int64_t h = 0; h < scores.heads; ++h) {

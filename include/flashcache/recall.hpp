@@ -13,13 +13,22 @@
 //             as llama.cpp's cells need (one set of cells for every layer);
 //   per_head  one ranking per (layer, KV head), for caches that keep a set per
 //             head (the core's compress_model, the numpy evaluation).
-// A block's score is its best token's.
+// A block's score is its best token's (RecallScore::exact), or a bound that
+// reads no archived key against a query (RecallScore::digest, Quest's): the
+// block's per-channel minimum and maximum key give the largest logit any key
+// within could reach, sum over c of max(q_c min_c, q_c max_c), and its score is
+// exp(that scaled logit - the query's log-sum-exp over the resident and question
+// keys), the most over the queries; the residents' scores then share that
+// denominator. A bound may pass 1; it ranks, it is no probability.
 //
 // select_recall() then takes the highest-scoring blocks, whole, while they fit
 // the budget (ties to the older block); a block nobody attends to (score 0)
 // never comes back.
+#include <Eigen/Core>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "archive.hpp"
@@ -34,15 +43,25 @@ enum class RecallScope { shared, per_head };
 
 inline const char* to_string(RecallScope s) { return s == RecallScope::shared ? "shared" : "per_head"; }
 
+// How an archived block is scored: its best token's attention probability, or Quest's bound.
+enum class RecallScore { exact, digest };
+
+inline const char* to_string(RecallScore s) { return s == RecallScore::exact ? "exact" : "digest"; }
+
 class RecallScorer {
  public:
   // Starts a recall over `archive`: every block's score is 0.
-  Status reset(const Archive& archive, RecallScope scope = RecallScope::shared) {
+  Status reset(const Archive& archive, RecallScope scope = RecallScope::shared,
+               RecallScore score = RecallScore::exact) {
     if (scope != RecallScope::shared && scope != RecallScope::per_head)
       return make_error(Errc::invalid_option, "recall: unknown scope");
+    if (score != RecallScore::exact && score != RecallScore::digest)
+      return make_error(Errc::invalid_option, "recall: unknown score");
     archive_ = &archive;
     scope_ = scope;
+    score_ = score;
     token_score_.assign(static_cast<std::size_t>(rankings() * archive.tokens()), 0.0f);
+    bound_.assign(static_cast<std::size_t>(rankings() * archive.blocks()), 0.0f);
     resident_score_.clear();
     resident_tokens_ = -1;
     return Status::success();
@@ -85,6 +104,7 @@ class RecallScorer {
       resident_score_.assign(static_cast<std::size_t>(rankings() * r), 0.0f);
     }
     if (a == 0 || m == 0) return Status::success();
+    if (score_ == RecallScore::digest) return add_digest(layer, q, resident, question);
     // The whole context as one [Hkv][n][d] float view: resident, archived, question.
     keys_.resize(static_cast<std::size_t>(s.kv_heads * n * d));
     for (std::int64_t h = 0; h < s.kv_heads; ++h) {
@@ -109,7 +129,8 @@ class RecallScorer {
     return Status::success();
   }
 
-  // Archive token t's score in one ranking: its largest attention probability so far.
+  // Archive token t's score in one ranking: its largest attention probability so
+  // far (RecallScore::exact; 0 with the digest, which scores blocks only).
   float token_score(std::int64_t t, std::int64_t ranking = 0) const {
     return token_score_[static_cast<std::size_t>(ranking * archive_->tokens() + t)];
   }
@@ -130,6 +151,10 @@ class RecallScorer {
     if (ranking < 0 || ranking >= rankings())
       return make_error(Errc::invalid_shape, "recall: ranking ", ranking, " of ", rankings(), " (", to_string(scope_),
                         ")");
+    if (score_ == RecallScore::digest) {
+      for (std::int64_t b = 0; b < count; ++b) out[b] = bound_[static_cast<std::size_t>(ranking * count + b)];
+      return Status::success();
+    }
     for (std::int64_t b = 0; b < count; ++b) {
       const std::int64_t first = archive_->block_first(b);
       float best = 0.0f;
@@ -141,6 +166,74 @@ class RecallScorer {
   }
 
  private:
+  using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+  // RecallScore::digest for one layer: the queries' lse over the resident and
+  // question keys (causal), the residents' probabilities under it, and each
+  // archived block's bound.
+  template <class T>
+  Status add_digest(int layer, KVView<const T> q, KVView<const T> resident, KVView<const T> question) {
+    const ArchiveShape& s = archive_->shape();
+    const std::int64_t r = resident.tokens, m = question.tokens, n = r + m, d = s.head_dim;
+    const std::int64_t blocks = archive_->blocks(), group = q.heads / s.kv_heads;
+    if (q.heads % s.kv_heads != 0 || q.head_dim != d)
+      return make_error(Errc::invalid_shape, "recall: ", q.heads, " query heads of ", q.head_dim, " for ", s.kv_heads,
+                        " KV heads of ", d);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    keys_.resize(static_cast<std::size_t>(n * d));
+    lo_.resize(static_cast<std::size_t>(blocks * d));
+    hi_.resize(static_cast<std::size_t>(blocks * d));
+    row_.resize(static_cast<std::size_t>(d));
+    qbuf_.resize(static_cast<std::size_t>(m * d));
+    lbuf_.resize(static_cast<std::size_t>(m * n));
+    Eigen::Map<Matrix> qm(qbuf_.data(), m, d), logits(lbuf_.data(), m, n);
+    for (std::int64_t h = 0; h < s.kv_heads; ++h) {
+      for (std::int64_t t = 0; t < r; ++t) row_to_float(resident.row(h, t), d, keys_.data() + t * d);
+      for (std::int64_t t = 0; t < m; ++t) row_to_float(question.row(h, t), d, keys_.data() + (r + t) * d);
+      for (std::int64_t b = 0; b < blocks; ++b) {  // the block's per-channel range
+        float* lo = lo_.data() + b * d;
+        float* hi = hi_.data() + b * d;
+        std::fill(lo, lo + d, std::numeric_limits<float>::infinity());
+        std::fill(hi, hi + d, -std::numeric_limits<float>::infinity());
+        const std::int64_t first = archive_->block_first(b);
+        for (std::int64_t t = first; t < first + archive_->block_tokens(b); ++t) {
+          load_archived(archive_->k_row(layer, t), h, row_.data());
+          for (std::int64_t c = 0; c < d; ++c) {
+            lo[c] = std::min(lo[c], row_[static_cast<std::size_t>(c)]);
+            hi[c] = std::max(hi[c], row_[static_cast<std::size_t>(c)]);
+          }
+        }
+      }
+      const Eigen::Map<const Matrix> keys(keys_.data(), n, d);
+      float* kept = resident_score_.data() + ranking_of(layer, h) * r;
+      float* bound = bound_.data() + ranking_of(layer, h) * blocks;
+      for (std::int64_t g = h * group; g < (h + 1) * group; ++g) {
+        for (std::int64_t i = 0; i < m; ++i) row_to_float(q.row(g, i), d, qm.data() + i * d);
+        logits.noalias() = (qm * keys.transpose()) * scale;  // [m][n]
+        for (std::int64_t i = 0; i < m; ++i) {
+          const std::int64_t seen = r + i + 1;  // causal: query i sees the residents and question keys 0..i
+          float top = -std::numeric_limits<float>::infinity();
+          for (std::int64_t j = 0; j < seen; ++j) top = std::max(top, logits(i, j));
+          double sum = 0;
+          for (std::int64_t j = 0; j < seen; ++j) sum += std::exp(static_cast<double>(logits(i, j) - top));
+          const float lse = top + static_cast<float>(std::log(sum));
+          if (!std::isfinite(lse)) continue;  // a NaN query or key: this query ranks nothing
+          for (std::int64_t t = 0; t < r; ++t) kept[t] = std::max(kept[t], std::exp(logits(i, t) - lse));
+          const float* qi = qm.data() + i * d;
+          for (std::int64_t b = 0; b < blocks; ++b) {
+            const float* lo = lo_.data() + b * d;
+            const float* hi = hi_.data() + b * d;
+            float most = 0;
+            for (std::int64_t c = 0; c < d; ++c) most += std::max(qi[c] * lo[c], qi[c] * hi[c]);
+            const float score = std::exp(most * scale - lse);
+            if (score > bound[b]) bound[b] = score;  // (a NaN bound never wins)
+          }
+        }
+      }
+    }
+    return Status::success();
+  }
+
   std::int64_t ranking_of(int layer, std::int64_t h) const {
     return scope_ == RecallScope::shared ? 0 : layer * archive_->shape().kv_heads + h;
   }
@@ -163,6 +256,10 @@ class RecallScorer {
 
   const Archive* archive_ = nullptr;
   RecallScope scope_ = RecallScope::shared;
+  RecallScore score_ = RecallScore::exact;
+  std::vector<float> bound_;           // digest: [rankings][blocks]
+  std::vector<float> lo_, hi_, row_;   // (qbuf_, lbuf_: the queries [m][d] and their logits [m][n])
+  std::vector<float> qbuf_, lbuf_;     // digest: one layer's block ranges [blocks][d] for a KV head
   std::vector<float> token_score_;     // [rankings][archive tokens]
   std::vector<float> resident_score_;  // [rankings][resident tokens]
   std::int64_t resident_tokens_ = -1;

@@ -2,9 +2,9 @@
 // Stage 1, score: per-token outlier score and per-head energies (CPU).
 //
 // For every KV head: Base = the chosen frequencies of K along tokens (the
-// strongest by default, the lowest in the paper; ScoreOptions::base, score/base.hpp), score[n] = MSE(K[n], Kb[n]) + MSE(V[n],
-// Vb[n]), and the energies E(K), E_high(K) = ||K - Kb||^2 (Parseval), likewise
-// for V, from which the layer's ratio R_l follows.
+// strongest by default, the lowest in the paper; ScoreOptions::base, score/base.hpp), score[n] = MSE(K[n], Kb[n]) +
+// MSE(V[n], Vb[n]), and the energies E(K), E_high(K) = ||K - Kb||^2 (Parseval), likewise for V, from which the layer's
+// ratio R_l follows.
 //
 // With ScoreOptions::query = QueryInput::tail the caller passes each key's tail
 // (query_tail.hpp), and the score mixes the residual with it (ScoreOptions::tail_weight).
@@ -100,7 +100,8 @@ inline void mix_query_tail(double weight, TailMix mix, const float* tail, float*
     }
   const rules::TailMixScales s = rules::tail_mix_scales(weight, sum_r, sum_t, static_cast<double>(rankable));
   for (std::int64_t t = 0; t < n; ++t)
-    if (!rules::always_kept_score(score[t])) score[t] = rules::mixed_tail_score(s, mix == TailMix::max, score[t], tail[t]);
+    if (!rules::always_kept_score(score[t]))
+      score[t] = rules::mixed_tail_score(s, mix == TailMix::max, score[t], tail[t]);
 }
 
 // What a layer's score reads besides K and V; both are optional.
@@ -111,9 +112,9 @@ struct ScoreInputs {
 
 // Caller memory for one layer's scores.
 struct ScoreBuffers {
-  float* score = nullptr;              // [heads][tokens]
-  HeadEnergy* energy = nullptr;        // [heads]
-  std::int64_t* nonfinite = nullptr;   // optional: the count of non-finite (head, token) rows
+  float* score = nullptr;             // [heads][tokens]
+  HeadEnergy* energy = nullptr;       // [heads]
+  std::int64_t* nonfinite = nullptr;  // optional: the count of non-finite (head, token) rows
 };
 
 template <class Real>
@@ -170,8 +171,7 @@ class Scorer {
 
   // The score itself, opt already checked.
   template <class T>
-  Status run(KVView<const T> k, KVView<const T> v, const ScoreOptions& opt, ScoreBuffers out,
-             const ScoreInputs& in) {
+  Status run(KVView<const T> k, KVView<const T> v, const ScoreOptions& opt, ScoreBuffers out, const ScoreInputs& in) {
     FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
     FLASHCACHE_RETURN_IF_ERROR(check_query_input(opt, in.tails, k.heads, k.tokens));
     const std::int64_t heads = k.heads, n = k.tokens;
@@ -268,12 +268,14 @@ class Scorer {
                                   std::int64_t tokens) {
     if (opt.query == QueryInput::none) {
       if (tails.data != nullptr)
-        return make_error(Errc::invalid_option, "score: tails were given but ScoreOptions::query is none (set it to tail)");
+        return make_error(Errc::invalid_option,
+                          "score: tails were given but ScoreOptions::query is none (set it to tail)");
       return Status::success();
     }
     if (heads * tokens == 0) return Status::success();  // nothing to read
     if (tails.data == nullptr)
-      return make_error(Errc::invalid_option, "score: ScoreOptions::query is tail but no tails were given (query_tail.hpp)");
+      return make_error(Errc::invalid_option,
+                        "score: ScoreOptions::query is tail but no tails were given (query_tail.hpp)");
     FLASHCACHE_RETURN_IF_ERROR(check_tails(tails, heads, tokens, "score"));
     for (std::int64_t h = 0; h < heads; ++h)
       for (std::int64_t t = 0; t < tokens; ++t)

@@ -176,8 +176,8 @@ inline Status split_pages(std::int64_t n, std::int64_t budget, std::int64_t page
 // Tokens always kept by a shared set over `layers` (all of the same token
 // count): the protected set and every token with an unrankable score in some
 // head, expanded to whole pages. Allocates nothing.
-inline std::int64_t shared_protected_count(const ScoreView* layers, std::int64_t layer_count,
-                                           const SelectOptions& opt, ProtectMask mask, std::int64_t page = 1) {
+inline std::int64_t shared_protected_count(const ScoreView* layers, std::int64_t layer_count, const SelectOptions& opt,
+                                           ProtectMask mask, std::int64_t page = 1) {
   if (layer_count <= 0 || page < 1) return 0;
   const std::int64_t n = layers[0].tokens;
   std::int64_t count = 0;
@@ -208,9 +208,9 @@ namespace detail {
 // select_shared_tokens for a caller that has run check_options(opt) and
 // check_shared_options(shared) itself; every other input is checked.
 inline Status select_shared_tokens_trusted(const ScoreView* layers, std::int64_t layer_count, std::int64_t budget,
-                                          const SelectOptions& opt, ProtectMask mask, ImageSpans spans,
-                                          const SharedKeepOptions& shared, SharedKeepWorkspace* ws,
-                                          std::int32_t* kept);
+                                           const SelectOptions& opt, ProtectMask mask, ImageSpans spans,
+                                           const SharedKeepOptions& shared, SharedKeepWorkspace* ws,
+                                           std::int32_t* kept);
 }  // namespace detail
 
 inline Status select_shared_tokens(const ScoreView* layers, std::int64_t layer_count, std::int64_t budget,

@@ -258,4 +258,37 @@ TEST_F(LlamaArchive, PositionsPastTheLimitAreRefusedByName) {
   EXPECT_EQ(llama_memory_seq_pos_max(c.mem(), 0), 399);
 }
 
+// AtMaxPos::restart: past max_pos the manager compacts with renumbering instead of
+// refusing, and drops the archive (its positions would be wrong), counted: every
+// position streamed is resident, archived or counted as dropped.
+TEST_F(LlamaArchive, ARestartAtTheLimitRenumbersAndCountsWhatItDrops) {
+  Ctx c;
+  make_ctx(&c, GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED, 512);
+  fl::ContextParams p = archiving(256);
+  p.max_pos = 399;
+  p.at_max_pos = fl::AtMaxPos::restart;
+  fl::ContextManager cm;
+  ASSERT_TRUE(cm.init(c.ctx, 0, p).ok());
+  const std::vector<llama_token> text = text_tokens(40);
+  std::int64_t restarts = 0, restart_dropped = 0;
+  for (std::size_t i = 0; i < 700; i += 50) {
+    llama_pos pos = -1;
+    fl::RoomEvent ev;
+    const fc::Status s = cm.make_room(50, &pos, &ev);
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_LE(pos + 49, 399);
+    restarts += ev.restarted;
+    restart_dropped += ev.restart_dropped;
+    if (ev.restarted) {
+      EXPECT_EQ(cm.archive().tokens(), 0);
+      EXPECT_EQ(ev.pos_max_after + 1, ev.cells_after);  // renumbered from 0
+    }
+    ASSERT_EQ(ls::decode(c.ctx, text.data() + i, 50, pos, 0, false), 0);
+  }
+  EXPECT_GE(restarts, 1);
+  EXPECT_GT(cm.archive().dropped_tokens(), 0);  // the archive's part, counted there too
+  EXPECT_LE(cm.archive().dropped_tokens(), restart_dropped);
+  EXPECT_EQ(cm.cells() + cm.archive().tokens() + restart_dropped, 700);
+}
+
 #endif

@@ -94,10 +94,11 @@ std::vector<llama_token> decode_turn(Ctx* c, fl::ContextManager* cm) {
 }
 
 // An archive's content by position: each layer's K and V rows.
-using Rows = std::map<std::int32_t, std::vector<std::uint8_t>>;
+using Rows = std::map<std::int32_t, std::vector<std::uint8_t> >;
 Rows archived_rows(const fc::Archive& a) {
   Rows out;
-  const auto k = static_cast<std::size_t>(a.shape().k_row_bytes()), v = static_cast<std::size_t>(a.shape().v_row_bytes());
+  const auto k = static_cast<std::size_t>(a.shape().k_row_bytes()),
+             v = static_cast<std::size_t>(a.shape().v_row_bytes());
   for (std::int64_t t = 0; t < a.tokens(); ++t) {
     std::vector<std::uint8_t>& r = out[a.positions()[t]];
     for (int l = 0; l < a.shape().layers; ++l) {
@@ -162,8 +163,7 @@ TEST_F(LlamaRecall, RecalledCellsComeBackBitForBitAndNothingIsLost) {
     ASSERT_EQ(resident.count(p), 1u) << "position " << p << " is not resident";
     EXPECT_TRUE(resident.at(p) == before.at(p)) << "position " << p << " came back with other bytes";
   }
-  for (std::int32_t p = 0; p < decoded; ++p)
-    EXPECT_EQ(resident.count(p) + after.count(p), 1u) << "position " << p;
+  for (std::int32_t p = 0; p < decoded; ++p) EXPECT_EQ(resident.count(p) + after.count(p), 1u) << "position " << p;
 }
 
 // Decoding the turn again: the last token's logits are those of the turn decoded over

@@ -66,8 +66,8 @@ inline Status check_supported_context(llama_context* ctx) {
                       "; its cache writes two caches and masks cells)");
   const std::string arch = detail::architecture(model);
   if (!arch.empty() && detail::has_meta(model, arch + ".attention.kv_lora_rank"))
-    return make_error(Errc::unsupported, "llama: ", arch,
-                      " keeps an MLA cache (latent K, no per-head V; ", arch, ".attention.kv_lora_rank)");
+    return make_error(Errc::unsupported, "llama: ", arch, " keeps an MLA cache (latent K, no per-head V; ", arch,
+                      ".attention.kv_lora_rank)");
   if (!arch.empty() && detail::has_meta(model, arch + ".attention.indexer.head_count"))
     return make_error(Errc::unsupported, "llama: ", arch,
                       " keeps an indexer cache beside its KV cache (DSA / MSA sparse attention)");
@@ -101,8 +101,8 @@ inline Status check_against_model(llama_context* ctx, const llama_model* model, 
   for (std::size_t l = 0; l < s.layers.size(); ++l) {
     const LayerState& L = s.layers[l];
     if (L.k_embd != L.v_embd || L.k_embd % static_cast<std::uint64_t>(heads) != 0)
-      return make_error(Errc::unsupported, "llama: layer ", l, " has K rows of ", L.k_embd, " and V rows of ",
-                        L.v_embd, " elements for ", heads, " KV heads (equal K and V head dims are handled)");
+      return make_error(Errc::unsupported, "llama: layer ", l, " has K rows of ", L.k_embd, " and V rows of ", L.v_embd,
+                        " elements for ", heads, " KV heads (equal K and V head dims are handled)");
   }
   const auto mm = std::minmax_element(s.pos.begin(), s.pos.end());
   if (*mm.first != pos_min || *mm.second != pos_max)
@@ -139,8 +139,10 @@ inline Status check_queries(const QueryCapture& q, const SeqState& s, std::int64
                         ", but the sequence's last position is ", *mm.second, " in ", s.layers.size(),
                         " layers: the context decoded something the capture did not follow");
     if (!consecutive || q.first_position() < *mm.first)
-      return make_error(Errc::invalid_option, "llama: query tails need the cells at consecutive positions (the "
-                        "sequence holds ", s.cell_count, " cells at [", *mm.first, ", ", *mm.second, "])");
+      return make_error(Errc::invalid_option,
+                        "llama: query tails need the cells at consecutive positions (the "
+                        "sequence holds ",
+                        s.cell_count, " cells at [", *mm.first, ", ", *mm.second, "])");
   } else {
     if (!q.complete() || q.layers() != static_cast<int>(s.layers.size()))
       return make_error(Errc::invalid_option, "llama: the QueryCapture saw ", q.tokens_seen(), " tokens in ",

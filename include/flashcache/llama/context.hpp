@@ -47,6 +47,14 @@ namespace llama {
 
 enum class WhenFull { flashcache, shift, streaming, none };
 
+// With the archive, what make_room does when new tokens would pass ContextParams::max_pos.
+enum class AtMaxPos {
+  refuse,   // refuse by name (the archived keys cannot be re-rotated yet)
+  restart,  // compact with renumbering, as without an archive; the archive's cells no
+            // longer match their positions, so they are dropped, counted
+            // (RoomEvent::restart_dropped, Archive::dropped_tokens)
+};
+
 inline const char* to_string(WhenFull w) {
   switch (w) {
     case WhenFull::flashcache:
@@ -102,9 +110,10 @@ struct ContextParams {
   bool archive = false;
   ArchiveOptions archive_options;  // block size and byte cap (0: no cap)
   // With the archive (positions kept): the highest position a new token may take; 0: the
-  // model's training length - 1 (llama_model_n_ctx_train). Past it make_room refuses by
-  // name: renumbering, which would re-rotate the archive's keys, is not done yet.
+  // model's training length - 1 (llama_model_n_ctx_train). Past it, at_max_pos says what
+  // happens: a refusal by name (re-rotating the archive's keys is not done yet), or a restart.
   llama_pos max_pos = 0;
+  AtMaxPos at_max_pos = AtMaxPos::refuse;
   // With the archive: at each new turn (begin_turn, then recall_turn once the turn is
   // decoded) the turn's queries bring back up to recall.budget archived cells
   // (flashcache/llama/recall.hpp); they stay through compactions until the next turn.
@@ -121,6 +130,9 @@ struct RoomEvent {
   llama_pos pos_max_before = -1, pos_max_after = -1;
   double ms = 0;               // the whole event
   CompactionStats compaction;  // flashcache's compaction
+  // AtMaxPos::restart happened: the cells dropped (the archive's and this compaction's evicted).
+  bool restarted = false;
+  std::int64_t restart_dropped = 0;
 };
 
 class ContextManager {
@@ -177,6 +189,11 @@ class ContextManager {
                           "position, which a renumbering would make wrong");
       FLASHCACHE_RETURN_IF_ERROR(check_archive_options(p.archive_options));
       if (p.max_pos < 0) return make_error(Errc::invalid_option, "llama: max_pos ", p.max_pos, " is negative");
+      if (p.at_max_pos != AtMaxPos::refuse && p.at_max_pos != AtMaxPos::restart)
+        return make_error(Errc::invalid_option, "llama: unknown at_max_pos");
+      if (p.at_max_pos == AtMaxPos::restart && !llama_memory_can_shift(mem))
+        return make_error(Errc::unsupported,
+                          "llama: AtMaxPos::restart renumbers positions, but this memory cannot shift them");
     }
     FLASHCACHE_RETURN_IF_ERROR(check_recall_settings(p.recall));
     if (p.recall.budget > 0 && !p.archive)
@@ -264,13 +281,14 @@ class ContextManager {
     if (n_new < 0 || n_new > room)
       return make_error(Errc::invalid_budget, "llama: ", n_new, " new cells; a cap of ", cap_, " with n_keep ",
                         p_.n_keep, " makes room for 1 to ", room, " at a time (decode in smaller chunks)");
-    if (p_.archive && hi + n_new > max_pos_)
+    const bool restart = p_.archive && hi + n_new > max_pos_;
+    if (restart && p_.at_max_pos == AtMaxPos::refuse)
       return make_error(Errc::unsupported, "llama: ", n_new, " new tokens after position ", hi, " pass position ",
                         max_pos_,
                         ", the highest a token may take (ContextParams::max_pos; by default the model's "
                         "training length - 1): with an archive the positions are kept, and renumbering them is "
-                        "not supported yet");
-    if (have + n_new > cap_) {
+                        "not supported yet (AtMaxPos::restart renumbers and drops the archive)");
+    if (have + n_new > cap_ || restart) {
       if (p_.when_full == WhenFull::none)
         return make_error(Errc::invalid_budget, "llama: the context is full: sequence ", seq_, " holds ", have, " of ",
                           cap_, " cells and ", n_new, " more do not fit (when-full none)");
@@ -280,7 +298,9 @@ class ContextManager {
                           "last make_room and llama.cpp applies that at the next llama_decode: decode the tokens "
                           "room was made for before asking for more");
       const auto t0 = std::chrono::steady_clock::now();
-      Status s = p_.when_full == WhenFull::flashcache ? compact(have, n_new, &ev) : drop(have, n_new, &ev);
+      Status s = restart                                ? restart_positions(have, n_new, &ev)
+                 : p_.when_full == WhenFull::flashcache ? compact(have, n_new, &ev, p_.renumber, p_.archive)
+                                                        : drop(have, n_new, &ev);
       if (!s.ok()) return s;
       ev.policy = p_.when_full;
       ev.pos_max_after = llama_memory_seq_pos_max(mem, seq_);
@@ -317,8 +337,24 @@ class ContextManager {
     return c;
   }
 
-  // flashcache: compact to the target, the first n_keep and the newest turn kept.
-  Status compact(std::int64_t have, std::int64_t n_new, RoomEvent* ev) {
+  // AtMaxPos::restart: a compaction with renumbering and no archive; once it
+  // succeeded, the archive (whose positions it made wrong) is dropped, counted.
+  Status restart_positions(std::int64_t have, std::int64_t n_new, RoomEvent* ev) {
+    recalled_.clear();  // their positions move too; they stay only by their scores
+    FLASHCACHE_RETURN_IF_ERROR(compact(have, n_new, ev, /*renumber=*/true, /*to_archive=*/false));
+    ev->restarted = true;
+    ev->restart_dropped = archive_.tokens() + (ev->compaction.cells_before - ev->compaction.cells_after);
+    archive_.drop_all();
+    // A turn under way goes on being captured in the new frame (its earlier queries are lost).
+    QueryCapture* turn = p_.recall.capture;
+    if (turn != nullptr && turn->running())
+      turn->follow(llama_memory_seq_pos_max(llama_get_memory(ctx_), seq_) + 1, p_.recall.queries);
+    return Status::success();
+  }
+
+  // flashcache: compact to the target, the first n_keep and the newest turn kept;
+  // the evicted cells to the archive when to_archive, the kept renumbered when renumber.
+  Status compact(std::int64_t have, std::int64_t n_new, RoomEvent* ev, bool renumber, bool to_archive) {
     llama_memory_t mem = llama_get_memory(ctx_);
     const llama_pos lo = llama_memory_seq_pos_min(mem, seq_), hi = llama_memory_seq_pos_max(mem, seq_);
     const std::int64_t turn = protect_from_ < 0 || protect_from_ > hi ? 0 : hi - std::max(protect_from_, lo) + 1;
@@ -332,7 +368,7 @@ class ContextManager {
                         " (protect_from a later position)");
     keep = std::max(keep, kept_anyway);
     CompressParams c = compress_params(p_, Budget::tokens(keep));
-    if (p_.archive) {
+    if (to_archive) {
       c.archive = &archive_;
       c.archive_options = p_.archive_options;
     }
@@ -342,7 +378,7 @@ class ContextManager {
     c.options.select.window = std::max(c.options.select.window, turn);
     FLASHCACHE_RETURN_IF_ERROR(compressor_.compress(ctx_, seq_, c, &ev->compaction));
     ev->cells_after = ev->compaction.cells_after;
-    if (!p_.renumber) return Status::success();  // (query tails need renumbering: init says so)
+    if (!renumber) return Status::success();  // (query tails need renumbering: init says so)
     // Runs of consecutive kept positions, each moved down to follow the last, in
     // ascending order: a run's new positions are below every later run's old ones.
     const std::vector<llama_pos>& kept = compressor_.kept_positions();

@@ -56,7 +56,15 @@ inline constexpr std::uint32_t kMaxLayers = 1u << 16;
 // ggml_type values (ggml.h): the element types handled here, and the other
 // cache types llama.cpp accepts (--cache-type-k), named so that a refusal says which.
 enum class GgmlType : std::int32_t {
-  f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_0 = 8, iq4_nl = 20, bf16 = 30
+  f32 = 0,
+  f16 = 1,
+  q4_0 = 2,
+  q4_1 = 3,
+  q5_0 = 6,
+  q5_1 = 7,
+  q8_0 = 8,
+  iq4_nl = 20,
+  bf16 = 30
 };
 // q8_0's block: flashcache::kQ8Block elements in kQ8BlockBytes bytes (types.hpp).
 
@@ -119,9 +127,9 @@ inline std::uint32_t element_bytes(GgmlType t) {
 // One layer's K and V sections, as offsets into the blob.
 struct LayerState {
   GgmlType k_type = GgmlType::f32;  // as stored: any int32, named or not (is_known_type)
-  std::uint64_t k_row_bytes = 0;  // one cell's K row
-  std::uint64_t k_embd = 0;       // elements per K row (heads x head_dim)
-  std::size_t k_offset = 0;       // first K row
+  std::uint64_t k_row_bytes = 0;    // one cell's K row
+  std::uint64_t k_embd = 0;         // elements per K row (heads x head_dim)
+  std::size_t k_offset = 0;         // first K row
   GgmlType v_type = GgmlType::f32;
   std::uint64_t v_row_bytes = 0;   // v_trans 0: one cell's V row
   std::uint32_t v_elem_bytes = 0;  // v_trans 1: one element
@@ -132,8 +140,8 @@ struct LayerState {
 struct SeqState {
   std::int32_t seq_id = 0;
   std::uint32_t n_stream = 0;
-  std::uint32_t stream = 0;      // the stream holding the cells (n_stream when there are none)
-  std::uint32_t cell_count = 0;  // cells of the sequence
+  std::uint32_t stream = 0;       // the stream holding the cells (n_stream when there are none)
+  std::uint32_t cell_count = 0;   // cells of the sequence
   std::vector<std::int32_t> pos;  // position of each cell, in blob order
   bool v_trans = false;
   std::vector<LayerState> layers;

@@ -54,7 +54,8 @@ inline const char* to_string(RecallRedo r) { return r == RecallRedo::turn ? "tur
 struct RecallSettings {
   std::int64_t budget = 0;  // cells a new turn may bring back; 0: no recall
   RecallRedo redo = RecallRedo::turn;
-  std::int64_t queries = 256;  // the turn's last queries that score
+  std::int64_t queries = 256;              // the turn's last queries that score
+  RecallScore score = RecallScore::exact;  // each block's best token, or Quest's digest bound (recall.hpp)
   // The QueryCapture on the context's cb_eval that takes the turn's queries
   // (ContextManager::begin_turn starts it; it pauses after the recall).
   QueryCapture* capture = nullptr;
@@ -65,6 +66,8 @@ inline Status check_recall_settings(const RecallSettings& r) {
   if (r.budget == 0) return Status::success();
   if (r.redo != RecallRedo::turn && r.redo != RecallRedo::last_token)
     return make_error(Errc::invalid_option, "llama recall: unknown redo");
+  if (r.score != RecallScore::exact && r.score != RecallScore::digest)
+    return make_error(Errc::invalid_option, "llama recall: unknown score");
   if (r.queries < 1) return make_error(Errc::invalid_option, "llama recall: ", r.queries, " queries (at least 1)");
   if (r.capture == nullptr)
     return make_error(Errc::invalid_option,
@@ -110,7 +113,7 @@ class TurnRecaller {
     const std::int64_t heads = llama_model_n_head_kv(llama_get_model(ctx));
     FLASHCACHE_RETURN_IF_ERROR(check_turn(ctx, s, heads, *capture, *archive, n));
     st.cells_before = st.cells_after = s.cell_count;
-    FLASHCACHE_RETURN_IF_ERROR(score(s, heads, *capture, *archive, threads, &st));
+    FLASHCACHE_RETURN_IF_ERROR(score(s, heads, *capture, *archive, r.score, threads, &st));
     capture->pause();  // the turn's queries are used; a decode again must not count as new tokens
     const auto t1 = clock::now();
     st.score_ms = ms(t0, t1);
@@ -256,8 +259,8 @@ class TurnRecaller {
 
   // Every archived token's score (and every resident's) from the turn's queries,
   // the layers spread over the threads, each with its own scorer; then merged.
-  Status score(const SeqState& s, std::int64_t heads, const QueryCapture& q, const Archive& a, int threads,
-               RecallStats* st) {
+  Status score(const SeqState& s, std::int64_t heads, const QueryCapture& q, const Archive& a, RecallScore how,
+               int threads, RecallStats* st) {
     const std::int64_t cells = s.cell_count, layers = static_cast<std::int64_t>(s.layers.size());
     const std::int64_t m = q.window(0).piece(0).q.tokens, r = cells - m;
     const std::int64_t embd = static_cast<std::int64_t>(s.layers[0].k_embd), dim = embd / heads;
@@ -266,7 +269,7 @@ class TurnRecaller {
     if (work_.size() < static_cast<std::size_t>(workers)) work_.resize(static_cast<std::size_t>(workers));
     for (int w = 0; w < workers; ++w) {
       Worker& x = work_[static_cast<std::size_t>(w)];
-      x.status = x.scorer.reset(a, RecallScope::shared);
+      x.status = x.scorer.reset(a, RecallScope::shared, how);
       x.keys.resize(static_cast<std::size_t>(cells * embd));
     }
     auto one_layer = [&](std::int64_t l, int w) {

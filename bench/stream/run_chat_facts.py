@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""A 20-turn chat through 1,024 cells: facts given in turns 1-5 are asked in turns 16-20, after ten
+long passages pushed them out of the context (chat_split.json). One flashcache_chat chat-mode run
+per policy and split: the full cache, llama.cpp's shift, StreamingLLM, FlashCache without recall,
+and FlashCache with the archive and recall (RULE.md stage 4's choice). Nothing is chosen here.
+
+  python3 bench/stream/run_chat_facts.py --chat build/bench/llama_cpp/flashcache_chat \
+      --out bench/results/llama_chat_facts.json
+"""
+import argparse
+import datetime
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import run_stream as rs  # noqa: E402
+
+POLICIES = {
+    "full": ["--when-full", "none"],
+    "shift": ["--when-full", "shift", "--keep", "4"],
+    "streaming": ["--when-full", "streaming", "--keep", "4"],
+    "flashcache, no recall": ["--when-full", "flashcache", "--no-recall"],
+    "flashcache + archive and recall": ["--when-full", "flashcache"],  # the chat's default
+}
+
+
+def passages(path, count, words_each):
+    """`count` passages of about words_each words, each cut at a paragraph's end, one line each."""
+    with open(path, encoding="utf-8") as f:
+        paras = [" ".join(p.split()) for p in f.read().split("\n\n") if len(p.split()) > 20]
+    out, cur = [], []
+    for p in paras:
+        cur.append(p)
+        if sum(len(c.split()) for c in cur) >= words_each:
+            out.append(" ".join(cur))
+            cur = []
+        if len(out) == count:
+            break
+    return out
+
+
+def script(doc, chat):
+    """The 20 user turns and the five (question turn, code) pairs."""
+    rng = random.Random(chat["seed"])
+    codes = [f"{rng.randrange(100000, 1000000)}" for _ in doc["objects"]]
+    turns = [f"Please remember this: the code of the {o} is {c}." for o, c in zip(doc["objects"], codes)]
+    for p in passages(chat["passages_from"], doc["passage_turns"], doc["passage_words"]):
+        turns.append(f"Here is a passage: {p} Summarize it in one sentence.")
+    asks = []
+    for o, c in zip(doc["objects"], codes):
+        asks.append((len(turns), c))
+        turns.append(f"What is the code of the {o}?")
+    return turns, asks
+
+
+def run(args, policy, turns, cells):
+    cmd = [args.chat, "-c", str(cells), "-n", "32", "-t", str(args.threads), "--json"] + POLICIES[policy]
+    if args.model:
+        cmd += ["-m", args.model]
+    t0 = time.time()
+    out = subprocess.run(cmd, input="\n".join(turns) + "\n", capture_output=True, text=True, timeout=3600)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr[-2000:]}")
+    d = json.loads(out.stdout)
+    d["wall_s"] = round(time.time() - t0, 2)
+    return d
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--chat", required=True)
+    ap.add_argument("--model", default="")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=os.path.join(rs.ROOT, "bench", "results", "llama_chat_facts.json"))
+    ap.add_argument("--work", default="/tmp/flashcache_chat_facts")
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    with open(os.path.join(HERE, "chat_split.json")) as f:
+        doc = json.load(f)
+    cache = rs.RowCache(os.path.join(args.work, "rows.jsonl"))
+    rows = []
+    for chat in doc["chats"]:  # dev first, then held-out once
+        turns, asks = script(doc, chat)
+        for policy in POLICIES:
+            cells = 8192 if policy == "full" else doc["cells"]
+            d = cache.run(f"{chat['split']}|{policy}", lambda: run(args, policy, turns, cells))
+            found = [code in d["replies"][i] for i, code in asks]
+            recalls = d.get("recalls", [])
+            rows.append({
+                "split": chat["split"], "policy": policy, "cells": cells, "found": sum(found), "of": len(found),
+                "found_by_turn": found, "answers": [d["replies"][i] for i, _ in asks], "tokens": d["tokens"],
+                "avg_cells": d["avg_cells"], "events": len(d["events"]), "decode_ms": d["decode_ms"],
+                "event_ms": d["event_ms"], "recall_ms": sum(r["ms"] for r in recalls),
+                "recall_score_ms": sum(r["score_ms"] for r in recalls),
+                "turn_decode_ms": sum(r["turn_decode_ms"] for r in recalls),
+                "recalled": sum(r["recalled"] for r in recalls),
+                "archive_bytes_max": max((r["archive_bytes"] for r in recalls), default=0),
+                "recalls": recalls, "wall_s": d["wall_s"]})
+            print(f"{chat['split']} {policy}: {sum(found)}/{len(found)} {[a[:30] for a in rows[-1]['answers']]}",
+                  file=sys.stderr, flush=True)
+    out = {"command": "python3 bench/stream/run_chat_facts.py --chat build/bench/llama_cpp/flashcache_chat",
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "split": "bench/stream/chat_split.json", "threads": args.threads, "rows": rows}
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
