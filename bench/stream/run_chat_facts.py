@@ -32,7 +32,7 @@ POLICIES = {
 def passages(path, count, words_each):
     """`count` passages of about words_each words, each cut at a paragraph's end, one line each."""
     with open(path, encoding="utf-8") as f:
-        paras = [" ".join(p.split()) for p in f.read().split("\n\n") if len(p.split()) > 20]
+        paras = [" ".join(p.split()) for p in f.read().split("\n\n") if 20 < len(p.split()) <= 1.5 * words_each]
     out, cur = [], []
     for p in paras:
         cur.append(p)
@@ -48,13 +48,13 @@ def script(doc, chat):
     """The 20 user turns and the five (question turn, code) pairs."""
     rng = random.Random(chat["seed"])
     codes = [f"{rng.randrange(100000, 1000000)}" for _ in doc["objects"]]
-    turns = [f"Please remember this: the code of the {o} is {c}." for o, c in zip(doc["objects"], codes)]
+    turns = [doc["fact"].format(object=o, number=c) for o, c in zip(doc["objects"], codes)]
     for p in passages(chat["passages_from"], doc["passage_turns"], doc["passage_words"]):
         turns.append(f"Here is a passage: {p} Summarize it in one sentence.")
     asks = []
     for o, c in zip(doc["objects"], codes):
         asks.append((len(turns), c))
-        turns.append(f"What is the code of the {o}?")
+        turns.append(doc["question"].format(object=o))
     return turns, asks
 
 

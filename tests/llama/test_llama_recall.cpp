@@ -204,6 +204,29 @@ TEST_F(LlamaRecall, TheTurnDecodedAgainSeesTheRecalledCells) {
   EXPECT_GT(moved, 1e-3f);  // the recalled cells changed what the turn predicts
 }
 
+// A turn longer than the queries kept (RecallSettings::queries): the capture's ring
+// wraps, and its two runs score as one, in position order.
+TEST_F(LlamaRecall, ATurnLongerThanTheQueriesKeptStillRecalls) {
+  fl::QueryCapture capture;
+  Ctx c;
+  make_ctx(&c, &capture);
+  fl::ContextParams p = recalling(&capture, 256, 32);
+  p.recall.queries = 8;
+  fl::ContextManager cm;
+  ASSERT_TRUE(cm.init(c.ctx, 0, p).ok());
+  stream(&c, &cm, 500);
+  const std::vector<llama_token> turn = decode_turn(&c, &cm);
+  ASSERT_GT(turn.size() % 8, 0u);  // the ring wraps
+  ASSERT_EQ(capture.window(0).pieces(), 2);
+  fl::RecallStats st;
+  const fc::Status s = cm.recall_turn(turn.data(), static_cast<std::int64_t>(turn.size()), &st);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(st.queries, 8);
+  EXPECT_GT(st.recalled, 0);
+  EXPECT_EQ(static_cast<std::int64_t>(state_rows(state_of(c)).size() + archived_rows(cm.archive()).size()),
+            500 + static_cast<std::int64_t>(turn.size()));
+}
+
 // A full context: the recalled blocks displace the lowest-scoring residents (never the
 // first n_keep, never the turn), which go to the archive; the cap holds; and the
 // recalled cells stay through the next compaction.

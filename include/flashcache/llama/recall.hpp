@@ -247,9 +247,10 @@ class TurnRecaller {
     const std::int64_t dim = static_cast<std::int64_t>(s.layers[0].k_embd) / heads;
     for (int l = 0; l < q.layers(); ++l) {
       const QueryWindow& w = q.window(l);
-      if (w.pieces() != 1 || w.piece(0).first < hi - n + 1 || w.piece(0).first + w.piece(0).q.tokens != hi + 1)
+      // The window is a ring: its kept queries are one or two runs of consecutive positions.
+      if (w.kept() < 1 || w.first_kept() < hi - n + 1 || w.first_kept() + w.kept() != hi + 1)
         return make_error(Errc::invalid_option, "llama recall: layer ", l,
-                          "'s captured queries are not one run of the turn's last positions");
+                          "'s captured queries are not the turn's last positions");
       if (w.head_dim() != dim || w.heads() % heads != 0)
         return make_error(Errc::unsupported, "llama recall: queries of ", w.heads(), " heads of ", w.head_dim(),
                           " for ", heads, " KV heads of ", dim);
@@ -262,7 +263,7 @@ class TurnRecaller {
   Status score(const SeqState& s, std::int64_t heads, const QueryCapture& q, const Archive& a, RecallScore how,
                int threads, RecallStats* st) {
     const std::int64_t cells = s.cell_count, layers = static_cast<std::int64_t>(s.layers.size());
-    const std::int64_t m = q.window(0).piece(0).q.tokens, r = cells - m;
+    const std::int64_t m = q.window(0).kept(), r = cells - m;
     const std::int64_t embd = static_cast<std::int64_t>(s.layers[0].k_embd), dim = embd / heads;
     const int workers = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, layers)));
     pool_.resize(workers);
@@ -278,7 +279,7 @@ class TurnRecaller {
       layer_to_float(blob_.data(), s, static_cast<std::size_t>(l), Part::k, order_.data(),
                      static_cast<std::uint32_t>(cells), x.keys.data());
       const float* k = x.keys.data();
-      x.status = x.scorer.add_layer<float>(static_cast<int>(l), q.window(static_cast<int>(l)).piece(0).q,
+      x.status = x.scorer.add_layer<float>(static_cast<int>(l), in_order(q.window(static_cast<int>(l)), &x.queries),
                                            nhd(k, Tokens(r), Heads(heads), HeadDim(dim)),
                                            nhd(k + r * embd, Tokens(m), Heads(heads), HeadDim(dim)));
     };
@@ -408,7 +409,25 @@ class TurnRecaller {
     return b;
   }
 
+  // A window's kept queries [Hq][kept][d] in position order: its one run in place,
+  // or its two runs (the ring wrapped) copied into `buf`.
+  static KVView<const float> in_order(const QueryWindow& w, std::vector<float>* buf) {
+    if (w.pieces() == 1) return w.piece(0).q;
+    const std::int64_t heads = w.heads(), d = w.head_dim(), m = w.kept();
+    buf->resize(static_cast<std::size_t>(heads * m * d));
+    std::int64_t at = 0;
+    for (int i = 0; i < w.pieces(); ++i) {
+      const KVView<const float> q = w.piece(i).q;
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t t = 0; t < q.tokens; ++t)
+          std::copy(q.row(h, t), q.row(h, t) + d, buf->data() + (h * m + at + t) * d);
+      at += q.tokens;
+    }
+    return hnd<const float>(buf->data(), Heads(heads), Tokens(m), HeadDim(d));
+  }
+
   struct Worker {
+    std::vector<float> queries;  // a wrapped window's queries in order
     RecallScorer scorer;
     std::vector<float> keys;  // one layer's keys, [cells][kv heads x head dim]
     Status status;
