@@ -208,6 +208,56 @@ TEST(Archive, CopyEraseAndDropAllKeepTheCount) {
   EXPECT_EQ(a.archive.dropped_tokens(), 24);
 }
 
+// ArchiveOrder::position: appends land among the tokens already there by position,
+// each with its own rows, and the cap then drops the lowest positions.
+TEST(Archive, PositionOrderKeepsTokensSortedWithTheirRows) {
+  const fc::ArchiveShape shape{2, 1, 4, fc::RowType::f32, fc::RowType::f32};
+  fc::ArchiveOptions opt;
+  opt.block_size = 2;
+  opt.order = fc::ArchiveOrder::position;
+  fc::Archive a;
+  ASSERT_TRUE(a.reset(shape, opt).ok());
+  // Each token's rows hold its position (K) and minus it (V), layer l adding 1000 l.
+  const auto put = [&](std::vector<std::int32_t> pos) {
+    std::vector<std::vector<float>> k(2), v(2);
+    for (int l = 0; l < 2; ++l)
+      for (const std::int32_t p : pos)
+        for (int c = 0; c < 4; ++c) {
+          k[static_cast<std::size_t>(l)].push_back(static_cast<float>(p + 1000 * l));
+          v[static_cast<std::size_t>(l)].push_back(-static_cast<float>(p + 1000 * l));
+        }
+    const void* kp[] = {k[0].data(), k[1].data()};
+    const void* vp[] = {v[0].data(), v[1].data()};
+    ASSERT_TRUE(a.append(pos.data(), static_cast<std::int64_t>(pos.size()), kp, 16, vp, 16).ok());
+  };
+  put({10, 20, 30});
+  put({5, 25});
+  put({40, 15});  // not sorted within the append either
+  const std::vector<std::int32_t> want = {5, 10, 15, 20, 25, 30, 40};
+  ASSERT_EQ(a.tokens(), 7);
+  for (std::int64_t t = 0; t < 7; ++t) {
+    EXPECT_EQ(a.positions()[t], want[static_cast<std::size_t>(t)]) << t;
+    for (int l = 0; l < 2; ++l) {
+      float k = 0, v = 0;
+      std::memcpy(&k, a.k_row(l, t) + 12, 4);
+      std::memcpy(&v, a.v_row(l, t), 4);
+      EXPECT_EQ(k, static_cast<float>(want[static_cast<std::size_t>(t)] + 1000 * l)) << t;
+      EXPECT_EQ(v, -static_cast<float>(want[static_cast<std::size_t>(t)] + 1000 * l)) << t;
+    }
+  }
+  // A cap of three blocks (6 tokens): the lowest positions' block goes.
+  fc::Archive capped;
+  opt.byte_cap = 6 * shape.token_bytes();
+  ASSERT_TRUE(capped.reset(shape, opt).ok());
+  std::swap(a, capped);
+  put({10, 20, 30});
+  put({5, 25});
+  put({40, 15});
+  EXPECT_EQ(a.dropped_tokens(), 2);
+  ASSERT_EQ(a.tokens(), 5);
+  EXPECT_EQ(a.positions()[0], 15);
+}
+
 TEST(Archive, RefusesBadInputByName) {
   fc::Archive a;
   constexpr fc::RowType f32 = fc::RowType::f32;

@@ -49,16 +49,18 @@ const char* kUsage =
     "usage: flashcache_chat [-m MODEL.gguf] [-c CELLS] [-n N] [-t THREADS] [--keep N] [--temp T] [--top-p P]\n"
     "         [--seed S] [--when-full flashcache|shift|streaming|none] [--target SHARE] [--no-renumber]\n"
     "         [--window-share SHARE] [--paper | --query-tail] [--archive] [--recall N | --no-recall]\n"
-    "         [--archive-block N] [--redo turn|last] [--recall-score exact|digest]\n"
+    "         [--archive-block N] [--archive-order eviction|position] [--redo turn|last]\n"
+    "         [--recall-score exact|digest]\n"
     "         [-s SYSTEM] [-f FILE [-b CHUNK] [--max-tokens N] [--nll-from TOKEN] [--ask TEXT]] [--json] [--quiet]\n"
     "  without -f: a chat, one user turn per line of standard input\n";
 
-// flashcache mode recalls by default: up to 64 cells in blocks of 32 at each new turn,
-// the turn decoded again (chosen on dev by bench/stream/RULE.md stage 4).
+// flashcache mode recalls by default: up to 64 cells in blocks of 32 neighbouring archived
+// positions at each new turn, the turn decoded again (chosen on dev by bench/stream/RULE.md
+// stages 4 and 5).
 constexpr int kDefaultRecall = 64;
 
 struct Args {
-  std::string model, file, system, ask, redo = "turn", recall_score = "exact";
+  std::string model, file, system, ask, redo = "turn", recall_score = "exact", archive_order = "position";
   int recall = -1, archive_block = 32;  // recall -1: kDefaultRecall in flashcache mode, else 0
   bool archive = false;
   int cells = 1024, n_predict = -1, threads = 2, chunk = 128, max_tokens = 0, nll_from = -1;
@@ -133,6 +135,8 @@ bool parse_args(int argc, char** argv, Args* a) {
       a->redo = v;
     } else if (k == "--recall-score") {
       a->recall_score = v;
+    } else if (k == "--archive-order") {
+      a->archive_order = v;
     } else if (!number(&x)) {
       return false;
     } else if (k == "-c" || k == "--ctx-size") {
@@ -184,6 +188,10 @@ bool parse_args(int argc, char** argv, Args* a) {
   }
   if (a->recall_score != "exact" && a->recall_score != "digest") {
     std::fprintf(stderr, "flashcache_chat: --recall-score exact or digest, not '%s'\n", a->recall_score.c_str());
+    return false;
+  }
+  if (a->archive_order != "eviction" && a->archive_order != "position") {
+    std::fprintf(stderr, "flashcache_chat: --archive-order eviction or position, not '%s'\n", a->archive_order.c_str());
     return false;
   }
   if (!a->ask.empty() && a->file.empty()) {
@@ -432,6 +440,7 @@ int main(int argc, char** argv) {
     cp.archive = true;
     cp.renumber = false;  // an archived cell keeps its position
     cp.archive_options.block_size = a.archive_block;
+    cp.archive_options.order = a.archive_order == "position" ? fc::ArchiveOrder::position : fc::ArchiveOrder::eviction;
     cp.at_max_pos = fl::AtMaxPos::restart;  // a chat never hits the wall
   }
   if (a.recall > 0) {

@@ -49,7 +49,8 @@ def label(row):
 def extra_args(row):
     args = rs.policy_args(row)
     if row.get("archive"):
-        args += ["--archive", "--archive-block", str(row["block"])]
+        # Stage 4 ran with the archive in eviction order, the chat's default until stage 5.
+        args += ["--archive", "--archive-block", str(row["block"]), "--archive-order", row.get("order", "eviction")]
         if row.get("recall"):
             args += ["--recall", str(row["recall"]), "--redo", "turn" if row["redo"] == "turn" else "last",
                      "--recall-score", row.get("score", "exact")]

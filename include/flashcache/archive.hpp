@@ -71,17 +71,26 @@ struct ArchiveShape {
   }
 };
 
+// The order an archive keeps its tokens in, which decides what a block holds.
+enum class ArchiveOrder {
+  eviction,  // as appended: a block is tokens evicted together
+  position,  // by position: a block is neighbouring archived positions, whichever eviction they came from
+};
+
 struct ArchiveOptions {
   // Archive tokens per block: the unit a recall scores and brings back.
   std::int64_t block_size = 16;
   // At most this many bytes of positions and rows; 0: no cap.
   std::int64_t byte_cap = 0;
+  ArchiveOrder order = ArchiveOrder::eviction;
 };
 
 // The options' own checks, which need no shape.
 inline Status check_archive_options(const ArchiveOptions& o) {
   if (o.block_size < 1) return make_error(Errc::invalid_option, "archive block_size ", o.block_size, " (at least 1)");
   if (o.byte_cap < 0) return make_error(Errc::invalid_option, "archive byte_cap ", o.byte_cap, " is negative");
+  if (o.order != ArchiveOrder::eviction && o.order != ArchiveOrder::position)
+    return make_error(Errc::invalid_option, "archive: unknown order");
   return Status::success();
 }
 
@@ -154,6 +163,7 @@ class Archive {
       append_rows(&k_[static_cast<std::size_t>(l)], static_cast<const unsigned char*>(k[l]), n, k_stride, k_row_size);
       append_rows(&v_[static_cast<std::size_t>(l)], static_cast<const unsigned char*>(v[l]), n, v_stride, v_row_size);
     }
+    if (opt_.order == ArchiveOrder::position) merge_by_position(tokens() - n);
     drop_to_cap();
     return Status::success();
   }
@@ -240,6 +250,47 @@ class Archive {
   }
 
  private:
+  // Tokens [0, old) are in position order and [old, end) were just appended:
+  // moves them all into position order (stable), rewriting only from the first
+  // token the new ones precede. Scratch buffers keep their capacity.
+  void merge_by_position(std::int64_t old) {
+    const std::int64_t end = tokens();
+    if (old == end) return;
+    order_.resize(static_cast<std::size_t>(end));
+    for (std::int64_t i = 0; i < end; ++i) order_[static_cast<std::size_t>(i)] = i;
+    const auto by_pos = [this](std::int64_t a, std::int64_t b) {
+      return positions_[static_cast<std::size_t>(a)] < positions_[static_cast<std::size_t>(b)];
+    };
+    std::sort(order_.begin() + old, order_.end(), by_pos);  // (usually sorted already)
+    const std::int32_t lowest = positions_[static_cast<std::size_t>(order_[static_cast<std::size_t>(old)])];
+    const std::int64_t from =
+        std::upper_bound(positions_.begin(), positions_.begin() + old, lowest) - positions_.begin();
+    if (from == old && std::is_sorted(positions_.begin() + old, positions_.end())) return;
+    merged_.resize(static_cast<std::size_t>(end - from));  // std::merge: inplace_merge would take a heap buffer
+    std::merge(order_.begin() + from, order_.begin() + old, order_.begin() + old, order_.end(), merged_.begin(),
+               by_pos);
+    std::copy(merged_.begin(), merged_.end(), order_.begin() + from);
+    const std::size_t count = static_cast<std::size_t>(end - from);
+    pos_scratch_.resize(count);
+    for (std::size_t i = 0; i < count; ++i)
+      pos_scratch_[i] = positions_[static_cast<std::size_t>(order_[static_cast<std::size_t>(from) + i])];
+    std::copy(pos_scratch_.begin(), pos_scratch_.end(), positions_.begin() + from);
+    for (int l = 0; l < shape_.layers; ++l) {
+      reorder_rows(&k_[static_cast<std::size_t>(l)], from, static_cast<std::size_t>(shape_.k_row_bytes()));
+      reorder_rows(&v_[static_cast<std::size_t>(l)], from, static_cast<std::size_t>(shape_.v_row_bytes()));
+    }
+  }
+
+  // Rows from token `from` on into order_'s order.
+  void reorder_rows(std::vector<unsigned char>* rows, std::int64_t from, std::size_t row) {
+    const std::size_t count = order_.size() - static_cast<std::size_t>(from);
+    row_scratch_.resize(count * row);
+    for (std::size_t i = 0; i < count; ++i)
+      std::memcpy(row_scratch_.data() + i * row,
+                  rows->data() + static_cast<std::size_t>(order_[static_cast<std::size_t>(from) + i]) * row, row);
+    std::memcpy(rows->data() + static_cast<std::size_t>(from) * row, row_scratch_.data(), count * row);
+  }
+
   Status check_blocks(const std::int64_t* blocks, std::int64_t count) const {
     if (count < 0 || (count > 0 && blocks == nullptr))
       return make_error(Errc::invalid_shape, "archive: ", count, " blocks or a null list");
@@ -307,6 +358,9 @@ class Archive {
   std::vector<std::int32_t> positions_;
   std::vector<std::vector<unsigned char>> k_, v_;  // per layer: tokens x a K (V) row's bytes
   std::int64_t dropped_ = 0;
+  std::vector<std::int64_t> order_, merged_;  // position order: the merge's permutation
+  std::vector<std::int32_t> pos_scratch_;
+  std::vector<unsigned char> row_scratch_;
 };
 
 }  // namespace flashcache

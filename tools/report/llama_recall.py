@@ -73,14 +73,37 @@ def render_chat(doc):
     lines = ["## A 20-turn chat: facts of turns 1-5 asked in turns 16-20", "",
              f"Command `{doc['command']}`; date {doc['date']}; {doc['threads']} threads. Split `{doc['split']}`: "
              "five facts in turns 1-5, ten passages to summarize in turns 6-15, the facts asked in turns 16-20, "
-             "greedy replies of at most 32 tokens, through 1,024 cells (the full cache: 8,192). Nothing was "
-             "chosen on it.", "",
-             "| split | policy | facts found | avg cells | compactions | recall ms (all turns) | the turns' own "
-             "decode ms | cells back | archive MiB (most) |", "|---|---|---|---|---|---|---|---|---|"]
+             "greedy replies of at most 32 tokens, through 1,024 cells (the full cache: 8,192). No policy "
+             "setting was chosen on it; the passage length was, by a precondition written before those rows (the "
+             f"full cache must answer 4 of 5 dev facts; tried 150, 100, 75 words): "
+             f"{doc['passage_words'] if doc['passage_words'] else 'none passed'}. The split file records two "
+             "earlier dev-only revisions of the script. The recall row keeps the archive in eviction order "
+             "(stage 4); in position order, the default since stage 5, see the next section.", "",
+             "| split | passage words | policy | facts found | avg cells | compactions | recall ms (all turns) | "
+             "the turns' own decode ms | cells back | archive MiB (most) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         rec = r["recalls"]
-        lines.append(f"| {r['split']} | {r['policy']} | {r['found']} of {r['of']} | {r['avg_cells']:.0f} | "
+        lines.append(f"| {r['split']} | {r['passage_words']} | {r['policy']} | {r['found']} of {r['of']} | {r['avg_cells']:.0f} | "
                      f"{r['events']} | " + (f"{r['recall_ms']:.0f} | {r['turn_decode_ms']:.0f} | {r['recalled']} | "
                                             f"{r['archive_bytes_max'] / 2**20:.1f} |" if rec else "- | - | - | - |"))
     lines.append("")
+    return "\n".join(lines)
+
+
+def render_order(doc):
+    e, p = doc["eviction"], doc["position"]
+    show = lambda x: "not run (position order did not win on dev)" if x is None else f"{x} of 5"  # noqa: E731
+    lines = ["## Archive blocks by position (stage 5)", "",
+             f"Command `{doc['command']}`; date {doc['date']}; {doc['threads']} threads; rule `{doc['rule']}`, "
+             "written after the 20-turn chat's rows, held-out included, had been seen. Stage 4's recall setting "
+             "(64 cells, blocks of 32, the turn decoded again) with the archive kept in eviction order (stage 4's "
+             "rows) or in position order.", "",
+             "| archive order | dev facts asked later | dev chat | held-out facts | held-out chat |",
+             "|---|---|---|---|---|",
+             f"| eviction | {e['dev_facts']} of 5 | {e['dev_chat']} of 5 | {e['heldout_facts']} of 5 | "
+             f"{e['heldout_chat']} of 5 |",
+             f"| position | {p['dev_facts']} of 5 | {p['dev_chat']} of 5 | {show(p['heldout_facts'])} | "
+             f"{show(p['heldout_chat'])} |", "",
+             f"Position order {'wins on dev and is the default' if doc['wins'] else 'does not win on dev'}.", ""]
     return "\n".join(lines)

@@ -87,6 +87,15 @@ inline CompactionSettings when_full_settings() {
   return c;
 }
 
+// The archive a running context keeps for recall at new turns: blocks of 32 neighbouring
+// archived positions (bench/stream/RULE.md stages 4 and 5), no byte cap.
+inline ArchiveOptions turn_archive_options() {
+  ArchiveOptions o;
+  o.block_size = 32;
+  o.order = ArchiveOrder::position;
+  return o;
+}
+
 struct ContextParams {
   WhenFull when_full = WhenFull::flashcache;
   std::int64_t n_cells = 0;  // the cap: cells the sequence may hold; 0: llama_n_ctx_seq(ctx)
@@ -108,7 +117,7 @@ struct ContextParams {
   // off: an archived cell keeps its position, which a renumbering would make wrong. Positions
   // then keep growing past the cap (llama.cpp accepts the gaps).
   bool archive = false;
-  ArchiveOptions archive_options;  // block size and byte cap (0: no cap)
+  ArchiveOptions archive_options = turn_archive_options();  // blocks of 32 by position, no cap
   // With the archive (positions kept): the highest position a new token may take; 0: the
   // model's training length - 1 (llama_model_n_ctx_train). Past it, at_max_pos says what
   // happens: a refusal by name (re-rotating the archive's keys is not done yet), or a restart.
