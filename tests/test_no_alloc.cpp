@@ -221,14 +221,16 @@ TEST(NoAlloc, WarmQueryTailsAllocateNothing) {
 
 // The archive and its recall warm: an eviction appended (the archive reserved
 // for its cap), a question's queries scored over every layer, the blocks chosen
-// and taken back, on an archive of the same size as the warm-up's.
-TEST(NoAlloc, WarmArchiveAndRecallAllocateNothing) {
+// and taken back, on an archive of the same size as the warm-up's. In position
+// order the eviction arrives in descending positions, so the merge reorders it.
+void check_warm_archive(fc::ArchiveOrder archive_order, fc::RecallScore how) {
+  SCOPED_TRACE(fc::to_string(how));
   const Layers m(0.0);
   const std::int64_t heads = m.heads, d = m.d, n = 120, question = 6;
   const int layers = static_cast<int>(m.tokens.size());
   const fc::ArchiveShape shape{layers, heads, d, fc::RowType::f32, fc::RowType::f32};
   fc::Archive archive;
-  ASSERT_TRUE(archive.reset(shape, {16, 0}).ok());
+  ASSERT_TRUE(archive.reset(shape, {16, 0, archive_order}).ok());
   archive.reserve(n);
   // Rows of the evicted tokens: tokens 0..n of each layer, [token][head][d].
   std::vector<std::vector<float>> rows(static_cast<std::size_t>(layers),
@@ -244,7 +246,9 @@ TEST(NoAlloc, WarmArchiveAndRecallAllocateNothing) {
     v.push_back(rows[static_cast<std::size_t>(l)].data());
   }
   std::vector<std::int32_t> positions(static_cast<std::size_t>(n)), back(static_cast<std::size_t>(n));
-  for (std::int64_t t = 0; t < n; ++t) positions[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(t);
+  for (std::int64_t t = 0; t < n; ++t)
+    positions[static_cast<std::size_t>(t)] =
+        static_cast<std::int32_t>(archive_order == fc::ArchiveOrder::position ? n - 1 - t : t);
   std::vector<float> q(static_cast<std::size_t>(2 * heads * question * d));
   for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(std::sin(0.61 * static_cast<double>(i)));
   const auto qv = fc::hnd<const float>(q.data(), fc::Heads(2 * heads), fc::Tokens(question), fc::HeadDim(d));
@@ -263,7 +267,7 @@ TEST(NoAlloc, WarmArchiveAndRecallAllocateNothing) {
   all.reserve(static_cast<std::size_t>(n));
   const auto cycle = [&] {
     bool ok = archive.append(positions.data(), n, k.data(), heads * d * 4, v.data(), heads * d * 4).ok();
-    ok &= scorer.reset(archive).ok();
+    ok &= scorer.reset(archive, fc::RecallScope::shared, how).ok();
     for (int l = 0; l < layers; ++l) {
       const auto resident = fc::token_range(m.kv[static_cast<std::size_t>(l)], n, 40);
       const auto asked = fc::token_range(m.kv[static_cast<std::size_t>(l)], n + 40, question);
@@ -283,6 +287,11 @@ TEST(NoAlloc, WarmArchiveAndRecallAllocateNothing) {
   bool ok = false;
   EXPECT_EQ(heap_allocations([&] { ok = cycle(); }), 0);
   EXPECT_TRUE(ok);
+}
+
+TEST(NoAlloc, WarmArchiveAndRecallAllocateNothing) {
+  check_warm_archive(fc::ArchiveOrder::eviction, fc::RecallScore::exact);
+  check_warm_archive(fc::ArchiveOrder::position, fc::RecallScore::digest);
 }
 
 TEST(NoAlloc, WarmBatchAllocatesNothing) {

@@ -5,13 +5,15 @@
 // A compaction decides before the question is known; what it drops is gone. An
 // Archive keeps every evicted token instead: its position and, for every layer,
 // its K and V rows as they were stored (f32, f16, bf16 or q8_0 bytes, all KV
-// heads of the token in one row, as llama.cpp's cells hold them). Tokens are appended in
-// eviction order and grouped in blocks of `block_size` consecutive archive
-// tokens: a block is what a recall scores and brings back.
+// heads of the token in one row, as llama.cpp's cells hold them). Tokens are kept in
+// eviction order (ArchiveOrder::eviction) or by position (ArchiveOrder::position)
+// and grouped in blocks of `block_size` consecutive archive tokens: a block is what
+// a recall scores and brings back.
 //
-// A byte cap bounds the archive: when an append passes it, the oldest whole
-// blocks are dropped and counted (dropped_tokens()), never silently. reserve()
-// sizes the buffers once; after it, append and take allocate nothing.
+// A byte cap bounds the archive: when an append passes it, the first whole blocks
+// (the earliest evicted, or the lowest positions) are dropped and counted
+// (dropped_tokens()), never silently. reserve() sizes the buffers once; after it,
+// append and take allocate nothing.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -134,6 +136,12 @@ class Archive {
   void reserve(std::int64_t tokens) {
     const auto n = static_cast<std::size_t>(std::max<std::int64_t>(tokens, 0));
     positions_.reserve(n);
+    if (opt_.order == ArchiveOrder::position) {  // the merge's scratch
+      order_.reserve(n);
+      merged_.reserve(n);
+      pos_scratch_.reserve(n);
+      row_scratch_.reserve(n * static_cast<std::size_t>(std::max(shape_.k_row_bytes(), shape_.v_row_bytes())));
+    }
     for (int l = 0; l < shape_.layers; ++l) {
       k_[static_cast<std::size_t>(l)].reserve(n * static_cast<std::size_t>(shape_.k_row_bytes()));
       v_[static_cast<std::size_t>(l)].reserve(n * static_cast<std::size_t>(shape_.v_row_bytes()));
@@ -251,7 +259,7 @@ class Archive {
 
  private:
   // Tokens [0, old) are in position order and [old, end) were just appended:
-  // moves them all into position order (stable), rewriting only from the first
+  // moves them all into position order (positions are unique), rewriting only from the first
   // token the new ones precede. Scratch buffers keep their capacity.
   void merge_by_position(std::int64_t old) {
     const std::int64_t end = tokens();
@@ -341,7 +349,7 @@ class Archive {
     }
   }
 
-  // Drops the oldest whole blocks while the archive passes its cap.
+  // Drops the first whole blocks (earliest evicted, or lowest positions) while the archive passes its cap.
   void drop_to_cap() {
     if (opt_.byte_cap == 0 || bytes() <= opt_.byte_cap) return;
     const std::int64_t keep_tokens = opt_.byte_cap / shape_.token_bytes();

@@ -209,7 +209,16 @@ class RecallScorer {
       float* bound = bound_.data() + ranking_of(layer, h) * blocks;
       for (std::int64_t g = h * group; g < (h + 1) * group; ++g) {
         for (std::int64_t i = 0; i < m; ++i) row_to_float(q.row(g, i), d, qm.data() + i * d);
-        logits.noalias() = (qm * keys.transpose()) * scale;  // [m][n]
+        // [m][n] in tiles of TailAccumulator's sizes: Eigen keeps their packed blocks on the
+        // stack, where one whole product would take a heap buffer.
+        for (std::int64_t i0 = 0; i0 < m; i0 += TailAccumulator::kQueryTile)
+          for (std::int64_t j0 = 0; j0 < n; j0 += TailAccumulator::kKeyTile) {
+            const std::int64_t rows = std::min(TailAccumulator::kQueryTile, m - i0);
+            const std::int64_t cols = std::min(TailAccumulator::kKeyTile, n - j0);
+            logits.block(i0, j0, rows, cols).noalias() =
+                qm.block(i0, 0, rows, d) * keys.block(j0, 0, cols, d).transpose();
+          }
+        logits *= scale;
         for (std::int64_t i = 0; i < m; ++i) {
           const std::int64_t seen = r + i + 1;  // causal: query i sees the residents and question keys 0..i
           float top = -std::numeric_limits<float>::infinity();
@@ -225,7 +234,8 @@ class RecallScorer {
             const float* hi = hi_.data() + b * d;
             float most = 0;
             for (std::int64_t c = 0; c < d; ++c) most += std::max(qi[c] * lo[c], qi[c] * hi[c]);
-            const float score = std::exp(most * scale - lse);
+            // exp of at most 80: a loose bound stays finite and still ranks (exp(88) overflows)
+            const float score = std::exp(std::min(most * scale - lse, 80.0f));
             if (score > bound[b]) bound[b] = score;  // (a NaN bound never wins)
           }
         }
@@ -258,8 +268,8 @@ class RecallScorer {
   RecallScope scope_ = RecallScope::shared;
   RecallScore score_ = RecallScore::exact;
   std::vector<float> bound_;           // digest: [rankings][blocks]
-  std::vector<float> lo_, hi_, row_;   // (qbuf_, lbuf_: the queries [m][d] and their logits [m][n])
-  std::vector<float> qbuf_, lbuf_;     // digest: one layer's block ranges [blocks][d] for a KV head
+  std::vector<float> lo_, hi_, row_;   // digest: one layer's block ranges [blocks][d] for a KV head, a row
+  std::vector<float> qbuf_, lbuf_;     // digest: the queries [m][d] and their logits [m][n]
   std::vector<float> token_score_;     // [rankings][archive tokens]
   std::vector<float> resident_score_;  // [rankings][resident tokens]
   std::int64_t resident_tokens_ = -1;

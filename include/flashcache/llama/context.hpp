@@ -203,6 +203,10 @@ class ContextManager {
       if (p.at_max_pos == AtMaxPos::restart && !llama_memory_can_shift(mem))
         return make_error(Errc::unsupported,
                           "llama: AtMaxPos::restart renumbers positions, but this memory cannot shift them");
+      const llama_pos limit = p.max_pos > 0 ? p.max_pos : llama_model_n_ctx_train(llama_get_model(ctx)) - 1;
+      if (p.at_max_pos == AtMaxPos::restart && limit + 1 < cap)
+        return make_error(Errc::invalid_option, "llama: AtMaxPos::restart with max_pos ", limit, " below the cap of ",
+                          cap, " cells: a renumbered sequence could still pass max_pos");
     }
     FLASHCACHE_RETURN_IF_ERROR(check_recall_settings(p.recall));
     if (p.recall.budget > 0 && !p.archive)
@@ -349,8 +353,12 @@ class ContextManager {
   // AtMaxPos::restart: a compaction with renumbering and no archive; once it
   // succeeded, the archive (whose positions it made wrong) is dropped, counted.
   Status restart_positions(std::int64_t have, std::int64_t n_new, RoomEvent* ev) {
-    recalled_.clear();  // their positions move too; they stay only by their scores
-    FLASHCACHE_RETURN_IF_ERROR(compact(have, n_new, ev, /*renumber=*/true, /*to_archive=*/false));
+    std::vector<llama_pos> recalled;  // their positions move too; they stay only by their scores
+    recalled.swap(recalled_);
+    if (Status s = compact(have, n_new, ev, /*renumber=*/true, /*to_archive=*/false); !s.ok()) {
+      recalled_.swap(recalled);  // a refusal changes nothing
+      return s;
+    }
     ev->restarted = true;
     ev->restart_dropped = archive_.tokens() + (ev->compaction.cells_before - ev->compaction.cells_after);
     archive_.drop_all();
@@ -375,7 +383,7 @@ class ContextManager {
       return make_error(Errc::invalid_budget, "llama: the first ", p_.n_keep, " cells, the newest turn's ", turn,
                         " and the ", recalled, " recalled leave no room for ", n_new, " new cells in ", cap_,
                         " (protect_from a later position)");
-    keep = std::max(keep, kept_anyway);
+    keep = std::min(std::max(keep, kept_anyway), have);  // (a restart may find fewer cells than the target)
     CompressParams c = compress_params(p_, Budget::tokens(keep));
     if (to_archive) {
       c.archive = &archive_;

@@ -117,7 +117,18 @@ class TurnRecaller {
     capture->pause();  // the turn's queries are used; a decode again must not count as new tokens
     const auto t1 = clock::now();
     st.score_ms = ms(t0, t1);
-    choose(*archive, cap, n_keep, n, r.budget);
+    // Decoding the whole turn again needs the cell just before it: llama.cpp takes a
+    // batch only at the sequence's last position + 1. Without it (a compaction during
+    // the turn evicted it), only the last token is decoded again.
+    const std::int64_t cells = s.cell_count;
+    const bool whole_turn = r.redo == RecallRedo::turn && cells > n &&
+                            s.pos[static_cast<std::size_t>(order_[static_cast<std::size_t>(cells - n - 1)])] ==
+                                s.pos[static_cast<std::size_t>(order_.back())] - n;
+    const std::int64_t redo = whole_turn ? n : 1;
+    // A quarter of the cap stays free of the protected set (n_keep, the turn, the recalled)
+    // for the reply, which the next compactions must find room for.
+    const std::int64_t budget = std::min(r.budget, std::max<std::int64_t>(0, cap - 1 - n_keep - n - cap / 4));
+    choose(*archive, cap, n_keep, whole_turn ? n + 1 : n, budget);
     if (chosen_.empty()) {
       st.ms = ms(t0, clock::now());
       if (stats != nullptr) *stats = st;
@@ -125,8 +136,6 @@ class TurnRecaller {
     }
     // The new sequence: every resident not displaced (without what is decoded
     // again) and the recalled tokens, by position.
-    const std::int64_t redo = r.redo == RecallRedo::turn ? n : 1;
-    const std::int64_t cells = s.cell_count;
     merged_.clear();
     for (std::int64_t i = 0; i < cells - redo; ++i)
       if (!displaced_mask_[static_cast<std::size_t>(i)]) merged_.push_back({order_[static_cast<std::size_t>(i)], -1});
@@ -304,7 +313,7 @@ class TurnRecaller {
 
   // The blocks to bring back, best first, each only where it fits the budget and
   // there is room or it beats every resident it displaces (the lowest-scoring
-  // ones, outside the first n_keep and the turn). Fills chosen_ (ascending),
+  // ones, outside the first n_keep and the last `turn` cells). Fills chosen_ (ascending),
   // displaced_ (blob indices) and displaced_mask_ (by position order).
   void choose(const Archive& a, std::int64_t cap, std::int64_t n_keep, std::int64_t turn, std::int64_t budget) {
     const std::int64_t cells = static_cast<std::int64_t>(order_.size());
@@ -372,8 +381,11 @@ class TurnRecaller {
         const std::int64_t count = std::min(step, redo - i);
         fill_batch(tokens + i, count, hi - redo + 1 + static_cast<llama_pos>(i), seq, i + count == redo);
         if (const int rc = llama_decode(ctx, batch_view(count)); rc != 0)
-          failed =
-              make_error(Errc::unsupported, "llama recall: decoding the turn again failed (llama_decode ", rc, ")");
+          failed = make_error(Errc::unsupported, "llama recall: decoding the turn again failed (llama_decode ", rc,
+                              i > 0 ? "; an earlier chunk went through, so the context's logits are no longer the "
+                                      "turn's: decode its last token again before sampling"
+                                    : "",
+                              ")");
       }
       if (failed.ok() && llama_memory_seq_pos_max(mem, seq) != hi)
         failed = make_error(Errc::unsupported, "llama recall: after decoding again the last position is ",
