@@ -46,13 +46,16 @@ namespace llama {
 // What is decoded again once recalled cells are in.
 enum class RecallRedo {
   last_token,  // the turn's last token: its logits see the recalled cells in every layer
-  turn,        // the whole turn: its own cells are recomputed with the recalled ones
+  turn,        // the whole turn: its own cells are recomputed with the recalled ones (only the last
+               // token when the cell before the turn is gone: llama.cpp decodes after the last position)
 };
 
 inline const char* to_string(RecallRedo r) { return r == RecallRedo::turn ? "turn" : "last_token"; }
 
 struct RecallSettings {
-  std::int64_t budget = 0;  // cells a new turn may bring back; 0: no recall
+  // Cells a new turn may bring back; 0: no recall. At most cap - 1 - n_keep - the turn -
+  // cap / 4: a quarter of the cap stays outside the protected set for the reply.
+  std::int64_t budget = 0;
   RecallRedo redo = RecallRedo::turn;
   std::int64_t queries = 256;              // the turn's last queries that score
   RecallScore score = RecallScore::exact;  // each block's best token, or Quest's digest bound (recall.hpp)
