@@ -59,7 +59,16 @@ struct InspectArgs {
   TransformArgs transform;
 };
 
+// A question asked after compression: its queries bring back evicted tokens per (layer, KV head).
+struct RecallArgs {
+  std::string k, kept, q, question_k, out;  // kept: compress's output folder (kept_<l>.npy)
+  std::int64_t recall = 32;                 // tokens per (layer, KV head)
+  std::int64_t block = 16;                  // evicted tokens per block, in position order
+  bool force = false;
+};
+
 int run_compress(const CompressArgs& args);
+int run_recall(const RecallArgs& args);
 int run_inspect(const InspectArgs& args);
 
 // Checks --gamma and --block with the option names in the message.

@@ -135,11 +135,12 @@ int flashcache::cli::run_cli(int argc, char** argv) {
                    "with --keep-ratio their total is split in proportion to each layer's tokens")
       ->check(CLI::IsMember({"flashcache", "streaming", "knorm", "keydiff", "random", "snapkv", "h2o"}))
       ->capture_default_str();
-  compress->add_option("--q", c.q,
-                       "The prompt's queries, [L, Hq, N, d] or [Hq, N, d], same dtype, layers, tokens and head dim "
-                       "as K; Hq a multiple of K's heads (query head j uses KV head j / (Hq / H)). Needed by snapkv "
-                       "and h2o; with flashcache they switch on the query-informed score (ScoreOptions::query = tail: each "
-                       "key's largest attention probability from a prompt query, mixed with the residual)");
+  compress->add_option(
+      "--q", c.q,
+      "The prompt's queries, [L, Hq, N, d] or [Hq, N, d], same dtype, layers, tokens and head dim "
+      "as K; Hq a multiple of K's heads (query head j uses KV head j / (Hq / H)). Needed by snapkv "
+      "and h2o; with flashcache they switch on the query-informed score (ScoreOptions::query = tail: each "
+      "key's largest attention probability from a prompt query, mixed with the residual)");
   compress->add_option("--tail-weight", c.tail_weight, "With flashcache and --q: the tail's share of the score")
       ->capture_default_str();
   compress->add_option("--tail-mix", c.tail_mix, "With flashcache and --q: sum or max of the two score terms")
@@ -157,6 +158,21 @@ int flashcache::cli::run_cli(int argc, char** argv) {
   compress->add_option("--observation-window", c.observation_window, "Queries that vote in --policy snapkv")
       ->capture_default_str();
   compress->add_flag("--force", c.force, "Replace --out if it exists and is not empty");
+
+  cli::RecallArgs rc;
+  CLI::App* recall = app.add_subcommand(
+      "recall",
+      "A question asked after compression: score each (layer, KV head)'s evicted tokens with the question's queries "
+      "(the largest attention probability over the kept, evicted and question keys) and write the best whole blocks "
+      "as recalled_<l>.npy [H, --recall] (ascending indices into N, -1 after the last).");
+  recall->add_option("--k", rc.k, "The context's keys after RoPE, float32 [L, H, N, d]")->required();
+  recall->add_option("--kept", rc.kept, "compress's output folder (its kept_<l>.npy)")->required();
+  recall->add_option("--q", rc.q, "The question's queries after RoPE, float32 [L, Hq, m, d]")->required();
+  recall->add_option("--question-k", rc.question_k, "The question's keys after RoPE, float32 [L, H, m, d]")->required();
+  recall->add_option("--out", rc.out, "Output folder")->required();
+  recall->add_option("--recall", rc.recall, "Tokens brought back per (layer, KV head)")->capture_default_str();
+  recall->add_option("--block", rc.block, "Evicted tokens per block, in position order")->capture_default_str();
+  recall->add_flag("--force", rc.force, "Replace --out if it exists and is not empty");
 
   cli::InspectArgs i;
   CLI::App* inspect = app.add_subcommand(
@@ -189,6 +205,7 @@ int flashcache::cli::run_cli(int argc, char** argv) {
 
   try {
     if (compress->parsed()) return cli::run_compress(c);
+    if (recall->parsed()) return cli::run_recall(rc);
     return cli::run_inspect(i);
   } catch (const cli::CliError& e) {
     return fail(e.code(), e.what());
