@@ -14,3 +14,4 @@
 #include "flashcache/llama/queries.hpp"
 #include "flashcache/llama/recall.hpp"
 #include "flashcache/llama/state.hpp"
+#include "flashcache/llama/state_io.hpp"

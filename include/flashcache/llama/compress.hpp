@@ -73,6 +73,7 @@
 #include "flashcache/llama/params.hpp"
 #include "flashcache/llama/queries.hpp"
 #include "flashcache/llama/state.hpp"
+#include "flashcache/llama/state_io.hpp"
 #include "flashcache/mask.hpp"
 #include "flashcache/options.hpp"
 #include "flashcache/parallel.hpp"
@@ -92,12 +93,7 @@ class SequenceCompressor {
     const auto t0 = std::chrono::steady_clock::now();
     FLASHCACHE_RETURN_IF_ERROR(check_supported(ctx, seq));
     FLASHCACHE_RETURN_IF_ERROR(check_compress_params(p));
-    const std::size_t size = llama_state_seq_get_size(ctx, seq);
-    if (size == 0) return make_error(Errc::unsupported, "llama: llama_state_seq_get_size failed for sequence ", seq);
-    blob_.resize(size);
-    const std::size_t got = llama_state_seq_get_data(ctx, blob_.data(), blob_.size(), seq);
-    if (got != size)
-      return make_error(Errc::unsupported, "llama: llama_state_seq_get_data wrote ", got, " of ", size, " bytes");
+    FLASHCACHE_RETURN_IF_ERROR(detail::read_state_blob(ctx, seq, &blob_));
     return compress_blob(ctx, seq, p, stats, t0);
   }
 
@@ -156,7 +152,7 @@ class SequenceCompressor {
     for (std::size_t i = 0; i < protect_mask_.size(); ++i)
       protect_mask_[i] =
           std::binary_search(p.protect, p.protect + p.protect_count, s.pos[static_cast<std::size_t>(order_[i])]);
-    st.threads = p.n_threads > 0 ? p.n_threads : std::max(1, llama_n_threads(ctx));
+    st.threads = scoring_threads(ctx, p.n_threads);
     auto t2 = clock::now();
     if (keep == static_cast<std::int64_t>(n)) {
       for (std::int64_t i = 0; i < keep; ++i) kept_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
@@ -295,13 +291,7 @@ class SequenceCompressor {
       failed = make_error(Errc::unsupported, "llama: after compaction the sequence's state is ",
                           llama_state_seq_get_size(ctx, seq), " bytes, expected ", out_.size(), " (", keep, " cells)");
     }
-    if (failed.ok()) return failed;
-    llama_memory_seq_rm(mem, seq, -1, -1);
-    const std::size_t back = llama_state_seq_set_data(ctx, blob_.data(), blob_.size(), seq);
-    if (back != blob_.size() || llama_memory_seq_pos_max(mem, seq) != pos_max)
-      return make_error(Errc::unsupported, failed.message(), "; restoring the original state failed too (", back,
-                        " of ", blob_.size(), " bytes): sequence ", seq, " is lost");
-    return make_error(failed.code(), failed.message(), "; the original state is restored");
+    return failed.ok() ? failed : detail::restore_state(ctx, seq, blob_, pos_max, failed);
   }
 
   WorkerPool pool_;

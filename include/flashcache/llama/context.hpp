@@ -260,9 +260,8 @@ class ContextManager {
     if (ctx_ == nullptr) return make_error(Errc::invalid_option, "llama: ContextManager used before a successful init");
     RecallStats st;
     if (p_.recall.budget > 0) {
-      const int threads = p_.compress.n_threads > 0 ? p_.compress.n_threads : std::max(1, llama_n_threads(ctx_));
       FLASHCACHE_RETURN_IF_ERROR(recaller_.recall(ctx_, seq_, p_.recall.capture, turn, n, &archive_, cap_, p_.n_keep,
-                                                  p_.recall, threads, &st));
+                                                  p_.recall, scoring_threads(ctx_, p_.compress.n_threads), &st));
     }
     if (st.recalled > 0) {
       recalled_ = recaller_.recalled_positions();

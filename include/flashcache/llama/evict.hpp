@@ -14,6 +14,7 @@
 #include "flashcache/archive.hpp"
 #include "flashcache/error.hpp"
 #include "flashcache/llama/format.hpp"
+#include "flashcache/llama/write.hpp"
 
 namespace flashcache {
 namespace llama {
@@ -83,7 +84,7 @@ class EvictedCells {
 
   // The same for the given cells (blob indices, in the order they are to be archived).
   Status stage_cells(const std::uint8_t* blob, const SeqState& s, std::int64_t kv_heads, const std::int32_t* cells,
-                     std::int64_t count_in, Archive* archive, const ArchiveOptions& opt) {
+                     std::int64_t n, Archive* archive, const ArchiveOptions& opt) {
     ArchiveShape shape;
     FLASHCACHE_RETURN_IF_ERROR(archive_shape(s, kv_heads, &shape));
     FLASHCACHE_RETURN_IF_ERROR(check_archive(shape, opt));
@@ -97,12 +98,11 @@ class EvictedCells {
                         " (K ", to_string(shape.k_type), ", V ", to_string(shape.v_type), ")");
     if (!same) FLASHCACHE_RETURN_IF_ERROR(archive->reset(shape, opt));
 
-    cells_.assign(cells, cells + count_in);
     positions_.clear();
-    for (const std::int32_t c : cells_) positions_.push_back(s.pos[static_cast<std::size_t>(c)]);
+    for (std::int64_t i = 0; i < n; ++i) positions_.push_back(s.pos[static_cast<std::size_t>(cells[i])]);
     const auto k_row = static_cast<std::size_t>(shape.k_row_bytes());
     const auto v_row = static_cast<std::size_t>(shape.v_row_bytes());
-    const std::size_t count = cells_.size();
+    const auto count = static_cast<std::size_t>(n);
     k_.resize(s.layers.size());
     v_.resize(s.layers.size());
     k_ptr_.resize(s.layers.size());
@@ -114,17 +114,16 @@ class EvictedCells {
       k.resize(count * k_row);
       v.resize(count * v_row);
       for (std::size_t i = 0; i < count; ++i) {
-        const auto cell = static_cast<std::size_t>(cells_[i]);
-        std::memcpy(k.data() + i * k_row, blob + L.k_offset + cell * L.k_row_bytes, k_row);
+        const auto cell = static_cast<std::size_t>(cells[i]);
+        std::memcpy(k.data() + i * k_row, detail::cell_k(blob, s, l, cell), k_row);
+        const std::uint8_t* from = detail::cell_v(blob, s, l, cell);
         if (!s.v_trans) {
-          std::memcpy(v.data() + i * v_row, blob + L.v_offset + cell * L.v_row_bytes, v_row);
+          std::memcpy(v.data() + i * v_row, from, v_row);
           continue;
         }
-        // Transposed: element j of every cell lies in row j.
-        const std::size_t row = static_cast<std::size_t>(s.cell_count) * L.v_elem_bytes;
+        // Transposed: gathered into a row, element by element.
         for (std::uint64_t j = 0; j < L.v_embd; ++j)
-          std::memcpy(v.data() + i * v_row + j * L.v_elem_bytes, blob + L.v_offset + j * row + cell * L.v_elem_bytes,
-                      L.v_elem_bytes);
+          std::memcpy(v.data() + i * v_row + j * L.v_elem_bytes, from + j * detail::cell_v_step(s, l), L.v_elem_bytes);
       }
       k_ptr_[l] = k.data();
       v_ptr_[l] = v.data();
@@ -143,9 +142,9 @@ class EvictedCells {
   const std::vector<std::int32_t>& positions() const { return positions_; }
 
  private:
-  std::vector<std::uint8_t> keep_mask_;                    // [cells]: kept
-  std::vector<std::int32_t> evicted_, cells_, positions_;  // the cells staged (blob indices), their positions
-  std::vector<std::vector<std::uint8_t>> k_, v_;           // per layer: evicted x a row's bytes
+  std::vector<std::uint8_t> keep_mask_;            // [cells]: kept
+  std::vector<std::int32_t> evicted_, positions_;  // stage(): the evicted cells (blob indices); the staged positions
+  std::vector<std::vector<std::uint8_t>> k_, v_;   // per layer: evicted x a row's bytes
   std::vector<const void*> k_ptr_, v_ptr_;
 };
 

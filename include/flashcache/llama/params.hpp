@@ -5,6 +5,7 @@
 // (ContextParams::compress): the budget and the query capture are per call.
 #include <llama.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -62,6 +63,11 @@ struct CompressParams : CompactionSettings {
   std::int64_t protect_count = 0;
 };
 inline CompressParams compress_default_params() { return CompressParams{}; }
+
+// Scoring threads: n_threads, or 0 for the context's llama_n_threads.
+inline int scoring_threads(llama_context* ctx, int n_threads) {
+  return n_threads > 0 ? n_threads : std::max(1, llama_n_threads(ctx));
+}
 
 inline SharedKeepOptions shared_keep(const CompactionSettings& p) {
   SharedKeepOptions s;

@@ -36,6 +36,7 @@
 #include "flashcache/llama/queries.hpp"
 #include "flashcache/llama/rows.hpp"
 #include "flashcache/llama/state.hpp"
+#include "flashcache/llama/state_io.hpp"
 #include "flashcache/parallel.hpp"
 #include "flashcache/recall.hpp"
 #include "flashcache/view.hpp"
@@ -199,28 +200,22 @@ class TurnRecaller {
     std::int32_t pos(std::uint32_t i) const { return pos_of(s, a, cells[i]); }
     const std::uint8_t* k(std::size_t l, std::uint32_t i) const {
       const Merged& m = cells[i];
-      return m.cell >= 0 ? blob + s.layers[l].k_offset + static_cast<std::size_t>(m.cell) * s.layers[l].k_row_bytes
+      return m.cell >= 0 ? detail::cell_k(blob, s, l, static_cast<std::size_t>(m.cell))
                          : a.k_row(static_cast<int>(l), m.token);
     }
     const std::uint8_t* v(std::size_t l, std::uint32_t i) const {
       const Merged& m = cells[i];
-      const LayerState& L = s.layers[l];
-      return m.cell >= 0
-                 ? blob + L.v_offset + static_cast<std::size_t>(m.cell) * (s.v_trans ? L.v_elem_bytes : L.v_row_bytes)
-                 : a.v_row(static_cast<int>(l), m.token);
+      return m.cell >= 0 ? detail::cell_v(blob, s, l, static_cast<std::size_t>(m.cell))
+                         : a.v_row(static_cast<int>(l), m.token);
     }
     std::size_t v_step(std::size_t l, std::uint32_t i) const {
-      return cells[i].cell >= 0 ? static_cast<std::size_t>(s.cell_count) * s.layers[l].v_elem_bytes
-                                : s.layers[l].v_elem_bytes;  // an archived V row holds its elements in order
+      // an archived V row holds its elements in order
+      return cells[i].cell >= 0 ? detail::cell_v_step(s, l) : s.layers[l].v_elem_bytes;
     }
   };
 
   Status read(llama_context* ctx, llama_seq_id seq, SeqState* s) {
-    const std::size_t size = llama_state_seq_get_size(ctx, seq);
-    if (size == 0) return make_error(Errc::unsupported, "llama recall: llama_state_seq_get_size failed");
-    blob_.resize(size);
-    if (llama_state_seq_get_data(ctx, blob_.data(), size, seq) != size)
-      return make_error(Errc::unsupported, "llama recall: llama_state_seq_get_data wrote less than its size");
+    FLASHCACHE_RETURN_IF_ERROR(detail::read_state_blob(ctx, seq, &blob_));
     FLASHCACHE_RETURN_IF_ERROR(parse_seq_state(blob_.data(), blob_.size(), s));
     llama_memory_t mem = llama_get_memory(ctx);
     return detail::check_against_model(ctx, llama_get_model(ctx), seq, *s, llama_memory_seq_pos_min(mem, seq),
@@ -394,13 +389,7 @@ class TurnRecaller {
         failed = make_error(Errc::unsupported, "llama recall: after decoding again the last position is ",
                             llama_memory_seq_pos_max(mem, seq), ", expected ", hi);
     }
-    if (failed.ok()) return failed;
-    llama_memory_seq_rm(mem, seq, -1, -1);
-    const std::size_t back = llama_state_seq_set_data(ctx, blob_.data(), blob_.size(), seq);
-    if (back != blob_.size() || llama_memory_seq_pos_max(mem, seq) != hi)
-      return make_error(Errc::unsupported, failed.message(), "; restoring the original state failed too: sequence ",
-                        seq, " is lost");
-    return make_error(failed.code(), failed.message(), "; the original state is restored, the archive unchanged");
+    return failed.ok() ? failed : detail::restore_state(ctx, seq, blob_, hi, failed, ", the archive unchanged");
   }
 
   void fill_batch(const llama_token* tokens, std::int64_t count, llama_pos first, llama_seq_id seq, bool last) {

@@ -83,22 +83,28 @@ Status write_cells(const SeqState& s, std::uint32_t count, const Source& src, st
   return Status::success();
 }
 
+// Where a cell's data lies in a parsed blob: layer l's K row, and its V row or,
+// with a transposed V cache, its element 0, the next ones cell_v_step bytes apart.
+inline const std::uint8_t* cell_k(const std::uint8_t* blob, const SeqState& s, std::size_t l, std::size_t cell) {
+  return blob + s.layers[l].k_offset + cell * s.layers[l].k_row_bytes;
+}
+inline const std::uint8_t* cell_v(const std::uint8_t* blob, const SeqState& s, std::size_t l, std::size_t cell) {
+  const LayerState& L = s.layers[l];
+  return blob + L.v_offset + cell * (s.v_trans ? L.v_elem_bytes : L.v_row_bytes);
+}
+inline std::size_t cell_v_step(const SeqState& s, std::size_t l) {
+  return static_cast<std::size_t>(s.cell_count) * s.layers[l].v_elem_bytes;
+}
+
 // Cell i of a parsed blob, by its blob index.
 struct BlobCell {
   const std::uint8_t* blob;
   const SeqState& s;
   const std::int32_t* cells;
   std::int32_t pos(std::uint32_t i) const { return s.pos[at(i)]; }
-  const std::uint8_t* k(std::size_t l, std::uint32_t i) const {
-    return blob + s.layers[l].k_offset + at(i) * s.layers[l].k_row_bytes;
-  }
-  const std::uint8_t* v(std::size_t l, std::uint32_t i) const {
-    const LayerState& L = s.layers[l];
-    return blob + L.v_offset + at(i) * (s.v_trans ? L.v_elem_bytes : L.v_row_bytes);
-  }
-  std::size_t v_step(std::size_t l, std::uint32_t) const {
-    return static_cast<std::size_t>(s.cell_count) * s.layers[l].v_elem_bytes;
-  }
+  const std::uint8_t* k(std::size_t l, std::uint32_t i) const { return cell_k(blob, s, l, at(i)); }
+  const std::uint8_t* v(std::size_t l, std::uint32_t i) const { return cell_v(blob, s, l, at(i)); }
+  std::size_t v_step(std::size_t l, std::uint32_t) const { return cell_v_step(s, l); }
   std::size_t at(std::uint32_t i) const { return static_cast<std::size_t>(cells[i]); }
 };
 
