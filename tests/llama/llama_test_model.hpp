@@ -40,6 +40,15 @@ inline std::vector<std::uint8_t> state_of(const Ctx& c, llama_seq_id seq = 0) {
   return b;
 }
 
+// Running text of about `sentences` x 22 tokens (a ledger of shipments), different per seed.
+inline std::vector<llama_token> ledger_tokens(int sentences, int seed = 0) {
+  std::string p;
+  for (int i = 0; i < sentences; ++i)
+    p += "Note " + std::to_string((i * 7 + seed * 3) % 31) + " of the ledger says that shipment " +
+         std::to_string(i + 100 * seed) + " left the harbour on day " + std::to_string((i * 5 + seed) % 29) + ". ";
+  return llama_session::tokenize(llama_model_get_vocab(g_model), p, true);
+}
+
 // Derive a suite from it: class LlamaXyz : public llama_test::ModelTest {};
 class ModelTest : public ::testing::Test {
  protected:

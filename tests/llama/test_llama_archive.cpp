@@ -29,16 +29,8 @@ namespace {
 
 using llama_test::Ctx;
 using llama_test::g_model;
+using llama_test::ledger_tokens;
 using llama_test::state_of;
-
-// Running text of about `sentences` x 22 tokens.
-std::vector<llama_token> text_tokens(int sentences) {
-  std::string p;
-  for (int i = 0; i < sentences; ++i)
-    p += "Note " + std::to_string(i * 7 % 31) + " of the ledger says that shipment " + std::to_string(i) +
-         " left the harbour on day " + std::to_string(i * 5 % 29) + ". ";
-  return ls::tokenize(llama_model_get_vocab(g_model), p, true);
-}
 
 void make_ctx(Ctx* c, ggml_type type, llama_flash_attn_type fa, uint32_t n_ctx = 1024) {
   llama_context_params cp = llama_context_default_params();
@@ -85,7 +77,7 @@ void expect_archived_as_stored(const fc::Archive& a, std::int64_t first, const s
 // An f16 context (flash attention) with the first n tokens of the running text decoded.
 void prefill(Ctx* c, int n) {
   make_ctx(c, GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED);
-  const std::vector<llama_token> text = text_tokens(20);
+  const std::vector<llama_token> text = ledger_tokens(20);
   ASSERT_EQ(ls::decode(c->ctx, text.data(), n, 0, 0, false), 0);
 }
 
@@ -124,7 +116,7 @@ TEST_F(LlamaArchive, EvictedCellsAreArchivedBitForBit) {
     SCOPED_TRACE(kind.name);
     Ctx c;
     make_ctx(&c, kind.type, kind.fa);
-    const std::vector<llama_token> text = text_tokens(20);
+    const std::vector<llama_token> text = ledger_tokens(20);
     ASSERT_EQ(ls::decode(c.ctx, text.data(), 300, 0, 0, false), 0);
     fc::Archive archive;
     fl::SequenceCompressor comp;
@@ -214,7 +206,7 @@ TEST_F(LlamaArchive, AContextManagerArchivesEveryEviction) {
   p.renumber = false;
   const fc::Status ok = cm.init(c.ctx, 0, p);
   ASSERT_TRUE(ok.ok()) << ok.message();
-  const std::vector<llama_token> text = text_tokens(40);
+  const std::vector<llama_token> text = ledger_tokens(40);
   ASSERT_GT(text.size(), 700u);
   std::int64_t archived = 0;
   for (std::size_t i = 0; i < 700; i += 50) {
@@ -240,7 +232,7 @@ TEST_F(LlamaArchive, PositionsPastTheLimitAreRefusedByName) {
   p.max_pos = 399;
   fl::ContextManager cm;
   ASSERT_TRUE(cm.init(c.ctx, 0, p).ok());
-  const std::vector<llama_token> text = text_tokens(40);
+  const std::vector<llama_token> text = ledger_tokens(40);
   for (std::size_t i = 0; i < 400; i += 50) {
     llama_pos pos = -1;
     ASSERT_TRUE(cm.make_room(50, &pos).ok());
@@ -269,7 +261,7 @@ TEST_F(LlamaArchive, ARestartAtTheLimitRenumbersAndCountsWhatItDrops) {
   p.at_max_pos = fl::AtMaxPos::restart;
   fl::ContextManager cm;
   ASSERT_TRUE(cm.init(c.ctx, 0, p).ok());
-  const std::vector<llama_token> text = text_tokens(40);
+  const std::vector<llama_token> text = ledger_tokens(40);
   std::int64_t restarts = 0, restart_dropped = 0;
   for (std::size_t i = 0; i < 700; i += 50) {
     llama_pos pos = -1;

@@ -26,15 +26,7 @@ namespace ls = llama_session;
 namespace {
 
 using llama_test::g_model;
-
-// Running text of about `sentences` x 22 tokens, different per seed.
-std::vector<llama_token> text_tokens(int sentences, int seed = 0) {
-  std::string p;
-  for (int i = 0; i < sentences; ++i)
-    p += "Note " + std::to_string((i * 7 + seed * 3) % 31) + " of the ledger says that shipment " +
-         std::to_string(i + 100 * seed) + " left the harbour on day " + std::to_string((i * 5 + seed) % 29) + ". ";
-  return ls::tokenize(llama_model_get_vocab(g_model), p, true);
-}
+using llama_test::ledger_tokens;
 
 using llama_test::Ctx;
 using llama_test::state_of;
@@ -81,7 +73,7 @@ class LlamaContext : public llama_test::ModelTest {};
 // flashcache when full: positions stay below the cap, the first n_keep cells
 // are the prefill's bit for bit (their shift is 0), the cell count is tracked.
 TEST_F(LlamaContext, FlashcacheKeepsTheFirstCellsAndPositionsBelowTheCap) {
-  const std::vector<llama_token> toks = text_tokens(70);
+  const std::vector<llama_token> toks = ledger_tokens(70);
   ASSERT_GT(toks.size(), 1100u);
   Ctx ref;
   make_ctx(&ref, 512);
@@ -126,7 +118,7 @@ TEST_F(LlamaContext, FlashcacheKeepsTheFirstCellsAndPositionsBelowTheCap) {
 // A second event before the decode that applies the first one's renumbering
 // is refused by name, and changes nothing.
 TEST_F(LlamaContext, ASecondEventBeforeTheDecodeIsRefused) {
-  const std::vector<llama_token> toks = text_tokens(40);
+  const std::vector<llama_token> toks = ledger_tokens(40);
   Ctx c;
   make_ctx(&c, 512);
   fl::ContextManager cm;
@@ -153,7 +145,7 @@ TEST_F(LlamaContext, ASecondEventBeforeTheDecodeIsRefused) {
 
 // shift and streaming do llama.cpp's and StreamingLLM's arithmetic.
 TEST_F(LlamaContext, ShiftAndStreamingDropWhatTheyShould) {
-  const std::vector<llama_token> toks = text_tokens(40);
+  const std::vector<llama_token> toks = ledger_tokens(40);
   for (fl::WhenFull w : {fl::WhenFull::shift, fl::WhenFull::streaming}) {
     Ctx c;
     make_ctx(&c, 512);
@@ -176,7 +168,7 @@ TEST_F(LlamaContext, ShiftAndStreamingDropWhatTheyShould) {
 
 // Every refusal names its problem and changes nothing.
 TEST_F(LlamaContext, RefusalsChangeNothing) {
-  const std::vector<llama_token> toks = text_tokens(40);
+  const std::vector<llama_token> toks = ledger_tokens(40);
   Ctx c;
   make_ctx(&c, 512);
   ASSERT_EQ(ls::decode(c.ctx, toks.data(), 512, 0, 0, false), 0);
@@ -228,7 +220,7 @@ TEST_F(LlamaContext, RefusalsChangeNothing) {
 // The compressor's own refusals by name, the sequence untouched: de-rotation, and a
 // cache type it does not read (q4_0 keys).
 TEST_F(LlamaContext, CompressorRefusalsChangeNothing) {
-  const std::vector<llama_token> toks = text_tokens(12);
+  const std::vector<llama_token> toks = ledger_tokens(12);
   {
     Ctx c;
     make_ctx(&c, 512);
@@ -264,7 +256,7 @@ TEST_F(LlamaContext, SeparateStreamsCompressOneSequenceAtATime) {
     make_ctx(&c, static_cast<uint32_t>(512 * n_seq), static_cast<uint32_t>(n_seq), false);
     std::vector<std::vector<llama_token> > toks;
     for (int q = 0; q < n_seq; ++q) {
-      toks.push_back(text_tokens(12 + 3 * q, q));
+      toks.push_back(ledger_tokens(12 + 3 * q, q));
       ASSERT_LT(toks.back().size(), 512u);  // one stream's cells
       ASSERT_EQ(ls::decode(c.ctx, toks.back().data(), static_cast<int>(toks.back().size()), 0, q, false), 0);
     }
@@ -293,7 +285,7 @@ TEST_F(LlamaContext, SeparateStreamsCompressOneSequenceAtATime) {
 // One unified cache: another sequence over the same positions may share cells
 // (a seq_cp), also under an id above n_seq_max; refused, nothing changed.
 TEST_F(LlamaContext, UnifiedCacheRefusesSequencesThatMayShareCells) {
-  const std::vector<llama_token> toks = text_tokens(20);
+  const std::vector<llama_token> toks = ledger_tokens(20);
   for (llama_seq_id other : {1, 200}) {
     Ctx c;
     make_ctx(&c, 1024, 2, true);
@@ -311,7 +303,7 @@ TEST_F(LlamaContext, UnifiedCacheRefusesSequencesThatMayShareCells) {
 
 // The kept cells do not depend on the scoring threads.
 TEST_F(LlamaContext, ThreadsKeepTheSameCells) {
-  const std::vector<llama_token> toks = text_tokens(40);
+  const std::vector<llama_token> toks = ledger_tokens(40);
   std::vector<llama_pos> first;
   for (int threads : {1, 2, 3}) {
     Ctx c;
@@ -337,7 +329,7 @@ TEST_F(LlamaContext, ThreadsKeepTheSameCells) {
 // the capture follows from the new next position. A capture out of step is refused
 // by name, the sequence unchanged.
 TEST_F(LlamaContext, QueryTailsFollowTheRunningSequence) {
-  const std::vector<llama_token> toks = text_tokens(70);
+  const std::vector<llama_token> toks = ledger_tokens(70);
   ASSERT_GT(toks.size(), 1200u);
   fl::QueryCapture ref_capture;
   Ctx ref;

@@ -173,9 +173,9 @@ struct AttentionProbe {
 
   fl::QueryCapture* capture;
   std::int64_t n, first, group, kv_heads;
-  std::vector<std::int64_t> seen;         // rows each layer has seen
-  std::vector<std::vector<float>> tails;  // [layer][kv head * n + key]
-  std::vector<float> head0;               // [pos - first][key]
+  std::vector<std::int64_t> seen;          // rows each layer has seen
+  std::vector<std::vector<float> > tails;  // [layer][kv head * n + key]
+  std::vector<float> head0;                // [pos - first][key]
   std::string problem;
 
  private:
@@ -205,8 +205,7 @@ struct AttentionProbe {
       for (std::int64_t g = 0; g < heads; ++g) {
         const float* row = p.data() + static_cast<std::size_t>((g * rows + r) * n_kv);
         float* tail = tails[static_cast<std::size_t>(layer)].data() + static_cast<std::size_t>(g / group * n);
-        for (std::int64_t j = 0; j + fc::kTailMinDistance <= pos; ++j)
-          tail[j] = std::max(tail[j], row[j]);
+        for (std::int64_t j = 0; j + fc::kTailMinDistance <= pos; ++j) tail[j] = std::max(tail[j], row[j]);
         if (layer == 0 && g == 0)  // keys past n_kv are not in the cache yet: probability 0
           std::copy(row, row + std::min(n, n_kv), head0.begin() + static_cast<std::ptrdiff_t>((pos - first) * n));
       }

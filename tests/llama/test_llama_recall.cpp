@@ -30,15 +30,8 @@ namespace {
 
 using llama_test::Ctx;
 using llama_test::g_model;
+using llama_test::ledger_tokens;
 using llama_test::state_of;
-
-std::vector<llama_token> text_tokens(int sentences) {
-  std::string p;
-  for (int i = 0; i < sentences; ++i)
-    p += "Note " + std::to_string(i * 7 % 31) + " of the ledger says that shipment " + std::to_string(i) +
-         " left the harbour on day " + std::to_string(i * 5 % 29) + ". ";
-  return ls::tokenize(llama_model_get_vocab(g_model), p, true);
-}
 
 const char* kTurn = " Question: on which day did shipment 3 leave the harbour? Answer: on day";
 
@@ -72,7 +65,7 @@ fl::ContextParams recalling(fl::QueryCapture* capture, std::int64_t cells = 256,
 
 // Streams the first n tokens of the text through the manager in chunks of 50.
 void stream(Ctx* c, fl::ContextManager* cm, int n) {
-  const std::vector<llama_token> text = text_tokens(40);
+  const std::vector<llama_token> text = ledger_tokens(40);
   ASSERT_GE(static_cast<int>(text.size()), n);
   for (int i = 0; i < n; i += 50) {
     const int m = std::min(50, n - i);
@@ -238,7 +231,7 @@ TEST_F(LlamaRecall, ResidentsMakeRoomAndRecalledCellsSurviveTheNextCompaction) {
   ASSERT_TRUE(cm.init(c.ctx, 0, recalling(&capture, 300, 64)).ok());  // 275 cells after the stream
   stream(&c, &cm, 500);
   // Fill the context to the cap before the turn.
-  const std::vector<llama_token> text = text_tokens(40);
+  const std::vector<llama_token> text = ledger_tokens(40);
   const std::vector<llama_token> turn = ls::tokenize(llama_model_get_vocab(g_model), kTurn, false);
   const auto n_turn = static_cast<std::int64_t>(turn.size());
   const std::int64_t fill = cm.cap() - cm.cells() - n_turn;
