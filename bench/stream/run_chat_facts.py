@@ -7,7 +7,6 @@ and FlashCache with the archive and recall (RULE.md stage 4's choice). Nothing i
   python3 bench/stream/run_chat_facts.py --chat build/bench/llama_cpp/flashcache_chat \
       --out bench/results/llama_chat_facts.json
 """
-import argparse
 import datetime
 import json
 import os
@@ -73,14 +72,7 @@ def run(args, policy, turns, cells):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--chat", required=True)
-    ap.add_argument("--model", default="")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=os.path.join(rs.ROOT, "bench", "results", "llama_chat_facts.json"))
-    ap.add_argument("--work", default="/tmp/flashcache_chat_facts")
-    args = ap.parse_args()
-    os.makedirs(args.work, exist_ok=True)
+    args = rs.study_args(__doc__, "llama_chat_facts.json", "/tmp/flashcache_chat_facts")
     with open(os.path.join(HERE, "chat_split.json")) as f:
         doc = json.load(f)
     cache = rs.RowCache(os.path.join(args.work, "rows.jsonl"))
@@ -120,9 +112,7 @@ def main():
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "split": "bench/stream/chat_split.json", "threads": args.threads, "passage_words": words,
            "rows": rows}
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"wrote {args.out}", file=sys.stderr)
+    rs.write_json(args.out, out)
 
 
 if __name__ == "__main__":

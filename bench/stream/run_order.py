@@ -5,7 +5,6 @@ choice, on the dev facts asked later and the dev 20-turn chat; then held-out onc
   python3 bench/stream/run_order.py --chat build/bench/llama_cpp/flashcache_chat \
       --out bench/results/llama_recall_order.json
 """
-import argparse
 import datetime
 import json
 import os
@@ -19,15 +18,7 @@ import run_stream as rs  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--chat", required=True)
-    ap.add_argument("--model", default="")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=os.path.join(rs.ROOT, "bench", "results", "llama_recall_order.json"))
-    ap.add_argument("--work", default="/tmp/flashcache_order")
-    args = ap.parse_args()
-    args.model = args.model or rs.find_model()
-    os.makedirs(args.work, exist_ok=True)
+    args = rs.study_args(__doc__, "llama_recall_order.json", "/tmp/flashcache_order")
     with open(os.path.join(HERE, "stream_split.json")) as f:
         split_doc = json.load(f)
     with open(os.path.join(HERE, "chat_split.json")) as f:
@@ -92,9 +83,7 @@ def main():
                         "heldout_chat": held_chat["found"] if held_chat else None},
            "wins": wins, "facts": dev_facts + (held_facts or []),
            "chats": [dev_chat] + ([held_chat] if held_chat else [])}
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    log(f"wrote {args.out}")
+    rs.write_json(args.out, out)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ cells; then the question arrives as a new turn (--ask) and 12 tokens are generat
 dev and held-out texts through 1,024 and 2,048 cells with the archive on (positions kept), for the
 running-text NLL. Finished runs are kept in --work/rows.jsonl, so an interrupted run resumes.
 """
-import argparse
 import datetime
 import json
 import os
@@ -115,15 +114,7 @@ def hits(rows, lab):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--chat", required=True, help="the flashcache_chat binary")
-    ap.add_argument("--model", default="")
-    ap.add_argument("--out", default=os.path.join(rs.ROOT, "bench", "results", "llama_recall.json"))
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--work", default="/tmp/flashcache_recall", help="prompts and the resumable row cache")
-    args = ap.parse_args()
-    args.model = args.model or rs.find_model()
-    os.makedirs(args.work, exist_ok=True)
+    args = rs.study_args(__doc__, "llama_recall.json", "/tmp/flashcache_recall")
     with open(os.path.join(HERE, "stream_split.json")) as f:
         split_doc = json.load(f)
     tok = rs.tokenizer(args.model)
@@ -194,10 +185,7 @@ def main():
                           "dev_median_score_ms_exact": median_score_ms(dev, label(pick))},
         "facts": dev + held, "streams": dev_streams + held_streams,
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
-    log(f"wrote {args.out}")
+    rs.write_json(args.out, doc)
 
 
 if __name__ == "__main__":

@@ -152,6 +152,30 @@ def find_model():
     return path
 
 
+def study_args(doc, out_name, work):
+    """The command line the study scripts share: the flashcache_chat binary, the model (found when
+    not given), threads, the output JSON (bench/results/out_name) and a work folder for prompts and
+    the resumable row cache, created here."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--chat", required=True, help="the flashcache_chat binary")
+    ap.add_argument("--model", default="")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", out_name))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--work", default=work, help="prompts and the resumable row cache")
+    args = ap.parse_args()
+    args.model = args.model or find_model()
+    os.makedirs(args.work, exist_ok=True)
+    return args
+
+
+def write_json(path, doc):
+    """A study's result file, its folder made if missing."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {path}", file=sys.stderr, flush=True)
+
+
 class RowCache:
     """Finished runs by key, appended to a JSON-lines file: an interrupted run resumes."""
 
@@ -242,15 +266,7 @@ def choose_tail(dev, dev_facts, target):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--chat", required=True, help="the flashcache_chat binary")
-    ap.add_argument("--model", default="")
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "llama_stream.json"))
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--work", default="/tmp/flashcache_stream", help="prompts and the resumable row cache")
-    args = ap.parse_args()
-    args.model = args.model or find_model()
-    os.makedirs(args.work, exist_ok=True)
+    args = study_args(__doc__, "llama_stream.json", "/tmp/flashcache_stream")
     with open(os.path.join(HERE, "stream_split.json")) as f:
         split_doc = json.load(f)
     tok = tokenizer(args.model)
@@ -300,10 +316,7 @@ def main():
         "tail_choice": {"candidates": tail_cands, "chosen": tail_chosen},
         "streams": dev + held, "facts": dev_facts + held_facts,
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
-    log(f"wrote {args.out}")
+    write_json(args.out, doc)
 
 
 if __name__ == "__main__":
