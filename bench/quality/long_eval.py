@@ -122,22 +122,31 @@ class GrowingCache:
     """A prompt cache with room for ``extra`` new tokens per layer (no copy per step)."""
 
     def __init__(self, cache: KVCache, extra: int):
-        self.k, self.v, self.n = [], [], []
-        for k, v in zip(cache.k, cache.v):
+        self.k, self.v, self.bias, self.n = [], [], [], []
+        for l, (k, v) in enumerate(zip(cache.k, cache.v)):
             h, m, d = k.shape
             kb = np.empty((h, m + extra, d), np.float32)
             vb = np.empty((h, m + extra, d), np.float32)
             kb[:, :m], vb[:, :m] = k, v
             self.k.append(kb)
             self.v.append(vb)
+            bias = np.zeros((h, 1, m + extra), np.float32)  # a ragged cache's masked slots: -inf
+            if cache.bias is not None:
+                bias[:, 0, :m] = cache.bias[l]
+            self.bias.append(bias)
             self.n.append(m)
         self.position = cache.next_position
 
 
-def greedy_many(model: SmolLM2, caches: Sequence[KVCache], first_logits: np.ndarray,
+def greedy_many(model: SmolLM2, caches: Sequence[KVCache], first_logits,
                 n_new: int) -> List[List[int]]:
-    """Greedy tokens on top of every cache at once: one weight product per step for all."""
+    """Greedy tokens on top of every cache at once: one weight product per step for all.
+    ``first_logits``: the logits of the first token, one vector for all caches or a list
+    of one per cache. Every cache must be at the same ``next_position``."""
     grow = [GrowingCache(c, n_new) for c in caches]
+    if len({g.position for g in grow}) > 1:
+        raise ValueError("greedy_many: the caches are at different positions")
+    firsts = first_logits if isinstance(first_logits, (list, tuple)) else [first_logits] * len(caches)
     b_n, hkv, d, g = len(caches), model.n_kv_heads, model.head_dim, model.group
     scale = np.float32(1.0 / np.sqrt(d))
 
@@ -149,11 +158,12 @@ def greedy_many(model: SmolLM2, caches: Sequence[KVCache], first_logits: np.ndar
             c.n[l] = n + 1
             keys, values = c.k[l][:, :n + 1], c.v[l][:, :n + 1]
             s = np.matmul(q[b].reshape(hkv, g, d) * scale, keys.transpose(0, 2, 1))   # [Hkv, g, n+1]
+            s += c.bias[l][:, :, :n + 1]
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             attn[b] = (np.matmul(s, values) / s.sum(axis=-1, keepdims=True)).reshape(-1)
         return attn
 
-    out = [[int(np.argmax(first_logits))] for _ in range(b_n)]
+    out = [[int(np.argmax(f))] for f in firsts]
     for step in range(1, n_new):
         logits = model.decode_step([o[-1] for o in out], grow[0].position + step - 1, attend)
         for b in range(b_n):

@@ -64,6 +64,8 @@ struct RecallArgs {
   std::string k, kept, q, question_k, out;  // kept: compress's output folder (kept_<l>.npy)
   std::int64_t recall = 32;                 // tokens per (layer, KV head)
   std::int64_t block = 16;                  // evicted tokens per block, in position order
+  bool shared = false;                      // one ranking of positions for every layer and KV head
+  std::string score = "exact";              // exact | digest (RecallScore)
   bool force = false;
 };
 

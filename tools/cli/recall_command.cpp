@@ -68,11 +68,81 @@ void check(const Status& s, std::int64_t l, std::int64_t h) {
   if (!s.ok()) throw Error(make_error(s.code(), "layer ", l, ", KV head ", h, ": ", s.message()));
 }
 
+void check(const Status& s, const char* what) {
+  if (!s.ok()) throw Error(make_error(s.code(), what, ": ", s.message()));
+}
+
+// One (layer, KV head) at a time: its evicted tokens in an Archive of one layer
+// and one KV head, in position order and blocks, scored by the head's query
+// group over the kept, evicted and question keys. The buffers are reused.
+class HeadScorer {
+ public:
+  HeadScorer(const npy::Array& k, const npy::Array& q, const npy::Array& qk)
+      : keys_(k.data<float>()), queries_(q.data<float>()), question_(qk.data<float>()),
+        H_(k.shape[1]), N_(k.shape[2]), d_(k.shape[3]), Hq_(q.shape[1]), m_(q.shape[2]) {}
+
+  // Scores head h of layer l, whose kept tokens are `mine` [budget] (ascending):
+  // archive() then holds its evicted tokens and scores() one score per block.
+  void score(std::int64_t l, std::int64_t h, const std::int64_t* mine, std::int64_t budget, std::int64_t block,
+             RecallScore kind) {
+    const float* head = keys_ + (l * H_ + h) * N_ * d_;
+    positions_.clear();
+    for (std::int64_t t = 0, i = 0; t < N_; ++t) {
+      if (i < budget && mine[i] == t) {
+        ++i;
+        continue;
+      }
+      positions_.push_back(static_cast<std::int32_t>(t));
+    }
+    resident_.resize(static_cast<std::size_t>(budget * d_));
+    for (std::int64_t i = 0; i < budget; ++i) std::copy(head + mine[i] * d_, head + (mine[i] + 1) * d_, &resident_[i * d_]);
+    const auto e = static_cast<std::int64_t>(positions_.size());
+    rows_.resize(static_cast<std::size_t>(e * d_));
+    for (std::int64_t i = 0; i < e; ++i)
+      std::copy(head + positions_[i] * d_, head + (positions_[i] + 1) * d_, &rows_[i * d_]);
+    check(archive_.reset({1, 1, d_, RowType::f32, RowType::f32}, {block, 0}), l, h);
+    const void* row_table[] = {rows_.data()};  // V is not read by a recall: the K rows stand in
+    check(archive_.append(positions_.data(), e, row_table, d_ * 4, row_table, d_ * 4), l, h);
+    check(scorer_.reset(archive_, RecallScope::shared, kind), l, h);
+    const std::int64_t group = Hq_ / H_;
+    const auto qv = hnd<const float>(queries_ + (l * Hq_ + h * group) * m_ * d_, Heads(group), Tokens(m_), HeadDim(d_));
+    const auto rv = hnd<const float>(resident_.data(), Heads(1), Tokens(budget), HeadDim(d_));
+    const auto kv = hnd<const float>(question_ + (l * H_ + h) * m_ * d_, Heads(1), Tokens(m_), HeadDim(d_));
+    check(scorer_.add_layer(0, qv, rv, kv), l, h);
+    scores_.resize(static_cast<std::size_t>(archive_.blocks()));
+    check(scorer_.block_scores(scores_.data(), archive_.blocks()), l, h);
+  }
+
+  const Archive& archive() const { return archive_; }
+  const std::vector<float>& scores() const { return scores_; }
+
+ private:
+  const float *keys_, *queries_, *question_;
+  std::int64_t H_, N_, d_, Hq_, m_;
+  std::vector<std::int32_t> positions_;
+  std::vector<float> resident_, rows_, scores_;
+  Archive archive_;
+  RecallScorer scorer_;
+};
+
+// The positions of the chosen blocks, ascending.
+void chosen_positions(const Archive& archive, const std::vector<std::int64_t>& chosen, std::vector<std::int64_t>* out) {
+  out->clear();
+  for (const std::int64_t b : chosen)
+    for (std::int64_t t = archive.block_first(b); t < archive.block_first(b) + archive.block_tokens(b); ++t)
+      out->push_back(archive.positions()[t]);
+}
+
 }  // namespace
 
 int run_recall(const RecallArgs& a) {
   if (a.recall < 0) throw CliError(kExitUsage, "--recall " + std::to_string(a.recall) + " is negative");
   if (a.block < 1) throw CliError(kExitUsage, "--block " + std::to_string(a.block) + " (at least 1)");
+  if (a.score != "exact" && a.score != "digest")
+    throw CliError(kExitUsage, "--score " + a.score + " is not exact or digest");
+  if (a.shared && a.score == "digest")
+    throw CliError(kExitUsage, "--score digest with --shared: a digest bounds one head's block, and --shared ranks "
+                               "single tokens across heads; use --score exact");
   StagedDir::check_target(a.out, a.force);
   const npy::Array k = read_float(a.k, 4, "--k");
   const npy::Array q = read_float(a.q, 4, "--q");
@@ -86,62 +156,65 @@ int run_recall(const RecallArgs& a) {
     throw CliError(kExitUsage, "--question-k " + a.question_k + " has shape " + npy::shape_string(qk.shape) +
                                    ", not [" + std::to_string(L) + ", " + std::to_string(H) + ", " + std::to_string(m) +
                                    ", " + std::to_string(d) + "]");
-  const std::int64_t group = Hq / H;
-  const float* keys = k.data<float>();
-  const float* queries = q.data<float>();
-  const float* question = qk.data<float>();
+  const RecallScore kind = a.score == "digest" ? RecallScore::digest : RecallScore::exact;
 
-  std::vector<std::vector<std::int64_t>> recalled(static_cast<std::size_t>(L));
-  std::vector<std::int64_t> counts;
-  std::vector<float> resident, rows, scores;
-  std::vector<std::int32_t> positions;
-  std::vector<std::int64_t> chosen, order, evicted;
-  Archive archive;
-  RecallScorer scorer;
-  for (std::int64_t l = 0; l < L; ++l) {
-    std::int64_t budget = 0;
-    const std::vector<std::int64_t> kept = read_kept(a.kept, l, H, N, &budget);
-    std::vector<std::int64_t>& out = recalled[static_cast<std::size_t>(l)];
-    out.assign(static_cast<std::size_t>(H * a.recall), -1);
-    for (std::int64_t h = 0; h < H; ++h) {
-      const float* head = keys + (l * H + h) * N * d;
-      const std::int64_t* mine = kept.data() + h * budget;
-      evicted.clear();
-      for (std::int64_t t = 0, i = 0; t < N; ++t) {
-        if (i < budget && mine[i] == t) {
-          ++i;
-          continue;
+  std::vector<std::vector<std::int64_t>> kept(static_cast<std::size_t>(L));
+  std::vector<std::int64_t> budgets(static_cast<std::size_t>(L));
+  for (std::int64_t l = 0; l < L; ++l) kept[l] = read_kept(a.kept, l, H, N, &budgets[l]);
+
+  HeadScorer head(k, q, qk);
+  std::vector<std::vector<std::int64_t>> recalled(static_cast<std::size_t>(L),
+                                                  std::vector<std::int64_t>(static_cast<std::size_t>(H * a.recall), -1));
+  std::vector<std::int64_t> counts, chosen, order, picked;
+  if (!a.shared) {
+    for (std::int64_t l = 0; l < L; ++l)
+      for (std::int64_t h = 0; h < H; ++h) {
+        head.score(l, h, kept[l].data() + h * budgets[l], budgets[l], a.block, kind);
+        check(select_recall(head.archive(), head.scores().data(), a.recall, &chosen, &order), l, h);
+        chosen_positions(head.archive(), chosen, &picked);
+        std::copy(picked.begin(), picked.end(), recalled[l].begin() + h * a.recall);
+        counts.push_back(static_cast<std::int64_t>(picked.size()));
+      }
+  } else {
+    // One ranking of positions: a position's score is the best any (layer, KV
+    // head) that evicted it gives it; blocks of --block neighbouring evicted
+    // positions; each head gets the chosen positions it evicted.
+    std::vector<float> best(static_cast<std::size_t>(N), -1.0f);
+    for (std::int64_t l = 0; l < L; ++l)
+      for (std::int64_t h = 0; h < H; ++h) {
+        head.score(l, h, kept[l].data() + h * budgets[l], budgets[l], 1, kind);
+        for (std::int64_t t = 0; t < head.archive().tokens(); ++t) {
+          float& b = best[static_cast<std::size_t>(head.archive().positions()[t])];
+          b = std::max({b, 0.0f, head.scores()[static_cast<std::size_t>(t)]});
         }
-        evicted.push_back(t);
       }
-      resident.resize(static_cast<std::size_t>(budget * d));
-      for (std::int64_t i = 0; i < budget; ++i)
-        std::copy(head + mine[i] * d, head + (mine[i] + 1) * d, resident.data() + i * d);
-      const auto e = static_cast<std::int64_t>(evicted.size());
-      positions.resize(static_cast<std::size_t>(e));
-      rows.resize(static_cast<std::size_t>(e * d));
-      for (std::int64_t i = 0; i < e; ++i) {
-        positions[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(evicted[static_cast<std::size_t>(i)]);
-        std::copy(head + evicted[static_cast<std::size_t>(i)] * d,
-                  head + (evicted[static_cast<std::size_t>(i)] + 1) * d, rows.data() + i * d);
+    std::vector<std::int32_t> positions;
+    std::vector<float> token_scores;
+    for (std::int64_t t = 0; t < N; ++t)
+      if (best[static_cast<std::size_t>(t)] >= 0.0f) {
+        positions.push_back(static_cast<std::int32_t>(t));
+        token_scores.push_back(best[static_cast<std::size_t>(t)]);
       }
-      check(archive.reset({1, 1, d, RowType::f32, RowType::f32}, {a.block, 0}), l, h);
-      const void* row_table[] = {rows.data()};  // V is not read by a recall: the K rows stand in
-      check(archive.append(positions.data(), e, row_table, d * 4, row_table, d * 4), l, h);
-      check(scorer.reset(archive), l, h);
-      const auto qv = hnd<const float>(queries + (l * Hq + h * group) * m * d, Heads(group), Tokens(m), HeadDim(d));
-      const auto rv = hnd<const float>(resident.data(), Heads(1), Tokens(budget), HeadDim(d));
-      const auto kv = hnd<const float>(question + (l * H + h) * m * d, Heads(1), Tokens(m), HeadDim(d));
-      check(scorer.add_layer(0, qv, rv, kv), l, h);
-      scores.resize(static_cast<std::size_t>(archive.blocks()));
-      check(scorer.block_scores(scores.data(), archive.blocks()), l, h);
-      check(select_recall(archive, scores.data(), a.recall, &chosen, &order), l, h);
-      std::int64_t n = 0;
-      for (const std::int64_t b : chosen)
-        for (std::int64_t t = archive.block_first(b); t < archive.block_first(b) + archive.block_tokens(b); ++t)
-          out[static_cast<std::size_t>(h * a.recall + n++)] = archive.positions()[t];
-      counts.push_back(n);
-    }
+    Archive pool;  // positions only: a one-channel row of zeros stands in for K and V
+    const auto e = static_cast<std::int64_t>(positions.size());
+    std::vector<float> zeros(static_cast<std::size_t>(e), 0.0f);
+    const void* row_table[] = {zeros.data()};
+    check(pool.reset({1, 1, 1, RowType::f32, RowType::f32}, {a.block, 0}), "shared blocks");
+    check(pool.append(positions.data(), e, row_table, 4, row_table, 4), "shared blocks");
+    std::vector<float> block_scores(static_cast<std::size_t>(pool.blocks()), 0.0f);
+    for (std::int64_t b = 0; b < pool.blocks(); ++b)
+      for (std::int64_t t = pool.block_first(b); t < pool.block_first(b) + pool.block_tokens(b); ++t)
+        block_scores[b] = std::max(block_scores[b], token_scores[static_cast<std::size_t>(t)]);
+    check(select_recall(pool, block_scores.data(), a.recall, &chosen, &order), "shared blocks");
+    chosen_positions(pool, chosen, &picked);
+    for (std::int64_t l = 0; l < L; ++l)
+      for (std::int64_t h = 0; h < H; ++h) {
+        const std::int64_t* mine = kept[l].data() + h * budgets[l];
+        std::int64_t n = 0;
+        for (const std::int64_t t : picked)
+          if (!std::binary_search(mine, mine + budgets[l], t)) recalled[l][h * a.recall + n++] = t;
+        counts.push_back(n);
+      }
   }
 
   StagedDir dir(a.out, a.force);
@@ -152,6 +225,8 @@ int run_recall(const RecallArgs& a) {
     nlohmann::json j;
     j["recall"] = a.recall;
     j["block"] = a.block;
+    j["scope"] = a.shared ? "shared" : "per_head";
+    j["score"] = a.score;
     j["shape"] = {{"layers", L}, {"heads", H}, {"tokens", N}, {"head_dim", d}, {"query_heads", Hq}, {"queries", m}};
     j["recalled"] = counts;  // per (layer, KV head), layer-major
     write_text_file(dir.path() / "summary.json", j.dump(2) + "\n");

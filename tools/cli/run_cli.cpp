@@ -172,6 +172,11 @@ int flashcache::cli::run_cli(int argc, char** argv) {
   recall->add_option("--out", rc.out, "Output folder")->required();
   recall->add_option("--recall", rc.recall, "Tokens brought back per (layer, KV head)")->capture_default_str();
   recall->add_option("--block", rc.block, "Evicted tokens per block, in position order")->capture_default_str();
+  recall->add_flag("--shared", rc.shared,
+                   "One ranking of positions for all layers and KV heads (a position scores the best any head that "
+                   "evicted it gives it), as llama.cpp's cells need; each head gets the chosen positions it evicted");
+  recall->add_option("--score", rc.score, "exact (the best token's probability) or digest (Quest's bound, per head)")
+      ->capture_default_str();
   recall->add_flag("--force", rc.force, "Replace --out if it exists and is not empty");
 
   cli::InspectArgs i;

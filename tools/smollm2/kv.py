@@ -17,10 +17,15 @@ class KVCache:
     store the vectors themselves, so no index bookkeeping is needed for attention.
     ``next_position`` is the RoPE position of the next token to be fed: the length of the
     *uncompressed* sequence, which compression does not change.
+
+    ``bias`` (optional): per layer ``[H_kv, M_l]`` float32 added to the cached tokens'
+    attention logits, 0 or -inf: heads that keep different numbers of tokens share one
+    array, the shorter ones padded with masked slots (``ragged``).
     """
     k: List[np.ndarray]
     v: List[np.ndarray]
     next_position: int
+    bias: Optional[List[np.ndarray]] = None
 
     @property
     def lengths(self) -> List[int]:
@@ -33,14 +38,31 @@ class KVCache:
         every head) of indices into this cache's token axis; keep them sorted to
         preserve the original order (the order does not change attention outputs).
         """
-        ks, vs = [], []
+        ks, vs, bias = [], [], None if self.bias is None else []
         for l, idx in enumerate(keep):
             idx = np.asarray(idx, dtype=np.int64)
             if idx.ndim == 1:
                 idx = np.broadcast_to(idx, (self.k[l].shape[0], idx.shape[0]))
             ks.append(np.take_along_axis(self.k[l], idx[:, :, None], axis=1))
             vs.append(np.take_along_axis(self.v[l], idx[:, :, None], axis=1))
-        return KVCache(ks, vs, self.next_position)
+            if bias is not None:
+                bias.append(np.take_along_axis(self.bias[l], idx, axis=1))
+        return KVCache(ks, vs, self.next_position, bias)
+
+    def ragged(self, keep: Sequence[Sequence[np.ndarray]]) -> "KVCache":
+        """Like ``gather``, but ``keep[l][h]`` may hold a different number of tokens per
+        head: the shorter heads are padded with masked slots (``bias`` -inf)."""
+        if self.bias is not None:
+            raise ValueError("ragged: the cache is ragged already")
+        idx, bias = [], []
+        for heads in keep:
+            width = max(len(h) for h in heads)
+            idx.append(np.stack([np.pad(np.asarray(h, np.int64), (0, width - len(h))) for h in heads]))
+            bias.append(np.stack([np.where(np.arange(width) < len(h), 0.0, -np.inf).astype(np.float32)
+                                  for h in heads]))
+        out = self.gather(idx)
+        out.bias = bias
+        return out
 
     @staticmethod
     def from_arrays(k: np.ndarray, v: np.ndarray, next_position: Optional[int] = None

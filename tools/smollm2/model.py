@@ -189,6 +189,8 @@ class SmolLM2:
                 visible = m + i1                                           # keys any query of the tile sees
                 scores = np.matmul(qg[:, :, i0:i1], kt[..., :visible])
                 scores[..., m:] += causal[i0:i1, :i1]
+                if cache.bias is not None:                                 # masked slots of a ragged cache
+                    scores[..., :m] += cache.bias[l][:, None, None, :]
                 # Softmax in place; its normalisation is applied after the product with V.
                 scores -= scores.max(axis=-1, keepdims=True)
                 np.exp(scores, out=scores)
@@ -204,7 +206,9 @@ class SmolLM2:
                 qs.append(q), ks.append(k), vs.append(v)
         x = rms_norm(x[logits_from:] if all_logits else x[-1:], self.final_norm, self.eps)
         logits = x @ self.lm_head.T
-        result = ForwardResult(logits, KVCache(new_k, new_v, cache.next_position + n))
+        bias = None if cache.bias is None else [np.concatenate([b, np.zeros((b.shape[0], n), np.float32)], axis=1)
+                                                for b in cache.bias]
+        result = ForwardResult(logits, KVCache(new_k, new_v, cache.next_position + n, bias))
         if capture:
             result.q, result.k, result.v = np.stack(qs), np.stack(ks), np.stack(vs)
         return result
