@@ -211,6 +211,11 @@ def run_template(args: Tuple) -> Tuple[List[Dict], Dict, List[str]]:
     template, lengths, ratios, recalls, select_bin, cli, n_trials = args
     m = le.model()
     log: List[str] = []
+
+    def say(line: str) -> None:  # progress as it comes, and the line for the summary
+        print(line, flush=True)
+        log.append(line)
+
     entry = {"split": template["split"], "kind": template["kind"], "full_cache_hits": {}, "length": None,
              "seconds": {}}
     chosen = None
@@ -222,13 +227,13 @@ def run_template(args: Tuple) -> Tuple[List[Dict], Dict, List[str]]:
         full_hits = hits
         entry["full_cache_hits"][str(target)] = hits
         entry["seconds"][f"full_{target}"] = round(time.time() - t0, 1)
-        log.append(f"[asked] {template['name']} ({template['split']}): full cache at ~{target}: {hits}/{len(trials)}")
+        say(f"[asked] {template['name']} ({template['split']}): full cache at ~{target}: {hits}/{len(trials)}")
         if hits >= len(trials) - 1:
             chosen = (target, trials)
             break
     if chosen is None:
         entry["skipped"] = "the full cache misses more than one key at every length"
-        log.append(f"[asked] {template['name']}: skipped")
+        say(f"[asked] {template['name']}: skipped")
         return [], entry, log
     target, trials = chosen
     entry["length"] = target
@@ -239,7 +244,8 @@ def run_template(args: Tuple) -> Tuple[List[Dict], Dict, List[str]]:
     by_cli: Dict[Tuple, List[Recall]] = {}
     for rc in recalls:
         by_cli.setdefault(rc.cli_key(), []).append(rc)
-    for t in trials:
+    for i, t in enumerate(trials):
+        say(f"[asked] {template['name']}: trial {i + 1}/{len(trials)} ({time.time() - t0:.0f}s)")
         p = len(t.ctx_ids)
         configs, meta = le.configs_for(compressed_rows(), ratios, p)
         rep = m.forward(m.tokenizer.encode(REPEAT_PROMPT) + t.ctx_ids, t.pre.cache, capture=True, all_logits=False)
@@ -278,7 +284,7 @@ def run_template(args: Tuple) -> Tuple[List[Dict], Dict, List[str]]:
         recs.append(dict(base, label=label, keep_ratio=r, metric="passkey_hits", value=n))
         recs.append(dict(base, label=label, keep_ratio=r, metric="needle_kept_share",
                          value=float(np.mean(share[(label, r)]))))
-    log.append(f"[asked] {template['name']} at ~{target}: {entry['seconds']['rows']:.0f}s; full {full_hits}/"
+    say(f"[asked] {template['name']} at ~{target}: {entry['seconds']['rows']:.0f}s; full {full_hits}/"
                f"{len(trials)}; " + ", ".join(f"{l}@{r:g} {n}" for (l, r), n in hits.items()
                                                  if not l.startswith("recall-") or l in ROWS_TO_LOG))
     return recs, entry, log
@@ -329,8 +335,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results = [run_template(u) for u in units]
     recs, info = [], {}
     for t, (r, entry, log) in zip(templates, results):
-        for line in log:
-            print(line, flush=True)
+        print("\n".join(line for line in log if " at ~" in line or "skipped" in line), flush=True)
         recs += r
         info[t["name"]] = entry
     header = {"how": " ".join(["bench/quality/asked_eval.py"] + list(argv or sys.argv[1:])),

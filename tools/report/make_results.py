@@ -8,6 +8,8 @@ Each section comes from its own JSON, written by the run that measured it:
                                                             -> quality_study.py
   quality_long_query_choice.json (+ quality_long_query_*heldout.json)  the query study
                                                             -> quality_query.py
+  quality_long_asked_choice.json (+ quality_long_asked_dev.json, _heldout.json)  the asked-later study
+                                                            -> quality_asked.py
   quality_grid.json  bench/quality/run_grid.sh              -> quality_grid.py
   engine.json   examples/engine (its benchmark)             -> engine.py
   llama_cpp.json  bench/llama_cpp/bench.sh                -> llama_cpp.py
@@ -53,6 +55,7 @@ def main():
                                    ("quality_long_passkey.json", "quality_long", "render_passkey"),
                                    ("quality_long_study_base.json", "quality_study", "render_results"),
                                    ("quality_long_query_choice.json", "quality_query", "render_results"),
+                                   ("quality_long_asked_choice.json", "quality_asked", "render"),
                                    ("quality_grid.json", "quality_grid", "render"),
                                    ("quality_grid_defaults.json", "quality_grid", "render_defaults"),
                                    ("engine.json", "engine", "render"),
