@@ -85,4 +85,13 @@ inline std::vector<std::uint8_t> build(const Spec& s) {
   return b;
 }
 
+// A sliding-window model's blob: the global layers' cache, then the sliding
+// layers' (its section without the magic and sequence id, which come once).
+inline std::vector<std::uint8_t> build_two(const Spec& global, const Spec& sliding) {
+  std::vector<std::uint8_t> b = build(global);
+  const std::vector<std::uint8_t> second = build(sliding);
+  b.insert(b.end(), second.begin() + 8, second.end());
+  return b;
+}
+
 }  // namespace blob_builder

@@ -97,6 +97,62 @@ TEST(LlamaState, KeptCellsKeepTheirPositionsAndBytes) {
   }
 }
 
+// A sliding-window model's blob (global layers' cache, then the sliding layers'):
+// parsed only when asked for, the first section as the state's cells, the second
+// kept byte for byte by the writer.
+TEST(LlamaState, ASlidingWindowBlobKeepsItsSecondSectionByteForByte) {
+  Spec global, sliding;
+  global.pos = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  global.layers = 1;
+  sliding.pos = {6, 7, 8, 9};
+  sliding.layers = 3;
+  sliding.v_trans = true;
+  const auto b = blob_builder::build_two(global, sliding);
+  EXPECT_NE(refusal(b).find("global_then_sliding"), std::string::npos) << refusal(b);
+  fl::SeqState s;
+  ASSERT_TRUE(fl::parse_seq_state(b.data(), b.size(), &s, fl::StateSections::global_then_sliding).ok());
+  EXPECT_EQ(s.cell_count, 10u);
+  EXPECT_EQ(s.layers.size(), 1u);
+  EXPECT_EQ(s.sliding.cell_count, 4u);
+  EXPECT_EQ(s.sliding.layers, 3u);
+  EXPECT_EQ(s.sliding.pos_min, 6);
+  EXPECT_EQ(s.sliding.pos_max, 9);
+  EXPECT_EQ(s.sliding.offset, blob_builder::build(global).size());
+  EXPECT_EQ(s.sliding.offset + s.sliding.size, b.size());
+  EXPECT_EQ(fl::seq_state_size(s, 10), b.size());
+
+  std::vector<std::int32_t> all(10);
+  for (std::int32_t i = 0; i < 10; ++i) all[static_cast<std::size_t>(i)] = i;
+  std::vector<std::uint8_t> out;
+  ASSERT_TRUE(fl::write_seq_state(b.data(), s, all.data(), 10, &out).ok());
+  EXPECT_EQ(out, b);
+  const std::vector<std::int32_t> kept = {0, 2, 4, 6, 7, 8, 9};
+  ASSERT_TRUE(fl::write_seq_state(b.data(), s, kept.data(), 7, &out).ok());
+  fl::SeqState t;
+  ASSERT_TRUE(fl::parse_seq_state(out.data(), out.size(), &t, fl::StateSections::global_then_sliding).ok());
+  EXPECT_EQ(t.pos, (std::vector<std::int32_t>{0, 2, 4, 6, 7, 8, 9}));
+  ASSERT_EQ(t.sliding.size, s.sliding.size);
+  EXPECT_TRUE(std::equal(b.begin() + static_cast<std::ptrdiff_t>(s.sliding.offset), b.end(),
+                         out.begin() + static_cast<std::ptrdiff_t>(t.sliding.offset)));
+
+  // A second section cut short, or of another stream count: refused by name.
+  const std::vector<std::uint8_t> cut(b.begin(), b.end() - 3);
+  const flashcache::Status st = fl::parse_seq_state(cut.data(), cut.size(), &t, fl::StateSections::global_then_sliding);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("the sliding-window section: llama state truncated"), std::string::npos) << st.message();
+  Spec two_streams = sliding;
+  two_streams.n_stream = 2;
+  const auto other = blob_builder::build_two(global, two_streams);
+  const flashcache::Status st2 =
+      fl::parse_seq_state(other.data(), other.size(), &t, fl::StateSections::global_then_sliding);
+  ASSERT_FALSE(st2.ok());
+  EXPECT_NE(st2.message().find("the sliding-window section has 2 streams, the global one 1"), std::string::npos)
+      << st2.message();
+  // A one-cache blob asked for two sections: the second is missing.
+  const auto one = blob_builder::build(global);
+  EXPECT_FALSE(fl::parse_seq_state(one.data(), one.size(), &t, fl::StateSections::global_then_sliding).ok());
+}
+
 TEST(LlamaState, CellsInPositionOrder) {
   Spec spec;
   spec.pos = {7, 3, 9, 0};

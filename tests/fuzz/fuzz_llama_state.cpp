@@ -4,7 +4,9 @@
 // the bytes (every K and V element is converted to float here, so ASan sees a
 // read past them); writing every cell in blob order must give back the input
 // bytes, and writing every other cell (in position order) must parse back to
-// exactly those cells with their positions and bytes.
+// exactly those cells with their positions and bytes (and a sliding-window
+// model's second section, parsed with StateSections::global_then_sliding,
+// byte for byte). Every input is tried both ways.
 #include <flashcache/llama/state.hpp>
 
 #include <cstdint>
@@ -28,14 +30,12 @@ void convert_all(const std::uint8_t* blob, const fl::SeqState& s, const std::vec
     }
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+void check(const std::uint8_t* data, std::size_t size, fl::StateSections sections) {
   fl::SeqState s;
-  const flashcache::Status st = fl::parse_seq_state(data, size, &s);
+  const flashcache::Status st = fl::parse_seq_state(data, size, &s, sections);
   if (!st.ok()) {
     FUZZ_CHECK(!st.message().empty(), "refused without a message");
-    return 0;
+    return;
   }
   FUZZ_CHECK(s.pos.size() == s.cell_count, "positions " + std::to_string(s.pos.size()));
   FUZZ_CHECK(fl::seq_state_size(s, s.cell_count) == size || s.cell_count == 0,
@@ -55,7 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FUZZ_CHECK(fl::write_seq_state(data, s, kept.data(), static_cast<std::uint32_t>(kept.size()), &out).ok(),
              "writing every other cell");
   fl::SeqState t;
-  const flashcache::Status back = fl::parse_seq_state(out.data(), out.size(), &t);
+  const flashcache::Status back = fl::parse_seq_state(out.data(), out.size(), &t, sections);
   FUZZ_CHECK(back.ok(), "the written blob is refused: " + back.message());
   FUZZ_CHECK(t.cell_count == kept.size(), "kept " + std::to_string(t.cell_count));
   for (std::size_t i = 0; i < kept.size(); ++i) {
@@ -67,5 +67,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                  "K bytes of kept cell " + std::to_string(i));
     }
   }
+  FUZZ_CHECK(t.sliding.size == s.sliding.size &&
+                 std::memcmp(out.data() + t.sliding.offset, data + s.sliding.offset, s.sliding.size) == 0,
+             "the sliding-window section changed");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  check(data, size, fl::StateSections::one);
+  check(data, size, fl::StateSections::global_then_sliding);
   return 0;
 }

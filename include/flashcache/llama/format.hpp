@@ -18,6 +18,13 @@
 //       v_trans 1, per layer: i32 v_type, u32 v_elem_bytes, u32 n_embd_v,
 //                             n_embd_v rows of cell_count elements
 //
+// A model with interleaved sliding-window attention (Gemma 2 and 3, ...) has
+// two caches (llama-kv-cache-iswa.cpp state_write): the blob holds the global
+// layers' section, as above from n_stream on, then the sliding layers' section
+// in the same form. parse_seq_state(..., StateSections::global_then_sliding)
+// describes the first as the state's cells and layers and the second as
+// SeqState::sliding, which a compaction keeps byte for byte.
+//
 // The cell ext (2D M-RoPE position and token id) is there only for M-RoPE and
 // per-layer-embedding models; this parser takes cells without it and refuses
 // what then does not add up. Anything else it refuses by name: a foreign or
@@ -137,6 +144,19 @@ struct LayerState {
   std::size_t v_offset = 0;        // first V byte
 };
 
+// Which caches a blob holds: one, or a sliding-window model's two.
+enum class StateSections { one, global_then_sliding };
+
+// The sliding-window layers' section of a two-cache blob: its bytes
+// [offset, offset + size), its cells and their positions' range.
+struct SlidingSection {
+  std::size_t offset = 0;
+  std::size_t size = 0;  // 0: the blob has no such section
+  std::uint32_t cell_count = 0;
+  std::uint32_t layers = 0;
+  std::int32_t pos_min = -1, pos_max = -1;
+};
+
 struct SeqState {
   std::int32_t seq_id = 0;
   std::uint32_t n_stream = 0;
@@ -148,6 +168,7 @@ struct SeqState {
   std::size_t size = 0;         // bytes of the blob
   std::size_t meta_offset = 0;  // first cell's metadata
   std::size_t data_offset = 0;  // the v_trans field
+  SlidingSection sliding;       // a sliding-window model's second section (StateSections::global_then_sliding)
 
   // Bytes of K and V of every layer (the cache memory the cells take).
   std::uint64_t kv_bytes() const {
@@ -255,31 +276,13 @@ inline Status parse_layer_data(BlobReader& r, std::uint32_t cells, SeqState* s) 
   return Status::success();
 }
 
-}  // namespace detail
 
-// Parses a blob of llama_state_seq_get_data. On success *out describes it
-// (offsets into `data`, which must outlive their use); on failure the Status
-// names what is wrong and *out is unspecified.
-inline Status parse_seq_state(const std::uint8_t* data, std::size_t size, SeqState* out) {
-  if (data == nullptr && size > 0) return make_error(Errc::invalid_shape, "llama state: null data");
-  *out = SeqState{};
-  out->size = size;
-  detail::BlobReader r(data, size);
-  std::uint32_t magic = 0;
-  FLASHCACHE_RETURN_IF_ERROR(r.read(&magic, "magic"));
-  if (magic != kSeqStateMagic) {
-    char hex[2][16];
-    std::snprintf(hex[0], sizeof hex[0], "0x%08x", magic);
-    std::snprintf(hex[1], sizeof hex[1], "0x%08x", kSeqStateMagic);
-    return make_error(Errc::invalid_shape, "not a llama.cpp sequence state: magic ", hex[0], ", expected ", hex[1]);
-  }
-  FLASHCACHE_RETURN_IF_ERROR(r.read(&out->seq_id, "sequence id"));
-  if (out->seq_id < 0 || static_cast<std::uint32_t>(out->seq_id) >= kMaxStreams)
-    return make_error(Errc::invalid_shape, "llama state: sequence id ", out->seq_id, " outside [0, ", kMaxStreams, ")");
+// One cache's section, from n_stream on, into s (its seq_id set).
+inline Status parse_cache_section(BlobReader& r, SeqState* out) {
   FLASHCACHE_RETURN_IF_ERROR(r.read(&out->n_stream, "stream count"));
   if (out->n_stream == 0 || out->n_stream > kMaxStreams)
     return make_error(Errc::invalid_shape, "llama state: ", out->n_stream, " streams (1 to ", kMaxStreams,
-                      "); a recurrent, hybrid or SWA cache writes another format");
+                      "); a recurrent or hybrid cache writes another format");
   out->stream = out->n_stream;
   for (std::uint32_t s = 0; s < out->n_stream; ++s) {
     std::uint32_t cells = 0;
@@ -310,18 +313,71 @@ inline Status parse_seq_state(const std::uint8_t* data, std::size_t size, SeqSta
         return make_error(Errc::invalid_shape, "llama state: cell ", i, " has position ", out->pos[i]);
     }
     out->data_offset = r.offset();
-    FLASHCACHE_RETURN_IF_ERROR(detail::parse_layer_data(r, cells, out));
+    FLASHCACHE_RETURN_IF_ERROR(parse_layer_data(r, cells, out));
   }
-  if (r.left() != 0)
-    return make_error(Errc::invalid_shape, "llama state: ", r.left(), " trailing bytes after byte ", r.offset(),
-                      " (a format this parser does not know)");
-  std::vector<std::int32_t> sorted(out->pos);
+  return Status::success();
+}
+
+inline Status check_distinct_positions(const std::vector<std::int32_t>& pos, const char* section) {
+  std::vector<std::int32_t> sorted(pos);
   std::sort(sorted.begin(), sorted.end());
   const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
   if (dup != sorted.end())
-    return make_error(Errc::unsupported, "llama state: position ", *dup,
-                      " is held by two cells (several tokens at one position are not handled)");
+    return make_error(Errc::unsupported, "llama state: position ", *dup, " is held by two cells", section,
+                      " (several tokens at one position are not handled)");
   return Status::success();
+}
+
+}  // namespace detail
+
+// Parses a blob of llama_state_seq_get_data. On success *out describes it
+// (offsets into `data`, which must outlive their use); on failure the Status
+// names what is wrong and *out is unspecified. A sliding-window model's blob
+// (two caches) parses with StateSections::global_then_sliding only.
+inline Status parse_seq_state(const std::uint8_t* data, std::size_t size, SeqState* out,
+                              StateSections sections = StateSections::one) {
+  if (data == nullptr && size > 0) return make_error(Errc::invalid_shape, "llama state: null data");
+  *out = SeqState{};
+  out->size = size;
+  detail::BlobReader r(data, size);
+  std::uint32_t magic = 0;
+  FLASHCACHE_RETURN_IF_ERROR(r.read(&magic, "magic"));
+  if (magic != kSeqStateMagic) {
+    char hex[2][16];
+    std::snprintf(hex[0], sizeof hex[0], "0x%08x", magic);
+    std::snprintf(hex[1], sizeof hex[1], "0x%08x", kSeqStateMagic);
+    return make_error(Errc::invalid_shape, "not a llama.cpp sequence state: magic ", hex[0], ", expected ", hex[1]);
+  }
+  FLASHCACHE_RETURN_IF_ERROR(r.read(&out->seq_id, "sequence id"));
+  if (out->seq_id < 0 || static_cast<std::uint32_t>(out->seq_id) >= kMaxStreams)
+    return make_error(Errc::invalid_shape, "llama state: sequence id ", out->seq_id, " outside [0, ", kMaxStreams, ")");
+  FLASHCACHE_RETURN_IF_ERROR(detail::parse_cache_section(r, out));
+  SeqState sliding;
+  if (sections == StateSections::global_then_sliding) {
+    out->sliding.offset = r.offset();
+    sliding.seq_id = out->seq_id;
+    const Status st = detail::parse_cache_section(r, &sliding);
+    if (!st.ok()) return make_error(st.code(), "the sliding-window section: ", st.message());
+    if (sliding.n_stream != out->n_stream)
+      return make_error(Errc::invalid_shape, "llama state: the sliding-window section has ", sliding.n_stream,
+                        " streams, the global one ", out->n_stream);
+    out->sliding.size = r.offset() - out->sliding.offset;
+    out->sliding.cell_count = sliding.cell_count;
+    out->sliding.layers = static_cast<std::uint32_t>(sliding.layers.size());
+    if (!sliding.pos.empty()) {
+      const auto [lo, hi] = std::minmax_element(sliding.pos.begin(), sliding.pos.end());
+      out->sliding.pos_min = *lo;
+      out->sliding.pos_max = *hi;
+    }
+  }
+  if (r.left() != 0)
+    return make_error(Errc::invalid_shape, "llama state: ", r.left(), " trailing bytes after byte ", r.offset(),
+                      sections == StateSections::one ? " (a format this parser does not know; a sliding-window "
+                                                       "model's second cache parses with StateSections::"
+                                                       "global_then_sliding)"
+                                                     : " (a format this parser does not know)");
+  FLASHCACHE_RETURN_IF_ERROR(detail::check_distinct_positions(out->pos, ""));
+  return detail::check_distinct_positions(sliding.pos, " of the sliding-window section");
 }
 
 // The cells in position order: order[i] is the cell (blob index) of the i-th lowest position.

@@ -11,9 +11,10 @@
 namespace flashcache {
 namespace llama {
 
-// Size of the blob write_seq_state() writes for `count` cells of s.
+// Size of the blob write_seq_state() writes for `count` cells of s (and its
+// sliding-window section, unchanged).
 inline std::size_t seq_state_size(const SeqState& s, std::uint32_t count) {
-  std::size_t n = 12 + 4 * static_cast<std::size_t>(s.n_stream);
+  std::size_t n = 12 + 4 * static_cast<std::size_t>(s.n_stream) + s.sliding.size;
   if (count == 0 || s.layers.empty()) return n;
   n += 12 * static_cast<std::size_t>(count) + 8;
   for (const LayerState& l : s.layers) {
@@ -28,7 +29,8 @@ namespace detail {
 // Writes a blob of `count` cells for s's sequence and stream, where `src` says
 // where cell i's data lies: src.pos(i), layer l's K row src.k(l, i), and its V:
 // the row src.v(l, i), or with a transposed V cache element j at
-// src.v(l, i) + j * src.v_step(l, i). Positions and bytes are copied unchanged.
+// src.v(l, i) + j * src.v_step(l, i). Positions and bytes are copied unchanged;
+// a sliding-window section (s.sliding) follows as it is in src.blob, the parsed blob.
 template <class Source>
 Status write_cells(const SeqState& s, std::uint32_t count, const Source& src, std::vector<std::uint8_t>* out) {
   const bool any = count > 0 && !s.layers.empty();
@@ -78,6 +80,7 @@ Status write_cells(const SeqState& s, std::uint32_t count, const Source& src, st
       }
     }
   }
+  if (s.sliding.size > 0) put(src.blob + s.sliding.offset, s.sliding.size);
   if (w != out->data() + out->size())
     return make_error(Errc::invalid_shape, "llama state: wrote ", w - out->data(), " bytes, sized ", out->size());
   return Status::success();
