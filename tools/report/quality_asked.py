@@ -48,6 +48,28 @@ def _table(doc, labels):
     return lines
 
 
+def _goals(doc, recall_rows):
+    """Issue 38's goals, as measured: per template within 1 key of the full cache; the multi-turn one at 4 of 5."""
+    hits = collections.defaultdict(int)
+    for r in doc["records"]:
+        if r["metric"] == "passkey_hits":
+            hits[(r["label"], r["template"], r["keep_ratio"])] += r["value"]
+    run = {t: e for t, e in doc["header"]["templates_run"].items() if e.get("length")}
+    out = []
+    for label in recall_rows:
+        parts = []
+        for x in doc["header"]["keep_ratios"]:
+            near = [t for t in run if hits[(label, t, x)] >= hits[("full", t, 1.0)] - 1]
+            far = sorted(set(run) - set(near))
+            parts.append(f"at keep {x:g}, {len(near)} of {len(run)} templates within 1 key of the full cache"
+                         + (f" (not: {', '.join(far)})" if far else ""))
+        multi = [t for t, e in run.items() if e.get("kind") == "multi_turn"]
+        turns = "; ".join(f"the multi-turn template `{t}`: " + " / ".join(
+            str(hits[(label, t, x)]) for x in doc["header"]["keep_ratios"]) + " of 5" for t in multi)
+        out.append(f"Goals (issue 38), `{label}`: " + "; ".join(parts) + (f"; {turns} (goal: 4)." if turns else "."))
+    return out
+
+
 def render(choice):
     dev, held = _load("quality_long_asked_dev.json"), _load("quality_long_asked_heldout.json")
     lines = ["## Passkeys asked after compression, with recall (SmolLM2-135M, 30 layers)", "",
@@ -85,6 +107,7 @@ def render(choice):
         lines += ["", f"Held-out, run once with the choice made: `{h['how']}` on {h['when']}, git "
                   f"{str(h['git'])[:12]}, {h['seconds']:.0f} s.", ""]
         lines += _table(held, list(BASE_ROWS) + recall_rows)
+        lines += [""] + _goals(held, recall_rows)
         skipped = [t for t, e in h["templates_run"].items() if not e.get("length")]
         if skipped:
             lines += ["", "Left out (the full cache misses more than one key at 1,024 tokens in this protocol): "
