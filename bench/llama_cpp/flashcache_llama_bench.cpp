@@ -131,7 +131,9 @@ int main(int argc, char** argv) {
       first_token = ls::argmax(logits.data(), n_vocab);
       saved.resize(llama_state_seq_get_size(ctx, 0));
       llama_state_seq_get_data(ctx, saved.data(), saved.size(), 0);
-      if (auto s = fc::llama::parse_seq_state(saved.data(), saved.size(), &parsed); !s) {
+      if (auto s = fc::llama::parse_seq_state(saved.data(), saved.size(), &parsed,
+                                              fc::llama::detail::state_sections(llama_get_model(ctx)));
+          !s) {
         std::fprintf(stderr, "flashcache_llama_bench: %s\n", s.message().c_str());
         return false;
       }

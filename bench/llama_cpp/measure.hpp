@@ -62,7 +62,9 @@ inline bool state_bytes(llama_context* ctx, std::uint64_t* kv_bytes, bool* v_tra
   std::vector<std::uint8_t> blob(llama_state_seq_get_size(ctx, 0));
   flashcache::llama::SeqState s;
   if (blob.empty() || llama_state_seq_get_data(ctx, blob.data(), blob.size(), 0) != blob.size() ||
-      !flashcache::llama::parse_seq_state(blob.data(), blob.size(), &s).ok())
+      !flashcache::llama::parse_seq_state(blob.data(), blob.size(), &s,
+                                          flashcache::llama::detail::state_sections(llama_get_model(ctx)))
+           .ok())
     return false;
   *kv_bytes = s.kv_bytes();
   *v_trans = s.v_trans;

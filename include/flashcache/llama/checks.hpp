@@ -61,10 +61,12 @@ inline Status check_supported_context(llama_context* ctx) {
   const llama_rope_type rope = llama_model_rope_type(model);
   if (rope == LLAMA_ROPE_TYPE_MROPE || rope == LLAMA_ROPE_TYPE_IMROPE || rope == LLAMA_ROPE_TYPE_VISION)
     return make_error(Errc::unsupported, "llama: M-RoPE / vision RoPE (cells carry 2D positions)");
-  if (llama_model_n_swa(model) > 0)
-    return make_error(Errc::unsupported, "llama: sliding-window attention (n_swa ", llama_model_n_swa(model),
-                      "; its cache writes two caches and masks cells)");
   const std::string arch = detail::architecture(model);
+  if (llama_model_n_swa(model) > 0 && arch != "gemma2" && arch != "gemma3")
+    return make_error(Errc::unsupported, "llama: sliding-window attention of architecture ", arch, " (n_swa ",
+                      llama_model_n_swa(model),
+                      "): the standard window of gemma2 and gemma3 is handled, other windows (chunked, "
+                      "symmetric) are not");
   if (!arch.empty() && detail::has_meta(model, arch + ".attention.kv_lora_rank"))
     return make_error(Errc::unsupported, "llama: ", arch, " keeps an MLA cache (latent K, no per-head V; ", arch,
                       ".attention.kv_lora_rank)");
@@ -87,15 +89,22 @@ inline Status check_supported(llama_context* ctx, llama_seq_id seq) {
 
 namespace detail {
 
+// Which caches the model's sequence state holds: a sliding-window model's two
+// (the global layers', then the sliding layers'), or one.
+inline StateSections state_sections(const llama_model* model) {
+  return llama_model_n_swa(model) > 0 ? StateSections::global_then_sliding : StateSections::one;
+}
+
 // The parsed state must be the model's: its layers, its KV heads, the
 // sequence's positions, and no other sequence that may share its cells.
 inline Status check_against_model(llama_context* ctx, const llama_model* model, llama_seq_id seq, const SeqState& s,
                                   llama_pos pos_min, llama_pos pos_max) {
   if (s.cell_count == 0 || s.layers.empty())
     return make_error(Errc::invalid_option, "llama: sequence ", seq, " has no cells in its state");
-  if (static_cast<std::int64_t>(s.layers.size()) != llama_model_n_layer(model))
-    return make_error(Errc::unsupported, "llama: the state has ", s.layers.size(), " layers, the model ",
-                      llama_model_n_layer(model));
+  if (static_cast<std::int64_t>(s.layers.size() + s.sliding.layers) != llama_model_n_layer(model))
+    return make_error(Errc::unsupported, "llama: the state has ", s.layers.size(), " layers",
+                      s.sliding.size > 0 ? " (and " + std::to_string(s.sliding.layers) + " sliding-window ones)" : "",
+                      ", the model ", llama_model_n_layer(model));
   const std::int64_t heads = llama_model_n_head_kv(model);
   if (heads <= 0) return make_error(Errc::unsupported, "llama: the model has ", heads, " KV heads");
   for (std::size_t l = 0; l < s.layers.size(); ++l) {
@@ -105,7 +114,10 @@ inline Status check_against_model(llama_context* ctx, const llama_model* model, 
                         " elements for ", heads, " KV heads (equal K and V head dims are handled)");
   }
   const auto mm = std::minmax_element(s.pos.begin(), s.pos.end());
-  if (*mm.first != pos_min || *mm.second != pos_max)
+  // A sliding-window model's memory reports the sliding cache's lowest position,
+  // which may still count cells outside the window: its highest is compared.
+  const bool sliding = s.sliding.size > 0;
+  if ((!sliding && *mm.first != pos_min) || *mm.second != pos_max || (sliding && s.sliding.pos_max != pos_max))
     return make_error(Errc::invalid_shape, "llama: the state holds positions [", *mm.first, ", ", *mm.second,
                       "] but the memory reports [", pos_min, ", ", pos_max, "]");
   if (s.n_stream == 1) {

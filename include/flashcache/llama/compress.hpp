@@ -28,7 +28,7 @@
 // The call's inputs and report: llama/params.hpp; its checks: llama/checks.hpp.
 // Refused before anything is touched, by name: a llama.cpp other than the
 // pinned one (the state format is not versioned), recurrent or hybrid memory,
-// M-RoPE / vision RoPE, SWA models (their cache writes another format), MLA
+// M-RoPE / vision RoPE, sliding-window models other than gemma2 and gemma3, MLA
 // and indexer (DSA, MSA) caches, K or V caches of types other than f32, f16,
 // bf16 and q8_0, ScoreOptions::rope (the cells' positions have gaps after a
 // compaction, and a q8_0 cache is Hadamard-rotated), an empty sequence, a
@@ -53,6 +53,12 @@
 // Threads: the layers are scored in parallel on CompressParams::n_threads
 // (0: the context's llama_n_threads), by a pool the compressor keeps; the kept
 // cells do not depend on the count.
+//
+// Sliding-window models (gemma2, gemma3): the state holds the global layers'
+// cache, then the sliding layers'; the global layers are scored and compacted,
+// the sliding section is written back byte for byte, and the cells of the
+// window (positions above pos_max - n_swa) are always kept: a budget that
+// cannot hold them is refused.
 //
 // The newest cell is always kept (SelectOptions::window is raised to at least 1):
 // llama.cpp requires a new token's position to follow the sequence's last.
@@ -148,10 +154,20 @@ class SequenceCompressor {
     select.window = std::max<std::int64_t>(select.window, 1);  // the newest cell: decoding continues after it
     order_ = cells_by_position(s);
     kept_.resize(static_cast<std::size_t>(keep));
-    protect_mask_.assign(p.protect_count > 0 ? n : 0, 0);
-    for (std::size_t i = 0; i < protect_mask_.size(); ++i)
-      protect_mask_[i] =
-          std::binary_search(p.protect, p.protect + p.protect_count, s.pos[static_cast<std::size_t>(order_[i])]);
+    // A sliding-window model's window (positions above pos_max - n_swa) stays: the sliding layers'
+    // section is kept as it is, and the global layers keep the same recent positions.
+    const llama_pos n_swa = s.sliding.size > 0 ? llama_model_n_swa(llama_get_model(ctx)) : 0;
+    std::int64_t in_window = 0;
+    for (const std::int32_t pos : s.pos) in_window += n_swa > 0 && pos > st.pos_max - n_swa;
+    if (keep < in_window)
+      return make_error(Errc::invalid_budget, "llama: keep budget ", keep, " cannot hold the sliding window's ",
+                        in_window, " cells (positions above ", st.pos_max - n_swa, ", n_swa ", n_swa, ")");
+    protect_mask_.assign(p.protect_count > 0 || in_window > 0 ? n : 0, 0);
+    for (std::size_t i = 0; i < protect_mask_.size(); ++i) {
+      const std::int32_t pos = s.pos[static_cast<std::size_t>(order_[i])];
+      protect_mask_[i] = std::binary_search(p.protect, p.protect + p.protect_count, pos) ||
+                         (n_swa > 0 && pos > st.pos_max - n_swa);
+    }
     st.threads = scoring_threads(ctx, p.n_threads);
     auto t2 = clock::now();
     if (keep == static_cast<std::int64_t>(n)) {
@@ -203,8 +219,9 @@ class SequenceCompressor {
     llama_memory_t mem = llama_get_memory(ctx);
     st->pos_min_before = llama_memory_seq_pos_min(mem, seq);
     st->pos_max = llama_memory_seq_pos_max(mem, seq);
-    FLASHCACHE_RETURN_IF_ERROR(parse_seq_state(blob_.data(), blob_.size(), s));
+    FLASHCACHE_RETURN_IF_ERROR(parse_seq_state(blob_.data(), blob_.size(), s, detail::state_sections(model)));
     FLASHCACHE_RETURN_IF_ERROR(detail::check_against_model(ctx, model, seq, *s, st->pos_min_before, st->pos_max));
+    if (s->sliding.size > 0) st->pos_min_before = *std::min_element(s->pos.begin(), s->pos.end());
     const std::int64_t heads = llama_model_n_head_kv(model);
     st->cells_before = s->cell_count;
     st->kv_bytes_before = s->kv_bytes();
@@ -275,7 +292,8 @@ class SequenceCompressor {
   Status replace_sequence(llama_context* ctx, llama_seq_id seq, const SeqState& s, llama_pos pos_max,
                           std::int64_t keep) {
     llama_memory_t mem = llama_get_memory(ctx);
-    const llama_pos want_min = s.pos[static_cast<std::size_t>(cells_.front())];
+    // A sliding-window model's memory reports its sliding section's lowest position.
+    const llama_pos want_min = s.sliding.size > 0 ? s.sliding.pos_min : s.pos[static_cast<std::size_t>(cells_.front())];
     if (!llama_memory_seq_rm(mem, seq, -1, -1))
       return make_error(Errc::unsupported, "llama: llama_memory_seq_rm refused to remove sequence ", seq);
     Status failed = Status::success();

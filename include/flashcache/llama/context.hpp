@@ -188,6 +188,15 @@ class ContextManager {
       return make_error(Errc::invalid_option, "llama: ContextParams::queries with when-full ", to_string(p.when_full),
                         ": query tails score flashcache's compactions only");
     }
+    const bool sliding = llama_model_n_swa(llama_get_model(ctx)) > 0;
+    if (sliding && llama_memory_seq_pos_max(mem, seq) >= 0)
+      return make_error(Errc::unsupported, "llama: a ContextManager on a sliding-window model starts from an empty "
+                                           "sequence (the memory's lowest position is the sliding cache's, so the "
+                                           "cells already there cannot be counted from positions)");
+    if (p.archive && sliding)
+      return make_error(Errc::unsupported,
+                        "llama: an archive and recall on a sliding-window model are not handled yet (the turn's "
+                        "queries come from every layer, the state's global layers are some of them)");
     if (p.archive) {
       if (p.when_full != WhenFull::flashcache)
         return make_error(Errc::invalid_option, "llama: an archive with when-full ", to_string(p.when_full),
@@ -220,6 +229,7 @@ class ContextManager {
     }
     ctx_ = ctx;
     seq_ = seq;
+    sliding_ = sliding;
     p_ = p;
     cap_ = cap;
     base_cells_ = lo < 0 ? 0 : hi - lo + 1;
@@ -417,7 +427,10 @@ class ContextManager {
   // shift and streaming: drop a run of cells after the first n_keep, renumber the rest.
   Status drop(std::int64_t have, std::int64_t n_new, RoomEvent* ev) {
     llama_memory_t mem = llama_get_memory(ctx_);
-    const llama_pos lo = llama_memory_seq_pos_min(mem, seq_), hi = llama_memory_seq_pos_max(mem, seq_);
+    const llama_pos hi = llama_memory_seq_pos_max(mem, seq_);
+    // A sliding-window model's memory reports the sliding cache's lowest position; its sequence
+    // started empty and shift and streaming keep it consecutive, so its lowest is hi - have + 1.
+    const llama_pos lo = sliding_ ? hi - static_cast<llama_pos>(have) + 1 : llama_memory_seq_pos_min(mem, seq_);
     if (hi - lo + 1 != have)
       return make_error(Errc::invalid_shape, "llama: sequence ", seq_, " holds positions [", lo, ", ", hi,
                         "] with gaps (", have, " cells): ", to_string(p_.when_full), " needs consecutive ones");
@@ -446,6 +459,7 @@ class ContextManager {
   llama_pos base_pos_max_ = -1;  // the last position then
   llama_pos protect_from_ = -1;
   bool pending_ = false;  // the last event's renumbering waits for a decode
+  bool sliding_ = false;  // a sliding-window model: the memory's lowest position is the sliding cache's
   std::int64_t events_ = 0;
   double event_ms_ = 0;
   SequenceCompressor compressor_;

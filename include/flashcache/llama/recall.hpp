@@ -216,7 +216,8 @@ class TurnRecaller {
 
   Status read(llama_context* ctx, llama_seq_id seq, SeqState* s) {
     FLASHCACHE_RETURN_IF_ERROR(detail::read_state_blob(ctx, seq, &blob_));
-    FLASHCACHE_RETURN_IF_ERROR(parse_seq_state(blob_.data(), blob_.size(), s));
+    FLASHCACHE_RETURN_IF_ERROR(
+        parse_seq_state(blob_.data(), blob_.size(), s, detail::state_sections(llama_get_model(ctx))));
     llama_memory_t mem = llama_get_memory(ctx);
     return detail::check_against_model(ctx, llama_get_model(ctx), seq, *s, llama_memory_seq_pos_min(mem, seq),
                                        llama_memory_seq_pos_max(mem, seq));
