@@ -63,7 +63,6 @@ struct Args {
   std::string model, file, system, ask, redo = "turn", recall_score = "exact", archive_order = "position";
   int recall = -1, archive_block = 32;  // recall -1: kDefaultRecall in flashcache mode, else 0
   bool archive = false;
-  bool recall_by_default = false;  // recall came from the default, not from --recall / --archive
   int cells = 1024, n_predict = -1, threads = 2, chunk = 128, max_tokens = 0, nll_from = -1;
   long long keep = -1;  // -1: the system prompt's tokens, or 4
   double temp = 0.0, top_p = 1.0, target = -1, window_share = -1;
@@ -177,7 +176,6 @@ bool parse_args(int argc, char** argv, Args* a) {
     std::fprintf(stderr, "flashcache_chat: --paper is the paper's query-free score; --query-tail adds queries\n");
     return false;
   }
-  a->recall_by_default = a->recall < 0 && !a->archive;
   if (a->recall < 0) a->recall = a->when_full == "flashcache" && !a->query_tail ? kDefaultRecall : 0;
   if (a->recall > 0) a->archive = true;
   if (a->archive && a->query_tail) {
@@ -399,13 +397,6 @@ int main(int argc, char** argv) {
   if (model == nullptr) {
     std::fprintf(stderr, "flashcache_chat: cannot load %s\n", a.model.c_str());
     return 1;
-  }
-  if (llama_model_n_swa(model) > 0 && a.recall_by_default && a.recall > 0) {
-    // The archive and recall are not handled on sliding-window models yet (the adapter refuses them by name).
-    std::fprintf(stderr, "flashcache_chat: a sliding-window model (n_swa %d): recall off, compaction alone\n",
-                 llama_model_n_swa(model));
-    a.recall = 0;
-    a.archive = false;
   }
   llama_context_params lp = llama_context_default_params();
   lp.n_ctx = static_cast<uint32_t>(a.cells);

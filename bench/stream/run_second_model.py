@@ -6,10 +6,14 @@ tuning: the defaults chosen on SmolLM2 are what a user gets.
   python3 bench/stream/run_second_model.py --chat build/bench/llama_cpp/flashcache_chat
 
 Rows: the full cache, llama.cpp's context shift (keep 4, discard half), StreamingLLM (sink 4) and
-FlashCache when full with flashcache_chat's defaults (recall is off on sliding-window models). Streams:
+FlashCache when full with flashcache_chat's defaults but recall (which acts at a new turn only, and
+was off in SmolLM2's rows of these protocols too). Streams:
 the held-out text's first 8,192 tokens through 1,024 and 2,048 cells, the NLL of the tokens after the
 first `cells`. Facts: the held-out filler with a 6-digit code at five depths, asked at the end, through
-1,024 cells (the full cache: 4,096). Finished runs are kept in --work/rows.jsonl.
+1,024 cells (the full cache: 4,096); and asked later, as run_recall.py asks them (the question a new
+turn after the filler, --ask), for the full cache, FlashCache without recall and FlashCache with
+flashcache_chat's default recall (64 cells, blocks of 32 by position, the turn decoded again).
+Finished runs are kept in --work/rows.jsonl.
 """
 import datetime
 import json
@@ -18,16 +22,19 @@ import platform
 import sys
 import time
 
+import run_recall as rr
 import run_stream as rs
 
 MODEL = "Gemma 3 270M (base, Q4_K_M; 18 layers, 3 global)"
 ROWS = [{"policy": "full"}, {"policy": "shift"}, {"policy": "streaming"}, {"policy": "flashcache", "defaults": True}]
+# The asked-later rows, as run_recall.py runs them: the chat's default recall is its stage-5 choice.
+ASKED_ROWS = [{"policy": "full"}, rr.default_row(), dict(rr.recall_row(64, 32, "turn"), order="position")]
 
 
 def flags(row):
     """flashcache_chat's flags: the defaults row passes none beyond the policy (what a user gets)."""
-    if row.get("defaults"):
-        return ["--when-full", "flashcache", "--keep", "4"]
+    if row.get("defaults"):  # recall acts at a new turn only; SmolLM2's rows here ran without it too
+        return ["--when-full", "flashcache", "--keep", "4", "--no-recall"]
     return rs.policy_args(row)
 
 
@@ -56,7 +63,9 @@ def main():
 
     split = "heldout"
     streams = rs.run_streams(args, cache, split_doc, split, ROWS[1:], log, name=name, flags=flags)
-    facts = rs.run_facts(args, cache, split_doc, split, ROWS, rs.tokenizer(args.model), log, name=name, flags=flags)
+    tok = rs.tokenizer(args.model)
+    facts = rs.run_facts(args, cache, split_doc, split, ROWS, tok, log, name=name, flags=flags)
+    asked = rr.run_facts(args, cache, rr.fact_files(args, split_doc, split, tok), split, ASKED_ROWS, log)
     n = split_doc["max_tokens"]
 
     rs.write_json(args.out, {
@@ -66,6 +75,7 @@ def main():
         "model": MODEL, "model_file": os.path.basename(args.model), "split": split,
         "split_file": "bench/stream/stream_split.json", "chunk": rs.CHUNK, "max_tokens": n,
         "rows": [name(r) for r in ROWS], "streams": streams, "facts": facts,
+        "asked_rows": [rr.label(r) for r in ASKED_ROWS], "question": rr.QUESTION, "asked": asked,
         "seconds": round(time.time() - t0)})
     return 0
 

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -40,10 +41,15 @@ class LlamaSliding : public ::testing::Test {
   }
 
   // A context of n_ctx cells (holding `n` tokens of running text in sequence 0).
-  static void make(llama_test::Ctx* c, std::uint32_t n_ctx = 2048, bool swa_full = true) {
+  static void make(llama_test::Ctx* c, std::uint32_t n_ctx = 2048, bool swa_full = true,
+                   fl::QueryCapture* capture = nullptr) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = n_ctx;
     cp.swa_full = swa_full;
+    if (capture != nullptr) {
+      cp.cb_eval = fl::QueryCapture::eval;
+      cp.cb_eval_user_data = capture;
+    }
     cp.n_batch = cp.n_ubatch = 512;
     cp.n_threads = cp.n_threads_batch = 2;
     c->ctx = llama_init_from_model(g_gemma, cp);
@@ -65,13 +71,13 @@ class LlamaSliding : public ::testing::Test {
     ASSERT_EQ(llama_session::decode(c->ctx, ids.data(), n, 0, 0, false), 0);
   }
 
-  // n tokens through a ContextManager with the defaults, in chunks of 100: it never stops, the
-  // positions stay below the cap, at least three events, and the count matches the state.
-  static void stream_through(llama_test::Ctx* c, int n, fl::WhenFull policy = fl::WhenFull::flashcache) {
-    fl::ContextManager cm;
-    fl::ContextParams p = fl::context_default_params();
-    p.when_full = policy;
-    const fc::Status init = cm.init(c->ctx, 0, p);
+  // n tokens through a ContextManager (cm, or one of its own) with params p, in chunks of 100: it
+  // never stops, the positions stay below the cap (unless kept, with the archive), at least three
+  // events, and the count matches the state.
+  static void stream_with(llama_test::Ctx* c, const fl::ContextParams& p, int n, fl::ContextManager* cm = nullptr) {
+    fl::ContextManager own;
+    if (cm == nullptr) cm = &own;
+    const fc::Status init = cm->init(c->ctx, 0, p);
     ASSERT_TRUE(init.ok()) << init.message();
     const std::vector<llama_token> toks = text_tokens(n);
     int events = 0;
@@ -79,17 +85,24 @@ class LlamaSliding : public ::testing::Test {
       const int m = static_cast<int>(std::min<std::size_t>(100, toks.size() - i));
       llama_pos pos = -1;
       fl::RoomEvent ev;
-      const fc::Status s = cm.make_room(m, &pos, &ev);
+      const fc::Status s = cm->make_room(m, &pos, &ev);
       ASSERT_TRUE(s.ok()) << s.message();
       events += ev.policy != fl::WhenFull::none;
-      ASSERT_LE(cm.cells() + m, cm.cap());
+      ASSERT_LE(cm->cells() + m, cm->cap());
       ASSERT_EQ(llama_session::decode(c->ctx, toks.data() + i, m, pos, 0, false), 0);
-      ASSERT_LT(llama_memory_seq_pos_max(c->mem(), 0), cm.cap());
+      if (!p.archive) {
+        ASSERT_LT(llama_memory_seq_pos_max(c->mem(), 0), cm->cap());
+      }
     }
     EXPECT_GE(events, 3);
     const fl::SeqState s = parse_two(llama_test::state_of(*c));
-    EXPECT_EQ(static_cast<std::int64_t>(s.cell_count), cm.cells());
+    EXPECT_EQ(static_cast<std::int64_t>(s.cell_count), cm->cells());
     EXPECT_EQ(s.sliding.pos_max, llama_memory_seq_pos_max(c->mem(), 0));
+  }
+  static void stream_through(llama_test::Ctx* c, int n, fl::WhenFull policy = fl::WhenFull::flashcache) {
+    fl::ContextParams p = fl::context_default_params();
+    p.when_full = policy;
+    stream_with(c, p, n);
   }
 
   static fl::SeqState parse_two(const std::vector<std::uint8_t>& b) {
@@ -106,6 +119,43 @@ void expect_same_sliding(const std::vector<std::uint8_t>& before, const fl::SeqS
   ASSERT_EQ(t.sliding.size, s.sliding.size);
   EXPECT_TRUE(std::equal(before.begin() + static_cast<std::ptrdiff_t>(s.sliding.offset), before.end(),
                          after.begin() + static_cast<std::ptrdiff_t>(t.sliding.offset)));
+}
+
+// The archive's rows by position, and the state's global cells' (K and V of each global layer).
+std::map<std::int32_t, std::vector<std::uint8_t>> archived_rows(const fc::Archive& a) {
+  std::map<std::int32_t, std::vector<std::uint8_t>> out;
+  const auto k = static_cast<std::size_t>(a.shape().k_row_bytes()), v = static_cast<std::size_t>(a.shape().v_row_bytes());
+  for (std::int64_t t = 0; t < a.tokens(); ++t) {
+    std::vector<std::uint8_t>& r = out[a.positions()[t]];
+    for (int l = 0; l < a.shape().layers; ++l) {
+      r.insert(r.end(), a.k_row(l, t), a.k_row(l, t) + k);
+      r.insert(r.end(), a.v_row(l, t), a.v_row(l, t) + v);
+    }
+  }
+  return out;
+}
+
+std::map<std::int32_t, std::vector<std::uint8_t>> global_rows(const std::vector<std::uint8_t>& blob) {
+  fl::SeqState s;
+  EXPECT_TRUE(fl::parse_seq_state(blob.data(), blob.size(), &s, fl::StateSections::global_then_sliding).ok());
+  std::map<std::int32_t, std::vector<std::uint8_t>> out;
+  for (std::uint32_t i = 0; i < s.cell_count; ++i) {
+    std::vector<std::uint8_t>& r = out[s.pos[i]];
+    for (const fl::LayerState& L : s.layers) {
+      const std::uint8_t* k = blob.data() + L.k_offset + i * L.k_row_bytes;
+      r.insert(r.end(), k, k + L.k_row_bytes);
+      if (s.v_trans) {
+        for (std::uint64_t j = 0; j < L.v_embd; ++j) {
+          const std::uint8_t* e = blob.data() + L.v_offset + (j * s.cell_count + i) * L.v_elem_bytes;
+          r.insert(r.end(), e, e + L.v_elem_bytes);
+        }
+      } else {
+        const std::uint8_t* v = blob.data() + L.v_offset + i * L.v_row_bytes;
+        r.insert(r.end(), v, v + L.v_row_bytes);
+      }
+    }
+  }
+  return out;
 }
 
 std::int64_t meta_int(const char* key) {
@@ -304,17 +354,59 @@ TEST_F(LlamaSliding, ASmallSlidingCacheKeepsGoingToo) {
   ASSERT_NO_FATAL_FAILURE(stream_through(&c, 2200));
 }
 
-// What is not handled yet is refused by name: an archive (and recall) on a sliding-window model.
-TEST_F(LlamaSliding, TheArchiveIsRefusedByName) {
+// Query tails read the global layers' captured queries (Qcur of layers 5, 11 and
+// 17; Gemma 3 scales them by 1/sqrt(head_dim), the tails' own scale).
+TEST_F(LlamaSliding, QueryTailsReadTheGlobalLayersQueries) {
+  fl::QueryCapture capture;
   llama_test::Ctx c;
-  ASSERT_NO_FATAL_FAILURE(make(&c, 1024));
-  fl::ContextManager cm;
+  ASSERT_NO_FATAL_FAILURE(make(&c, 1024, true, &capture));
+  fl::ContextParams p = fl::context_default_params();
+  p.compress.options = fc::Options::with_query_tail(p.compress.options);
+  p.queries = &capture;
+  ASSERT_NO_FATAL_FAILURE(stream_with(&c, p, 2200));
+}
+
+// The archive and recall at a new turn: the recalled cells come back bit for bit
+// at their positions in the global layers, every position decoded is resident or
+// archived exactly once, and decoding goes on.
+TEST_F(LlamaSliding, RecallBringsBackGlobalCellsAndLosesNothing) {
+  fl::QueryCapture capture;
+  llama_test::Ctx c;
+  ASSERT_NO_FATAL_FAILURE(make(&c, 1024, true, &capture));
   fl::ContextParams p = fl::context_default_params();
   p.archive = true;
   p.renumber = false;
-  const fc::Status s = cm.init(c.ctx, 0, p);
-  ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("sliding-window model"), std::string::npos) << s.message();
+  p.archive_options.block_size = 16;
+  p.recall.budget = 32;
+  p.recall.capture = &capture;
+  fl::ContextManager cm;
+  ASSERT_NO_FATAL_FAILURE(stream_with(&c, p, 1800, &cm));
+  const std::vector<llama_token> turn = llama_session::tokenize(
+      llama_model_get_vocab(g_gemma), " Question: on which day did ship 3 come in? Answer: on day", false);
+  cm.begin_turn();
+  llama_pos pos = -1;
+  ASSERT_TRUE(cm.make_room(static_cast<std::int64_t>(turn.size()), &pos).ok());
+  ASSERT_EQ(llama_session::decode(c.ctx, turn.data(), static_cast<int>(turn.size()), pos, 0, false), 0);
+  const std::map<std::int32_t, std::vector<std::uint8_t>> before = archived_rows(cm.archive());
+  ASSERT_GT(before.size(), 64u);
+  fl::RecallStats st;
+  const fc::Status s = cm.recall_turn(turn.data(), static_cast<std::int64_t>(turn.size()), &st);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_GT(st.recalled, 0);
+  EXPECT_LE(st.recalled, 32);
+  const std::vector<std::uint8_t> now = llama_test::state_of(c);
+  const std::map<std::int32_t, std::vector<std::uint8_t>> resident = global_rows(now);
+  const std::map<std::int32_t, std::vector<std::uint8_t>> after = archived_rows(cm.archive());
+  const std::int64_t decoded = 1800 + static_cast<std::int64_t>(turn.size());
+  EXPECT_EQ(static_cast<std::int64_t>(resident.size()), cm.cells());
+  for (const llama_pos q : cm.recalled()) {
+    ASSERT_EQ(before.count(q), 1u) << "position " << q << " was not archived";
+    ASSERT_EQ(resident.count(q), 1u) << "position " << q << " is not resident";
+    EXPECT_TRUE(resident.at(q) == before.at(q)) << "position " << q << " came back with other bytes";
+  }
+  for (std::int32_t q = 0; q < decoded; ++q) EXPECT_EQ(resident.count(q) + after.count(q), 1u) << "position " << q;
+  const llama_token next = 1000;
+  EXPECT_EQ(llama_session::decode(c.ctx, &next, 1, static_cast<llama_pos>(decoded), 0, false), 0);
 }
 
 }  // namespace

@@ -35,7 +35,7 @@ def render(doc):
              f"Command `{doc['command']}`; date {doc['date']}; {doc['machine']['cpus']} CPUs, {doc['threads']} "
              f"threads; model {doc['model']}. The held-out text and filler of `{doc['split_file']}` in the "
              "protocols of the bounded-context benchmark above, with no new tuning: FlashCache runs with "
-             "`flashcache_chat`'s defaults (chosen on SmolLM2; recall is off on sliding-window models), and only "
+             "`flashcache_chat`'s defaults (chosen on SmolLM2) without recall, as SmolLM2's rows here, and only "
              "the 3 global layers of 18 are compacted (the sliding layers keep their 512-position window). "
              f"Streams: the first {doc['max_tokens']:,} tokens, the NLL of the tokens after the first `cells`. "
              "Facts: a 6-digit code at five depths, asked at the end, through 1,024 cells (the full cache: "
@@ -51,7 +51,43 @@ def render(doc):
         n = sum(1 for r in doc["facts"] if r["label"] == label)
         ref = SMOLLM2_ROW.get(label)
         lines.append(f"| {label} | {facts[label]} of {n} | " + (f"{ref_facts[ref]} of 5 |" if small and ref else "- |"))
+    if doc.get("asked"):
+        lines += _asked(doc)
     return "\n".join(lines) + "\n"
+
+
+def _asked(doc):
+    """The facts asked later (run_recall.py's protocol), beside SmolLM2's held-out ones: llama_recall.json's
+    rows, and for the recall row the position-ordered archive (llama_recall_order.json), the chat's default."""
+    hits = collections.Counter()
+    for r in doc["asked"]:
+        hits[r["label"]] += r["hit"]
+    ref = collections.Counter()
+    path = os.path.join(RESULTS, "llama_recall.json")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for r in json.load(f)["facts"]:
+                if r["split"] == "heldout":
+                    ref[r["label"]] += r["hit"]
+    order_path = os.path.join(RESULTS, "llama_recall_order.json")
+    recall_label = next((l for l in doc["asked_rows"] if l.startswith("flashcache + archive")), None)
+    if os.path.exists(order_path) and recall_label:
+        with open(order_path, encoding="utf-8") as f:
+            ref[recall_label] = json.load(f)["position"]["heldout_facts"]
+    ev = [r["recall_event"] for r in doc["asked"] if r.get("recall_event")]
+    lines = ["", "The same facts asked later: the filler streamed through 1,024 cells, then the question as a new "
+             "turn (`--ask`), 12 tokens generated (run_recall.py's protocol).", "",
+             "| row | Gemma 3: facts found | SmolLM2: facts found |", "|---|---|---|"]
+    for label in doc["asked_rows"]:
+        n = sum(1 for r in doc["asked"] if r["label"] == label)
+        lines.append(f"| {label} | {hits[label]} of {n} | {ref[label] if ref else '-'} of 5 |")
+    if ev:
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        lines += ["", f"Recall on Gemma 3 (medians over the {len(ev)} questions): {med([e['recalled'] for e in ev])} cells "
+                  f"back, scoring {med([e['score_ms'] for e in ev]):.0f} ms, writing {med([e['write_ms'] for e in ev]):.0f} "
+                  f"ms, decoding the turn again {med([e['redo_ms'] for e in ev]):.0f} ms against its own first decode "
+                  f"of {med([e['turn_decode_ms'] for e in ev]):.0f} ms."]
+    return lines
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "flashcache/error.hpp"
 #include "flashcache/llama/queries.hpp"
@@ -95,6 +97,36 @@ inline StateSections state_sections(const llama_model* model) {
   return llama_model_n_swa(model) > 0 ? StateSections::global_then_sliding : StateSections::one;
 }
 
+// The model layer of each layer of the state's (global) section: every layer,
+// or for a sliding-window model the dense layers of llama.cpp's pattern (gemma2:
+// every 2nd, gemma3: every 6th, the last of each period; a period in
+// <arch>.attention.sliding_window_pattern overrides), checked against the state.
+inline Status state_layers(const llama_model* model, const SeqState& s, std::vector<int>* out) {
+  out->clear();
+  const int n = llama_model_n_layer(model);
+  if (s.sliding.size == 0) {
+    for (int l = 0; l < n; ++l) out->push_back(l);
+    return Status::success();
+  }
+  const std::string arch = architecture(model);
+  long period = arch == "gemma2" ? 2 : arch == "gemma3" ? 6 : 0;
+  char value[64];
+  const std::string key = arch + ".attention.sliding_window_pattern";
+  if (llama_model_meta_val_str(model, key.c_str(), value, sizeof value) >= 0) {
+    char* end = nullptr;
+    period = std::strtol(value, &end, 10);
+    if (end == value || *end != '\0' || period < 1)
+      return make_error(Errc::unsupported, "llama: ", key, " = ", value, ": a per-layer pattern is not handled");
+  }
+  if (period == 0) return make_error(Errc::unsupported, "llama: no sliding-window pattern known for ", arch);
+  for (int l = 0; l < n; ++l)
+    if (l % period >= period - 1) out->push_back(l);
+  if (out->size() != s.layers.size())
+    return make_error(Errc::unsupported, "llama: ", arch, "'s pattern (a dense layer every ", period, ") gives ",
+                      out->size(), " global layers, the state holds ", s.layers.size());
+  return Status::success();
+}
+
 // The parsed state must be the model's: its layers, its KV heads, the
 // sequence's positions, and no other sequence that may share its cells.
 inline Status check_against_model(llama_context* ctx, const llama_model* model, llama_seq_id seq, const SeqState& s,
@@ -140,15 +172,16 @@ inline Status check_against_model(llama_context* ctx, const llama_model* model, 
 // Captured queries fit this sequence: complete and of its positions. After
 // begin(), the same prompt (cells at positions 0..N-1, as prefilled); after
 // follow(), cells at consecutive positions whose last is the last query's.
-inline Status check_queries(const QueryCapture& q, const SeqState& s, std::int64_t heads, std::int64_t dim) {
+inline Status check_queries(const QueryCapture& q, const SeqState& s, int model_layers, std::int64_t heads,
+                            std::int64_t dim) {
   FLASHCACHE_RETURN_IF_ERROR(q.status());
   const auto mm = std::minmax_element(s.pos.begin(), s.pos.end());
   const bool consecutive = static_cast<std::int64_t>(*mm.second) - *mm.first + 1 == s.cell_count;
   if (q.running()) {
-    if (!q.complete() || q.layers() != static_cast<int>(s.layers.size()) || q.end_position() != *mm.second + 1)
+    if (!q.complete() || q.layers() != model_layers || q.end_position() != *mm.second + 1)
       return make_error(Errc::invalid_option, "llama: the QueryCapture followed ", q.tokens_seen(), " tokens in ",
                         q.layers(), " layers from position ", q.end_position() - q.tokens_seen(),
-                        ", but the sequence's last position is ", *mm.second, " in ", s.layers.size(),
+                        ", but the sequence's last position is ", *mm.second, " in ", model_layers,
                         " layers: the context decoded something the capture did not follow");
     if (!consecutive || q.first_position() < *mm.first)
       return make_error(Errc::invalid_option,
@@ -156,7 +189,7 @@ inline Status check_queries(const QueryCapture& q, const SeqState& s, std::int64
                         "sequence holds ",
                         s.cell_count, " cells at [", *mm.first, ", ", *mm.second, "])");
   } else {
-    if (!q.complete() || q.layers() != static_cast<int>(s.layers.size()))
+    if (!q.complete() || q.layers() != model_layers)
       return make_error(Errc::invalid_option, "llama: the QueryCapture saw ", q.tokens_seen(), " tokens in ",
                         q.layers(), " layers since begin() for a ", q.prompt_tokens(),
                         "-token prompt: begin() it right before the prompt is decoded, and compress with query "
@@ -188,9 +221,12 @@ inline Status check_logit_scale(const llama_model* model) {
     if (llama_model_meta_val_str(model, (a + key).c_str(), value, sizeof value) >= 0)
       return make_error(Errc::unsupported, "llama: ", a, key, " = ", value,
                         ": query tails assume the logit scale 1/sqrt(head_dim) without softcapping");
-  if (a.rfind("gemma", 0) == 0)
+  // gemma3 scales its queries by 1/sqrt(head_dim) after the captured Qcur node (llama.cpp's
+  // models/gemma3.cpp), but for the 27B model (62 layers): 1/sqrt(n_embd / n_head).
+  if (a.rfind("gemma", 0) == 0 && (a != "gemma3" || llama_model_n_layer(model) == 62))
     return make_error(Errc::unsupported, "llama: architecture ", a,
-                      " scales its queries by its own rule: query tails assume 1/sqrt(head_dim)");
+                      a == "gemma3" ? " 27B scales its queries by 1/sqrt(n_embd / n_head)"
+                                    : " scales its queries by its own rule: query tails assume 1/sqrt(head_dim)");
   return Status::success();
 }
 

@@ -55,10 +55,10 @@
 // cells do not depend on the count.
 //
 // Sliding-window models (gemma2, gemma3): the state holds the global layers'
-// cache, then the sliding layers'; the global layers are scored and compacted,
-// the sliding section is written back byte for byte, and the cells of the
-// window (positions above pos_max - n_swa) are always kept: a budget that
-// cannot hold them is refused.
+// cache, then the sliding layers'; the global layers are scored (query tails
+// with those layers' captured queries) and compacted, the sliding section is
+// written back byte for byte, and the cells of the window (positions above
+// pos_max - n_swa) are always kept: a budget that cannot hold them is refused.
 //
 // The newest cell is always kept (SelectOptions::window is raised to at least 1):
 // llama.cpp requires a new token's position to follow the sequence's last.
@@ -142,6 +142,7 @@ class SequenceCompressor {
     CompactionStats st;
     SeqState s;
     FLASHCACHE_RETURN_IF_ERROR(read_state(ctx, seq, p, &s, &st));
+    FLASHCACHE_RETURN_IF_ERROR(detail::state_layers(llama_get_model(ctx), s, &model_layer_));
     const auto t1 = clock::now();
     st.read_ms = ms(t0, t1);
 
@@ -233,7 +234,8 @@ class SequenceCompressor {
     st->k_type = type_name(s->layers[0].k_type);
     st->v_type = type_name(s->layers[0].v_type);
     if (p.queries != nullptr) {
-      FLASHCACHE_RETURN_IF_ERROR(detail::check_queries(*p.queries, *s, heads, st->head_dim));
+      FLASHCACHE_RETURN_IF_ERROR(
+          detail::check_queries(*p.queries, *s, llama_model_n_layer(model), heads, st->head_dim));
       FLASHCACHE_RETURN_IF_ERROR(detail::check_logit_scale(model));
     }
     return Status::success();
@@ -268,7 +270,7 @@ class SequenceCompressor {
       if (queries != nullptr) {  // the captured queries against this layer's keys, in position order
         x.tails.assign(static_cast<std::size_t>(heads) * n, 0.0f);
         const TailView<float> out{x.tails.data(), heads, static_cast<std::int64_t>(n)};
-        const QueryWindow& w = queries->window(static_cast<int>(l));
+        const QueryWindow& w = queries->window(model_layer_[static_cast<std::size_t>(l)]);
         const std::int64_t lo = s.pos[static_cast<std::size_t>(order_[0])];  // key index = position - lo
         for (int i = 0; i < w.pieces() && status.ok(); ++i) {
           const QueryPiece piece = w.piece(i);
@@ -322,6 +324,7 @@ class SequenceCompressor {
   std::vector<std::int32_t> order_, kept_, cells_;
   std::vector<std::uint8_t> protect_mask_;  // [cells by position]: CompressParams::protect
   std::vector<llama_pos> kept_pos_;
+  std::vector<int> model_layer_;  // the model layer of each state layer (detail::state_layers)
   EvictedCells evicted_;
 };
 

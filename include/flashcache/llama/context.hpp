@@ -193,10 +193,6 @@ class ContextManager {
       return make_error(Errc::unsupported, "llama: a ContextManager on a sliding-window model starts from an empty "
                                            "sequence (the memory's lowest position is the sliding cache's, so the "
                                            "cells already there cannot be counted from positions)");
-    if (p.archive && sliding)
-      return make_error(Errc::unsupported,
-                        "llama: an archive and recall on a sliding-window model are not handled yet (the turn's "
-                        "queries come from every layer, the state's global layers are some of them)");
     if (p.archive) {
       if (p.when_full != WhenFull::flashcache)
         return make_error(Errc::invalid_option, "llama: an archive with when-full ", to_string(p.when_full),
@@ -383,7 +379,9 @@ class ContextManager {
   Status compact(std::int64_t have, std::int64_t n_new, RoomEvent* ev, bool renumber, bool to_archive) {
     llama_memory_t mem = llama_get_memory(ctx_);
     const llama_pos lo = llama_memory_seq_pos_min(mem, seq_), hi = llama_memory_seq_pos_max(mem, seq_);
-    const std::int64_t turn = protect_from_ < 0 || protect_from_ > hi ? 0 : hi - std::max(protect_from_, lo) + 1;
+    // (A sliding-window model's memory reports the sliding cache's lowest position: not a bound here.)
+    const llama_pos floor = sliding_ ? protect_from_ : lo;
+    const std::int64_t turn = protect_from_ < 0 || protect_from_ > hi ? 0 : hi - std::max(protect_from_, floor) + 1;
     const std::int64_t most = cap_ - n_new;
     std::int64_t keep = std::min<std::int64_t>(std::llround(p_.target * static_cast<double>(cap_)), most);
     const std::int64_t recalled = static_cast<std::int64_t>(recalled_.size());

@@ -219,8 +219,9 @@ class TurnRecaller {
     FLASHCACHE_RETURN_IF_ERROR(
         parse_seq_state(blob_.data(), blob_.size(), s, detail::state_sections(llama_get_model(ctx))));
     llama_memory_t mem = llama_get_memory(ctx);
-    return detail::check_against_model(ctx, llama_get_model(ctx), seq, *s, llama_memory_seq_pos_min(mem, seq),
-                                       llama_memory_seq_pos_max(mem, seq));
+    FLASHCACHE_RETURN_IF_ERROR(detail::check_against_model(
+        ctx, llama_get_model(ctx), seq, *s, llama_memory_seq_pos_min(mem, seq), llama_memory_seq_pos_max(mem, seq)));
+    return detail::state_layers(llama_get_model(ctx), *s, &model_layer_);
   }
 
   // The turn is the sequence's last n positions, the capture holds its queries
@@ -248,12 +249,13 @@ class TurnRecaller {
         return make_error(Errc::invalid_option, "llama recall: the turn's ", n,
                           " tokens are not the sequence's last positions (", hi - n + 1, " to ", hi, ")");
     FLASHCACHE_RETURN_IF_ERROR(q.status());
-    if (!q.running() || !q.complete() || q.layers() != static_cast<int>(s.layers.size()) || q.end_position() != hi + 1)
+    if (!q.running() || !q.complete() || q.layers() != llama_model_n_layer(llama_get_model(ctx)) ||
+        q.end_position() != hi + 1)
       return make_error(Errc::invalid_option, "llama recall: the QueryCapture did not follow the turn (it saw ",
                         q.tokens_seen(), " tokens in ", q.layers(), " layers up to position ", q.end_position() - 1,
                         "; the turn ends at ", hi, "): ContextManager::begin_turn before the turn is decoded");
     const std::int64_t dim = static_cast<std::int64_t>(s.layers[0].k_embd) / heads;
-    for (int l = 0; l < q.layers(); ++l) {
+    for (const int l : model_layer_) {
       const QueryWindow& w = q.window(l);
       // The window is a ring: its kept queries are one or two runs of consecutive positions.
       if (w.kept() < 1 || w.first_kept() < hi - n + 1 || w.first_kept() + w.kept() != hi + 1)
@@ -271,7 +273,7 @@ class TurnRecaller {
   Status score(const SeqState& s, std::int64_t heads, const QueryCapture& q, const Archive& a, RecallScore how,
                int threads, RecallStats* st) {
     const std::int64_t cells = s.cell_count, layers = static_cast<std::int64_t>(s.layers.size());
-    const std::int64_t m = q.window(0).kept(), r = cells - m;
+    const std::int64_t m = q.window(model_layer_[0]).kept(), r = cells - m;
     const std::int64_t embd = static_cast<std::int64_t>(s.layers[0].k_embd), dim = embd / heads;
     const int workers = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, layers)));
     pool_.resize(workers);
@@ -287,7 +289,8 @@ class TurnRecaller {
       layer_to_float(blob_.data(), s, static_cast<std::size_t>(l), Part::k, order_.data(),
                      static_cast<std::uint32_t>(cells), x.keys.data());
       const float* k = x.keys.data();
-      x.status = x.scorer.add_layer<float>(static_cast<int>(l), in_order(q.window(static_cast<int>(l)), &x.queries),
+      x.status = x.scorer.add_layer<float>(static_cast<int>(l),
+                                           in_order(q.window(model_layer_[static_cast<std::size_t>(l)]), &x.queries),
                                            nhd(k, Tokens(r), Heads(heads), HeadDim(dim)),
                                            nhd(k + r * embd, Tokens(m), Heads(heads), HeadDim(dim)));
     };
@@ -371,6 +374,9 @@ class TurnRecaller {
     if (set != out_.size()) {
       failed = make_error(Errc::unsupported, "llama recall: llama_state_seq_set_data read ", set, " of ", out_.size(),
                           " bytes");
+    } else if (s.sliding.size > 0 && !llama_memory_seq_rm(mem, seq, hi - static_cast<llama_pos>(redo) + 1, -1)) {
+      // The sliding layers' section came back as it was, the turn included: it is decoded again below.
+      failed = make_error(Errc::unsupported, "llama recall: llama_memory_seq_rm refused the turn's positions");
     } else if (llama_memory_seq_pos_max(mem, seq) >= hi - redo + 1) {
       failed = make_error(Errc::unsupported, "llama recall: after the write the last position is ",
                           llama_memory_seq_pos_max(mem, seq), ", expected below ", hi - redo + 1);
@@ -442,6 +448,7 @@ class TurnRecaller {
   std::vector<Worker> work_;
   std::vector<std::uint8_t> blob_, out_;
   std::vector<std::int32_t> order_, displaced_;
+  std::vector<int> model_layer_;  // the model layer of each state layer (detail::state_layers)
   std::vector<std::uint8_t> displaced_mask_;
   std::vector<float> block_score_, resident_score_, part_;
   std::vector<std::int64_t> chosen_, scratch_, victims_;
