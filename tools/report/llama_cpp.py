@@ -139,3 +139,15 @@ def render(doc):
 if __name__ == "__main__":
     from render_main import run
     run(render, "llama_cpp.json")
+
+
+def render_gemma3(doc):
+    """The same section for Gemma 3 270M (bench/results/llama_cpp_gemma3.json): 3 of its 18 layers are global,
+    and only those are compacted; the sliding layers keep their 512-position window."""
+    return render(doc).replace(
+        "## FlashCache inside llama.cpp (CPU)",
+        "## FlashCache inside llama.cpp on Gemma 3 270M (CPU)\n\nOnly the 3 global layers of 18 are compacted; "
+        "the 15 sliding layers attend to their 512-position window whatever the keep, so the decode time a "
+        "compaction can save is bounded by the global layers' share of the attention time. `n_kv after` is what "
+        "llama.cpp's log reports at the first decode step, here the sliding cache's (its 512-position window, "
+        "padded).", 1)

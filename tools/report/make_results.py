@@ -13,6 +13,7 @@ Each section comes from its own JSON, written by the run that measured it:
   quality_grid.json  bench/quality/run_grid.sh              -> quality_grid.py
   engine.json   examples/engine (its benchmark)             -> engine.py
   llama_cpp.json  bench/llama_cpp/bench.sh                -> llama_cpp.py
+  llama_cpp_gemma3.json  bench/llama_cpp/bench.sh --model (Gemma 3)  -> llama_cpp.py
   llama_stream.json  bench/stream/run_stream.py           -> llama_stream.py
   llama_recall.json  bench/stream/run_recall.py           -> llama_recall.py
   llama_chat_facts.json  bench/stream/run_chat_facts.py   -> llama_recall.py
@@ -61,6 +62,7 @@ def main():
                                    ("quality_grid_defaults.json", "quality_grid", "render_defaults"),
                                    ("engine.json", "engine", "render"),
                                    ("llama_cpp.json", "llama_cpp", "render"),
+                                   ("llama_cpp_gemma3.json", "llama_cpp", "render_gemma3"),
                                    ("llama_stream.json", "llama_stream", "render"),
                                    ("llama_recall.json", "llama_recall", "render"),
                                    ("llama_chat_facts.json", "llama_recall", "render_chat"),
