@@ -10,7 +10,10 @@
 #if FLASHCACHE_HAVE_LLAMA
 #include <llama.h>
 
+#include <flashcache/llama.hpp>
+
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,6 +50,49 @@ inline std::vector<llama_token> ledger_tokens(int sentences, int seed = 0) {
     p += "Note " + std::to_string((i * 7 + seed * 3) % 31) + " of the ledger says that shipment " +
          std::to_string(i + 100 * seed) + " left the harbour on day " + std::to_string((i * 5 + seed) % 29) + ". ";
   return llama_session::tokenize(llama_model_get_vocab(g_model), p, true);
+}
+
+// Rows of K and V by position: each layer's K row, then its V row (a transposed V
+// gathered element by element).
+using Rows = std::map<std::int32_t, std::vector<std::uint8_t>>;
+
+// An archive's rows by position.
+inline Rows archived_rows(const flashcache::Archive& a) {
+  Rows out;
+  const auto k = static_cast<std::size_t>(a.shape().k_row_bytes()), v = static_cast<std::size_t>(a.shape().v_row_bytes());
+  for (std::int64_t t = 0; t < a.tokens(); ++t) {
+    std::vector<std::uint8_t>& r = out[a.positions()[t]];
+    for (int l = 0; l < a.shape().layers; ++l) {
+      r.insert(r.end(), a.k_row(l, t), a.k_row(l, t) + k);
+      r.insert(r.end(), a.v_row(l, t), a.v_row(l, t) + v);
+    }
+  }
+  return out;
+}
+
+// A state's cells' rows by position (a sliding-window model's: its global layers').
+inline Rows state_rows(const std::vector<std::uint8_t>& blob,
+                       flashcache::llama::StateSections sections = flashcache::llama::StateSections::one) {
+  flashcache::llama::SeqState s;
+  EXPECT_TRUE(flashcache::llama::parse_seq_state(blob.data(), blob.size(), &s, sections).ok());
+  Rows out;
+  for (std::uint32_t i = 0; i < s.cell_count; ++i) {
+    std::vector<std::uint8_t>& r = out[s.pos[i]];
+    for (const flashcache::llama::LayerState& L : s.layers) {
+      const std::uint8_t* k = blob.data() + L.k_offset + i * L.k_row_bytes;
+      r.insert(r.end(), k, k + L.k_row_bytes);
+      if (s.v_trans) {
+        for (std::uint64_t j = 0; j < L.v_embd; ++j) {
+          const std::uint8_t* e = blob.data() + L.v_offset + (j * s.cell_count + i) * L.v_elem_bytes;
+          r.insert(r.end(), e, e + L.v_elem_bytes);
+        }
+      } else {
+        const std::uint8_t* v = blob.data() + L.v_offset + i * L.v_row_bytes;
+        r.insert(r.end(), v, v + L.v_row_bytes);
+      }
+    }
+  }
+  return out;
 }
 
 // Derive a suite from it: class LlamaXyz : public llama_test::ModelTest {};

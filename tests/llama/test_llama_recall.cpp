@@ -86,38 +86,9 @@ std::vector<llama_token> decode_turn(Ctx* c, fl::ContextManager* cm) {
   return turn;
 }
 
-// An archive's content by position: each layer's K and V rows.
-using Rows = std::map<std::int32_t, std::vector<std::uint8_t> >;
-Rows archived_rows(const fc::Archive& a) {
-  Rows out;
-  const auto k = static_cast<std::size_t>(a.shape().k_row_bytes()),
-             v = static_cast<std::size_t>(a.shape().v_row_bytes());
-  for (std::int64_t t = 0; t < a.tokens(); ++t) {
-    std::vector<std::uint8_t>& r = out[a.positions()[t]];
-    for (int l = 0; l < a.shape().layers; ++l) {
-      r.insert(r.end(), a.k_row(l, t), a.k_row(l, t) + k);
-      r.insert(r.end(), a.v_row(l, t), a.v_row(l, t) + v);
-    }
-  }
-  return out;
-}
-
-// The same rows of a state's cells by position (V stored as rows: flash attention).
-Rows state_rows(const std::vector<std::uint8_t>& blob) {
-  fl::SeqState s;
-  EXPECT_TRUE(fl::parse_seq_state(blob.data(), blob.size(), &s).ok());
-  Rows out;
-  for (std::uint32_t i = 0; i < s.cell_count; ++i) {
-    std::vector<std::uint8_t>& r = out[s.pos[i]];
-    for (const fl::LayerState& L : s.layers) {
-      const std::uint8_t* k = blob.data() + L.k_offset + i * L.k_row_bytes;
-      const std::uint8_t* v = blob.data() + L.v_offset + i * L.v_row_bytes;
-      r.insert(r.end(), k, k + L.k_row_bytes);
-      r.insert(r.end(), v, v + L.v_row_bytes);
-    }
-  }
-  return out;
-}
+using llama_test::archived_rows;
+using llama_test::Rows;
+using llama_test::state_rows;
 
 class LlamaRecall : public llama_test::ModelTest {};
 

@@ -121,41 +121,18 @@ void expect_same_sliding(const std::vector<std::uint8_t>& before, const fl::SeqS
                          after.begin() + static_cast<std::ptrdiff_t>(t.sliding.offset)));
 }
 
-// The archive's rows by position, and the state's global cells' (K and V of each global layer).
-std::map<std::int32_t, std::vector<std::uint8_t>> archived_rows(const fc::Archive& a) {
-  std::map<std::int32_t, std::vector<std::uint8_t>> out;
-  const auto k = static_cast<std::size_t>(a.shape().k_row_bytes()), v = static_cast<std::size_t>(a.shape().v_row_bytes());
-  for (std::int64_t t = 0; t < a.tokens(); ++t) {
-    std::vector<std::uint8_t>& r = out[a.positions()[t]];
-    for (int l = 0; l < a.shape().layers; ++l) {
-      r.insert(r.end(), a.k_row(l, t), a.k_row(l, t) + k);
-      r.insert(r.end(), a.v_row(l, t), a.v_row(l, t) + v);
-    }
-  }
-  return out;
-}
-
-std::map<std::int32_t, std::vector<std::uint8_t>> global_rows(const std::vector<std::uint8_t>& blob) {
-  fl::SeqState s;
-  EXPECT_TRUE(fl::parse_seq_state(blob.data(), blob.size(), &s, fl::StateSections::global_then_sliding).ok());
-  std::map<std::int32_t, std::vector<std::uint8_t>> out;
-  for (std::uint32_t i = 0; i < s.cell_count; ++i) {
-    std::vector<std::uint8_t>& r = out[s.pos[i]];
-    for (const fl::LayerState& L : s.layers) {
-      const std::uint8_t* k = blob.data() + L.k_offset + i * L.k_row_bytes;
-      r.insert(r.end(), k, k + L.k_row_bytes);
-      if (s.v_trans) {
-        for (std::uint64_t j = 0; j < L.v_embd; ++j) {
-          const std::uint8_t* e = blob.data() + L.v_offset + (j * s.cell_count + i) * L.v_elem_bytes;
-          r.insert(r.end(), e, e + L.v_elem_bytes);
-        }
-      } else {
-        const std::uint8_t* v = blob.data() + L.v_offset + i * L.v_row_bytes;
-        r.insert(r.end(), v, v + L.v_row_bytes);
-      }
-    }
-  }
-  return out;
+// After a compaction of c from `before` (parsed as s): the state holds `cells`
+// global cells, the sliding section is unchanged, and a token decodes at next_pos.
+fl::SeqState expect_compacted(const llama_test::Ctx& c, const std::vector<std::uint8_t>& before, const fl::SeqState& s,
+                              std::uint32_t cells, llama_pos next_pos) {
+  const std::vector<std::uint8_t> after = llama_test::state_of(c);
+  fl::SeqState t;
+  EXPECT_TRUE(fl::parse_seq_state(after.data(), after.size(), &t, fl::StateSections::global_then_sliding).ok());
+  EXPECT_EQ(t.cell_count, cells);
+  expect_same_sliding(before, s, after, t);
+  const llama_token next = 1000;
+  EXPECT_EQ(llama_session::decode(c.ctx, &next, 1, next_pos, 0, false), 0);
+  return t;
 }
 
 std::int64_t meta_int(const char* key) {
@@ -216,13 +193,8 @@ TEST_F(LlamaSliding, AGlobalSubsetGoesBackWithTheSlidingSectionUnchanged) {
   ASSERT_EQ(llama_state_seq_set_data(c.ctx, out.data(), out.size(), 0), out.size());
   EXPECT_EQ(llama_memory_seq_pos_max(c.mem(), 0), 799);
 
-  const std::vector<std::uint8_t> again = llama_test::state_of(c);
-  const fl::SeqState t = parse_two(again);
-  EXPECT_EQ(t.cell_count, 700u);
+  const fl::SeqState t = expect_compacted(c, b, s, 700, 800);
   EXPECT_EQ(std::count_if(t.pos.begin(), t.pos.end(), [](std::int32_t p) { return p >= 100 && p < 200; }), 0);
-  expect_same_sliding(b, s, again, t);
-  const llama_token next = 1000;
-  EXPECT_EQ(llama_session::decode(c.ctx, &next, 1, 800, 0, false), 0);
 }
 
 // Leaving out the global cells of positions 50-149 (older than the sliding
@@ -296,12 +268,7 @@ TEST_F(LlamaSliding, CompactionKeepsTheWindowAndTheSlidingSection) {
     const std::vector<llama_pos>& kept = comp.kept_positions();
     for (llama_pos pos = 1200 - 512; pos < 1200; ++pos)
       EXPECT_TRUE(std::binary_search(kept.begin(), kept.end(), pos)) << "window position " << pos;
-    const std::vector<std::uint8_t> after = llama_test::state_of(c);
-    const fl::SeqState t = parse_two(after);
-    EXPECT_EQ(t.cell_count, 700u);
-    expect_same_sliding(before, s, after, t);
-    const llama_token next = 1000;
-    EXPECT_EQ(llama_session::decode(c.ctx, &next, 1, 1200, 0, false), 0);
+    expect_compacted(c, before, s, 700, 1200);
   }
 }
 
@@ -387,7 +354,7 @@ TEST_F(LlamaSliding, RecallBringsBackGlobalCellsAndLosesNothing) {
   llama_pos pos = -1;
   ASSERT_TRUE(cm.make_room(static_cast<std::int64_t>(turn.size()), &pos).ok());
   ASSERT_EQ(llama_session::decode(c.ctx, turn.data(), static_cast<int>(turn.size()), pos, 0, false), 0);
-  const std::map<std::int32_t, std::vector<std::uint8_t>> before = archived_rows(cm.archive());
+  const llama_test::Rows before = llama_test::archived_rows(cm.archive());
   ASSERT_GT(before.size(), 64u);
   fl::RecallStats st;
   const fc::Status s = cm.recall_turn(turn.data(), static_cast<std::int64_t>(turn.size()), &st);
@@ -395,8 +362,8 @@ TEST_F(LlamaSliding, RecallBringsBackGlobalCellsAndLosesNothing) {
   EXPECT_GT(st.recalled, 0);
   EXPECT_LE(st.recalled, 32);
   const std::vector<std::uint8_t> now = llama_test::state_of(c);
-  const std::map<std::int32_t, std::vector<std::uint8_t>> resident = global_rows(now);
-  const std::map<std::int32_t, std::vector<std::uint8_t>> after = archived_rows(cm.archive());
+  const llama_test::Rows resident = llama_test::state_rows(now, fl::StateSections::global_then_sliding);
+  const llama_test::Rows after = llama_test::archived_rows(cm.archive());
   const std::int64_t decoded = 1800 + static_cast<std::int64_t>(turn.size());
   EXPECT_EQ(static_cast<std::int64_t>(resident.size()), cm.cells());
   for (const llama_pos q : cm.recalled()) {

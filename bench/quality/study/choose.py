@@ -24,6 +24,13 @@ def load(path: str) -> List[Dict]:
         return json.load(f)["records"]
 
 
+def write_choice(path: str, doc: Dict) -> None:
+    """A study's ranking and choice as JSON (the file its results section is rendered from)."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+
 def passkey_hits(paths: List[str]) -> Tuple[Dict[Tuple[str, float], int], Dict[Tuple[str, float], int]]:
     """(label, ratio) -> hits and trials over every dev template run."""
     hits: Dict[Tuple[str, float], int] = defaultdict(int)

@@ -14,6 +14,9 @@ import re
 import sys
 from typing import Dict
 
+# The base study's writer, beside this file (a script's own folder is sys.path[0]).
+from choose import write_choice
+
 
 def totals(doc: Dict) -> Dict[str, int]:
     if doc["header"]["split"] != "dev":
@@ -69,9 +72,7 @@ def main(argv=None) -> int:
     if args.json:
         c["dev_file"] = args.dev
         c["dev_header"] = {k: doc["header"][k] for k in ("how", "when", "git", "templates", "templates_run")}
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(c, f, indent=1)
-            f.write("\n")
+        write_choice(args.json, c)
     return 0
 
 

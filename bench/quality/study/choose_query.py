@@ -14,7 +14,7 @@ import sys
 from typing import Dict, List
 
 # The base study's readers, beside this file (a script's own folder is sys.path[0]).
-from choose import RATIOS, TIE, nll_scores, passkey_hits
+from choose import RATIOS, TIE, nll_scores, passkey_hits, write_choice
 
 
 def is_candidate(label: str) -> bool:
@@ -87,9 +87,7 @@ def main(argv=None) -> int:
                    trials={f"{l}@{r:g}": trials[(l, r)] for l in order for r in RATIOS},
                    hits_by_ratio={f"{l}@{r:g}": hits[(l, r)] for l in order for r in RATIOS},
                    median_nll_ratio={f"{l}@{r:g}": medians.get((l, r)) for l in order for r in RATIOS})
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
+        write_choice(args.json, doc)
     return 0
 
 
