@@ -87,6 +87,10 @@ class Recall:
         return (self.budget, self.block, self.shared, self.digest)
 
 
+# The recall rows a template's summary line names (the rest are in the JSON).
+ROWS_TO_LOG = ("recall-32-b16", "recall-64-b32", "recall-64-b16")
+
+
 def study_recalls() -> List[Recall]:
     out = []
     for r in (16, 32, 64):
@@ -170,12 +174,6 @@ def question_again(m, cache: KVCache, q_ids: Sequence[int], qf, redo_last: bool)
     bias = None if cache.bias is None else [np.concatenate([b, np.zeros((b.shape[0], n), np.float32)], axis=1)
                                             for b in cache.bias]
     return m.forward(q_ids[-1:], KVCache(ks, vs, cache.next_position + n, bias), all_logits=False)
-
-
-def ragged_share(keep: Sequence[Sequence[np.ndarray]], positions: Sequence[int]) -> float:
-    """Share of the needle's token positions held, over layers and KV heads."""
-    pos = np.asarray(positions)
-    return float(np.mean([np.isin(pos, h).mean() for layer in keep for h in layer]))
 
 
 # ----------------------------------------------------------------------------------------
@@ -274,7 +272,7 @@ def run_template(args: Tuple) -> Tuple[List[Dict], Dict, List[str]]:
                 outs = le.greedy_many(m, [e[1] for e in entries], [e[2] for e in entries], le.PASSKEY_ANSWER_TOKENS)
                 for (label, _, _, keep), out in zip(entries, outs):
                     hits[(label, r)] = hits.get((label, r), 0) + hit(m, template, t, out)
-                    share.setdefault((label, r), []).append(ragged_share(keep, t.needle))
+                    share.setdefault((label, r), []).append(le.kept_share(keep, t.needle))
     entry["seconds"]["rows"] = round(time.time() - t0, 1)
     base = {"part": "asked", "model": le.MODEL, "split": template["split"], "template": template["name"],
             "kind": template["kind"], "key_format": template["key_format"], "prompt_tokens": target,
@@ -289,8 +287,6 @@ def run_template(args: Tuple) -> Tuple[List[Dict], Dict, List[str]]:
                                                  if not l.startswith("recall-") or l in ROWS_TO_LOG))
     return recs, entry, log
 
-
-ROWS_TO_LOG = ("recall-32-b16", "recall-64-b32", "recall-64-b16")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

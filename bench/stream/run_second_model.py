@@ -57,8 +57,7 @@ def find_gemma3():
 
 
 def main():
-    sys.argv += [] if "--model" in sys.argv else ["--model", find_gemma3()]
-    args = rs.study_args(__doc__, "llama_second_model.json", "/tmp/flashcache_second_model")
+    args = rs.study_args(__doc__, "llama_second_model.json", "/tmp/flashcache_second_model", find=find_gemma3)
     with open(os.path.join(rs.HERE, "stream_split.json")) as f:
         split_doc = json.load(f)
     cache = rs.RowCache(os.path.join(args.work, "rows.jsonl"))

@@ -152,10 +152,10 @@ def find_model():
     return path
 
 
-def study_args(doc, out_name, work):
-    """The command line the study scripts share: the flashcache_chat binary, the model (found when
-    not given), threads, the output JSON (bench/results/out_name) and a work folder for prompts and
-    the resumable row cache, created here."""
+def study_args(doc, out_name, work, find=find_model):
+    """The command line the study scripts share: the flashcache_chat binary, the model (found by
+    `find` when not given), threads, the output JSON (bench/results/out_name) and a work folder for
+    prompts and the resumable row cache, created here."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--chat", required=True, help="the flashcache_chat binary")
     ap.add_argument("--model", default="")
@@ -163,7 +163,7 @@ def study_args(doc, out_name, work):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", default=work, help="prompts and the resumable row cache")
     args = ap.parse_args()
-    args.model = args.model or find_model()
+    args.model = args.model or find()
     os.makedirs(args.work, exist_ok=True)
     return args
 

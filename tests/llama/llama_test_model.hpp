@@ -78,18 +78,17 @@ inline Rows state_rows(const std::vector<std::uint8_t>& blob,
   Rows out;
   for (std::uint32_t i = 0; i < s.cell_count; ++i) {
     std::vector<std::uint8_t>& r = out[s.pos[i]];
-    for (const flashcache::llama::LayerState& L : s.layers) {
-      const std::uint8_t* k = blob.data() + L.k_offset + i * L.k_row_bytes;
+    for (std::size_t l = 0; l < s.layers.size(); ++l) {
+      const flashcache::llama::LayerState& L = s.layers[l];
+      const std::uint8_t* k = flashcache::llama::detail::cell_k(blob.data(), s, l, i);
+      const std::uint8_t* v = flashcache::llama::detail::cell_v(blob.data(), s, l, i);
       r.insert(r.end(), k, k + L.k_row_bytes);
-      if (s.v_trans) {
-        for (std::uint64_t j = 0; j < L.v_embd; ++j) {
-          const std::uint8_t* e = blob.data() + L.v_offset + (j * s.cell_count + i) * L.v_elem_bytes;
-          r.insert(r.end(), e, e + L.v_elem_bytes);
-        }
-      } else {
-        const std::uint8_t* v = blob.data() + L.v_offset + i * L.v_row_bytes;
+      if (!s.v_trans) {
         r.insert(r.end(), v, v + L.v_row_bytes);
+        continue;
       }
+      for (std::uint64_t j = 0; j < L.v_embd; ++j, v += flashcache::llama::detail::cell_v_step(s, l))
+        r.insert(r.end(), v, v + L.v_elem_bytes);
     }
   }
   return out;

@@ -176,6 +176,7 @@ int flashcache::cli::run_cli(int argc, char** argv) {
                    "One ranking of positions for all layers and KV heads (a position scores the best any head that "
                    "evicted it gives it), as llama.cpp's cells need; each head gets the chosen positions it evicted");
   recall->add_option("--score", rc.score, "exact (the best token's probability) or digest (Quest's bound, per head)")
+      ->check(CLI::IsMember({"exact", "digest"}))
       ->capture_default_str();
   recall->add_flag("--force", rc.force, "Replace --out if it exists and is not empty");
 

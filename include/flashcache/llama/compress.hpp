@@ -158,16 +158,15 @@ class SequenceCompressor {
     // A sliding-window model's window (positions above pos_max - n_swa) stays: the sliding layers'
     // section is kept as it is, and the global layers keep the same recent positions.
     const llama_pos n_swa = s.sliding.size > 0 ? llama_model_n_swa(llama_get_model(ctx)) : 0;
-    std::int64_t in_window = 0;
-    for (const std::int32_t pos : s.pos) in_window += n_swa > 0 && pos > st.pos_max - n_swa;
+    const auto windowed = [&](std::int32_t pos) { return n_swa > 0 && pos > st.pos_max - n_swa; };
+    const auto in_window = static_cast<std::int64_t>(std::count_if(s.pos.begin(), s.pos.end(), windowed));
     if (keep < in_window)
       return make_error(Errc::invalid_budget, "llama: keep budget ", keep, " cannot hold the sliding window's ",
                         in_window, " cells (positions above ", st.pos_max - n_swa, ", n_swa ", n_swa, ")");
     protect_mask_.assign(p.protect_count > 0 || in_window > 0 ? n : 0, 0);
     for (std::size_t i = 0; i < protect_mask_.size(); ++i) {
       const std::int32_t pos = s.pos[static_cast<std::size_t>(order_[i])];
-      protect_mask_[i] = std::binary_search(p.protect, p.protect + p.protect_count, pos) ||
-                         (n_swa > 0 && pos > st.pos_max - n_swa);
+      protect_mask_[i] = std::binary_search(p.protect, p.protect + p.protect_count, pos) || windowed(pos);
     }
     st.threads = scoring_threads(ctx, p.n_threads);
     auto t2 = clock::now();

@@ -276,7 +276,6 @@ inline Status parse_layer_data(BlobReader& r, std::uint32_t cells, SeqState* s) 
   return Status::success();
 }
 
-
 // One cache's section, from n_stream on, into s (its seq_id set).
 inline Status parse_cache_section(BlobReader& r, SeqState* out) {
   FLASHCACHE_RETURN_IF_ERROR(r.read(&out->n_stream, "stream count"));
