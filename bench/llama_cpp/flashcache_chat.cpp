@@ -11,6 +11,8 @@
 // Chat (the default): one user turn per line of standard input, with the
 // model's chat template; the reply is printed as it comes.
 //   flashcache_chat -m MODEL.gguf -c 1024
+// A model whose GGUF has no template (a base model) takes one of llama.cpp's
+// built-in ones by name: --chat-template gemma.
 // File: FILE goes through the bounded context in chunks of -b tokens, then N
 // tokens are generated greedily, the policy still applying.
 //   flashcache_chat -m MODEL.gguf -f FILE -c 1024 --when-full flashcache -n 32 --json
@@ -50,7 +52,7 @@ const char* kUsage =
     "         [--seed S] [--when-full flashcache|shift|streaming|none] [--target SHARE] [--no-renumber]\n"
     "         [--window-share SHARE] [--paper | --query-tail] [--archive] [--recall N | --no-recall]\n"
     "         [--archive-block N] [--archive-order eviction|position] [--redo turn|last]\n"
-    "         [--recall-score exact|digest]\n"
+    "         [--recall-score exact|digest] [--chat-template NAME]\n"
     "         [-s SYSTEM] [-f FILE [-b CHUNK] [--max-tokens N] [--nll-from TOKEN] [--ask TEXT]] [--json] [--quiet]\n"
     "  without -f: a chat, one user turn per line of standard input\n";
 
@@ -61,6 +63,7 @@ constexpr int kDefaultRecall = 64;
 
 struct Args {
   std::string model, file, system, ask, redo = "turn", recall_score = "exact", archive_order = "position";
+  std::string chat_template;  // empty: the GGUF's
   int recall = -1, archive_block = 32;  // recall -1: kDefaultRecall in flashcache mode, else 0
   bool archive = false;
   int cells = 1024, n_predict = -1, threads = 2, chunk = 128, max_tokens = 0, nll_from = -1;
@@ -137,6 +140,8 @@ bool parse_args(int argc, char** argv, Args* a) {
       a->recall_score = v;
     } else if (k == "--archive-order") {
       a->archive_order = v;
+    } else if (k == "--chat-template") {
+      a->chat_template = v;
     } else if (!number(&x)) {
       return false;
     } else if (k == "-c" || k == "--ctx-size") {
@@ -354,6 +359,37 @@ std::string format_chat(const char* tmpl, const std::vector<llama_chat_message>&
   return n > 0 ? std::string(buf.data(), static_cast<std::size_t>(n)) : std::string();
 }
 
+// Whether llama.cpp formats a chat with `tmpl` (a built-in name or a template it recognises).
+bool known_template(const char* tmpl) {
+  const llama_chat_message hello{"user", "hello"};
+  char c = 0;
+  return llama_chat_apply_template(tmpl, &hello, 1, true, &c, 1) > 0;
+}
+
+std::string builtin_templates() {
+  std::vector<const char*> names(static_cast<std::size_t>(llama_chat_builtin_templates(nullptr, 0)));
+  llama_chat_builtin_templates(names.data(), names.size());
+  std::string out;
+  for (const char* n : names) out += (out.empty() ? "" : ", ") + std::string(n);
+  return out;
+}
+
+// The tokens the system prompt takes at the chat's start, which the manager keeps (n_keep). Most
+// templates give the system prompt a turn of its own; some (gemma) put it inside the first user
+// turn, and then it is the start that every first turn shares.
+std::int64_t system_prompt_tokens(const llama_vocab* vocab, const char* tmpl,
+                                  const std::vector<llama_chat_message>& system) {
+  const std::string alone = format_chat(tmpl, system, false);
+  if (!alone.empty()) return static_cast<std::int64_t>(ls::tokenize(vocab, alone, true).size());
+  auto first_turn = [&](const char* text) {
+    std::vector<llama_chat_message> m = system;
+    m.push_back({"user", text});
+    return ls::tokenize(vocab, format_chat(tmpl, m, false), true);
+  };
+  const std::vector<llama_token> x = first_turn("x"), y = first_turn("y");
+  return std::mismatch(x.begin(), x.end(), y.begin(), y.end()).first - x.begin();
+}
+
 // Generates up to n tokens after the sequence's last (whose logits are the
 // context's last), printing them when `echo`; stops at an end-of-generation token.
 bool generate(Session* s, llama_sampler* sampler, int n, bool echo, std::string* text) {
@@ -419,13 +455,18 @@ int main(int argc, char** argv) {
   s.vocab = llama_model_get_vocab(model);
   s.n_vocab = llama_vocab_n_tokens(s.vocab);
   s.batch = llama_batch_init(a.chunk, 0, 1);
-  const char* tmpl = llama_model_chat_template(model, nullptr);
+  const char* tmpl = a.chat_template.empty() ? llama_model_chat_template(model, nullptr) : a.chat_template.c_str();
+  if (!a.chat_template.empty() && !known_template(tmpl)) {
+    std::fprintf(stderr, "flashcache_chat: llama.cpp has no chat template '%s' (built in: %s)\n", tmpl,
+                 builtin_templates().c_str());
+    llama_free(ctx);
+    llama_model_free(model);
+    return 2;
+  }
 
   std::vector<llama_chat_message> msgs;
   if (!a.system.empty()) msgs.push_back({"system", a.system.c_str()});
-  std::int64_t system_tokens = 0;
-  if (!a.system.empty() && tmpl != nullptr)
-    system_tokens = static_cast<std::int64_t>(ls::tokenize(s.vocab, format_chat(tmpl, msgs, false), true).size());
+  const std::int64_t system_tokens = a.system.empty() || tmpl == nullptr ? 0 : system_prompt_tokens(s.vocab, tmpl, msgs);
   cp.n_cells = std::min<std::int64_t>(a.cells, llama_n_ctx_seq(ctx));
   cp.n_keep = a.keep >= 0 ? a.keep : (system_tokens > 0 ? system_tokens : 4);
   if (a.target > 0) cp.target = a.target;
@@ -490,7 +531,10 @@ int main(int argc, char** argv) {
   } else if (rc == 0) {
     // Chat mode: each line a user turn; the reply is generated after it.
     if (tmpl == nullptr) {
-      std::fprintf(stderr, "flashcache_chat: the model has no chat template (use -f FILE)\n");
+      std::fprintf(stderr,
+                   "flashcache_chat: the model has no chat template: name one of llama.cpp's with --chat-template "
+                   "(built in: %s), or use -f FILE\n",
+                   builtin_templates().c_str());
       rc = 2;
     }
     std::vector<std::string> turns;  // llama_chat_message points into these
