@@ -303,6 +303,39 @@ TEST_F(LlamaSliding, AContextThatFillsKeepsGoing) {
   ASSERT_NO_FATAL_FAILURE(stream_through(&c, 2200));
 }
 
+// A manager started on a sequence that already holds 600 cells counts them from
+// the state (the memory's lowest position is the sliding cache's), then keeps
+// going through 768 cells as from an empty one; shift and streaming refuse a
+// sequence with a gap by name, and nothing changes.
+TEST_F(LlamaSliding, AManagerStartsOnASequenceThatHoldsCells) {
+  for (const fl::WhenFull policy : {fl::WhenFull::flashcache, fl::WhenFull::shift}) {
+    SCOPED_TRACE(fl::to_string(policy));
+    llama_test::Ctx c;
+    ASSERT_NO_FATAL_FAILURE(make(&c, 768));
+    const std::vector<llama_token> ids = text_tokens(600);
+    ASSERT_EQ(llama_session::decode(c.ctx, ids.data(), 600, 0, 0, false), 0);
+    fl::ContextParams p = fl::context_default_params();
+    p.when_full = policy;
+    fl::ContextManager cm;
+    ASSERT_TRUE(cm.init(c.ctx, 0, p).ok());
+    EXPECT_EQ(cm.cells(), 600);
+    ASSERT_NO_FATAL_FAILURE(stream_with(&c, p, 900, &cm));
+  }
+  llama_test::Ctx c;
+  ASSERT_NO_FATAL_FAILURE(make(&c, 768));
+  const std::vector<llama_token> ids = text_tokens(600);
+  ASSERT_EQ(llama_session::decode(c.ctx, ids.data(), 600, 0, 0, false), 0);
+  ASSERT_TRUE(llama_memory_seq_rm(c.mem(), 0, 10, 20));
+  const std::vector<std::uint8_t> before = llama_test::state_of(c);
+  fl::ContextParams p = fl::context_default_params();
+  p.when_full = fl::WhenFull::streaming;
+  fl::ContextManager cm;
+  const fc::Status st = cm.init(c.ctx, 0, p);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("with gaps"), std::string::npos) << st.message();
+  EXPECT_EQ(llama_test::state_of(c), before);
+}
+
 // llama.cpp's context shift and StreamingLLM through the manager, as baselines.
 TEST_F(LlamaSliding, ShiftAndStreamingKeepGoingToo) {
   for (const fl::WhenFull policy : {fl::WhenFull::shift, fl::WhenFull::streaming}) {

@@ -189,10 +189,9 @@ class ContextManager {
                         ": query tails score flashcache's compactions only");
     }
     const bool sliding = llama_model_n_swa(llama_get_model(ctx)) > 0;
+    std::int64_t sliding_cells = 0;  // a sliding-window model's cells already there, counted in its state
     if (sliding && llama_memory_seq_pos_max(mem, seq) >= 0)
-      return make_error(Errc::unsupported, "llama: a ContextManager on a sliding-window model starts from an empty "
-                                           "sequence (the memory's lowest position is the sliding cache's, so the "
-                                           "cells already there cannot be counted from positions)");
+      FLASHCACHE_RETURN_IF_ERROR(count_global_cells(ctx, seq, p.when_full, &sliding_cells));
     if (p.archive) {
       if (p.when_full != WhenFull::flashcache)
         return make_error(Errc::invalid_option, "llama: an archive with when-full ", to_string(p.when_full),
@@ -228,7 +227,7 @@ class ContextManager {
     sliding_ = sliding;
     p_ = p;
     cap_ = cap;
-    base_cells_ = lo < 0 ? 0 : hi - lo + 1;
+    base_cells_ = lo < 0 ? 0 : sliding ? sliding_cells : hi - lo + 1;
     base_pos_max_ = hi;
     archive_ = Archive{};
     max_pos_ = p.max_pos > 0 ? p.max_pos : llama_model_n_ctx_train(llama_get_model(ctx)) - 1;
@@ -374,6 +373,23 @@ class ContextManager {
     return Status::success();
   }
 
+  // A sliding-window model's memory reports the sliding cache's lowest position, so the cells a
+  // sequence already holds are counted in its state (its global section, one cell per position).
+  // shift and streaming renumber a consecutive run: they need positions without gaps.
+  static Status count_global_cells(llama_context* ctx, llama_seq_id seq, WhenFull when_full, std::int64_t* cells) {
+    std::vector<std::uint8_t> blob;
+    FLASHCACHE_RETURN_IF_ERROR(detail::read_state_blob(ctx, seq, &blob));
+    SeqState s;
+    FLASHCACHE_RETURN_IF_ERROR(parse_seq_state(blob.data(), blob.size(), &s, StateSections::global_then_sliding));
+    *cells = s.cell_count;
+    if (s.pos.empty() || when_full == WhenFull::flashcache || when_full == WhenFull::none) return Status::success();
+    const auto [lo, hi] = std::minmax_element(s.pos.begin(), s.pos.end());
+    if (*hi - *lo + 1 != static_cast<std::int64_t>(s.cell_count))
+      return make_error(Errc::invalid_shape, "llama: sequence ", seq, " holds ", s.cell_count, " cells over positions [",
+                        *lo, ", ", *hi, "] with gaps: ", to_string(when_full), " needs consecutive ones");
+    return Status::success();
+  }
+
   // flashcache: compact to the target, the first n_keep and the newest turn kept;
   // the evicted cells to the archive when to_archive, the kept renumbered when renumber.
   Status compact(std::int64_t have, std::int64_t n_new, RoomEvent* ev, bool renumber, bool to_archive) {
@@ -427,7 +443,7 @@ class ContextManager {
     llama_memory_t mem = llama_get_memory(ctx_);
     const llama_pos hi = llama_memory_seq_pos_max(mem, seq_);
     // A sliding-window model's memory reports the sliding cache's lowest position; its sequence
-    // started empty and shift and streaming keep it consecutive, so its lowest is hi - have + 1.
+    // was consecutive at init (checked there) and shift and streaming keep it so: its lowest is hi - have + 1.
     const llama_pos lo = sliding_ ? hi - static_cast<llama_pos>(have) + 1 : llama_memory_seq_pos_min(mem, seq_);
     if (hi - lo + 1 != have)
       return make_error(Errc::invalid_shape, "llama: sequence ", seq_, " holds positions [", lo, ", ", hi,
