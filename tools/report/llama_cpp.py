@@ -2,6 +2,7 @@
 bench/llama_cpp/bench.sh): decode speed over the full and the compacted KV cache of one
 sequence, cells and n_kv after compaction, KV bytes before and after, compression time
 against prefill time. Every number comes from the JSON."""
+import collections
 import datetime
 
 # The library's defaults changed (peak base, gamma 0.1, global transform) on 2026-12-01; a run
@@ -150,4 +151,36 @@ def render_gemma3(doc):
         "the 15 sliding layers attend to their 512-position window whatever the keep, so the decode time a "
         "compaction can save is bounded by the global layers' share of the attention time. `n_kv after` is what "
         "llama.cpp's log reports at the first decode step, here the sliding cache's (its 512-position window, "
-        "padded).", 1)
+        "padded).", 1) + _global_bound(doc)
+
+
+def _global_bound(doc):
+    """The bound on the decode speed-up, from the runs: a decode step's time taken as linear in the global
+    cells, fitted through the full and the compacted run at each length and thread count; the time left with
+    no global cell at all is the floor, and the full cache's time over it the most any keep can gain."""
+    runs = collections.defaultdict(dict)
+    for r in doc["runs"]:
+        if r.get("decode_tokens_per_s"):
+            runs[(r["prompt_tokens"], r["threads"])][r["keep_ratio"]] = r
+    lines = []
+    for (n, threads), by_keep in sorted(runs.items()):
+        full = by_keep.get(1.0)
+        for keep, r in sorted(by_keep.items()):
+            if full is None or keep == 1.0 or r["cells_after"] >= full["cells_after"]:
+                continue
+            t_full, t_kept = 1000 / full["decode_tokens_per_s"], 1000 / r["decode_tokens_per_s"]
+            per_cell = (t_full - t_kept) / (full["cells_after"] - r["cells_after"])
+            floor = t_full - per_cell * full["cells_after"]
+            if per_cell <= 0 or floor <= 0:
+                continue
+            lines.append(f"| {n:,} | {threads} | {keep:g} | {t_full:.1f} | {per_cell * full['cells_after']:.1f} "
+                         f"({per_cell * full['cells_after'] / t_full:.0%}) | {t_full / floor:.2f}x | "
+                         f"{t_full / t_kept:.2f}x |")
+    if not lines:
+        return ""
+    return "\n".join(["", "The bound: a decode step's time, taken as linear in the global cells and fitted through the "
+                      "full and the compacted run, splits into the global layers' attention over their cells and the "
+                      "rest (weights, the sliding layers, sampling), which no keep removes; the full cache's time over "
+                      "that rest is the most any keep could gain.", "",
+                      "| prompt tokens | threads | keep | ms per token, full | of it, global attention | bound | "
+                      "measured |", "|---|---|---|---|---|---|---|"] + lines) + "\n"
