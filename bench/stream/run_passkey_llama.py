@@ -72,11 +72,16 @@ def run_model(args, key, templates, cache, log):
             row = row_of(doc, policy, ratio)
             return None if "refused" in row else le.passkey_hit(row["text"], trial["keys"], trial["ask"], word)
 
-        chosen, full_hits = None, {}
+        chosen, full_hits, too_long = None, {}, []
         for length in spec["lengths"]:
+            try:
+                texts = [le.passkey_prompt(tok, t, trial, length)[0] for trial in t["trials"]]
+            except SystemExit as e:  # a text filler shorter than the length: the next length
+                too_long.append(length)
+                log(f"{key} {t['name']} at {length}: {e}")
+                continue
             docs = []
-            for i, trial in enumerate(t["trials"]):
-                text, _ = le.passkey_prompt(tok, t, trial, length)
+            for i, text in enumerate(texts):
                 path = os.path.join(args.work, f"{key}-{t['name']}-{length}-{i}.txt")
                 with open(path, "w", encoding="utf-8") as f:
                     f.write(text)
@@ -87,7 +92,8 @@ def run_model(args, key, templates, cache, log):
                 chosen = (length, docs)
                 break
         entry = {"model": key, "template": t["name"], "kind": t["kind"], "key_format": t["key_format"],
-                 "full_cache_hits": full_hits, "length": chosen[0] if chosen else None}
+                 "full_cache_hits": full_hits, "length": chosen[0] if chosen else None,
+                 "filler_too_short_for": too_long}
         if chosen is None:
             out.append(dict(entry, skipped="the full cache finds fewer than 4 of 5 keys at every length"))
             continue

@@ -19,6 +19,7 @@ Each section comes from its own JSON, written by the run that measured it:
   llama_chat_facts.json  bench/stream/run_chat_facts.py   -> llama_recall.py
   llama_recall_order.json  bench/stream/run_order.py      -> llama_recall.py
   llama_second_model.json  bench/stream/run_second_model.py  -> llama_second_model.py
+  llama_passkey.json       bench/stream/run_passkey_llama.py -> llama_passkey.py
   cpu_simd.json  bench/run_simd.sh                          -> cpu_simd.py
   llama_event_cost.json  bench/stream/event_cost.py         -> llama_event_cost.py
   llama_cost.json  bench/run_llama_cost.sh                  -> llama_cost.py
@@ -68,6 +69,7 @@ def main():
                                    ("llama_chat_facts.json", "llama_recall", "render_chat"),
                                    ("llama_recall_order.json", "llama_recall", "render_order"),
                                    ("llama_second_model.json", "llama_second_model", "render"),
+                                   ("llama_passkey.json", "llama_passkey", "render"),
                                    ("cpu_simd.json", "cpu_simd", "render"),
                                    ("llama_event_cost.json", "llama_event_cost", "render"),
                                    ("llama_cost.json", "llama_cost", "render"),
