@@ -29,10 +29,6 @@ def _numpy_heldout():
     return hits, len(templates)
 
 
-def _cell(value, trials):
-    return "refused" if value is None else f"{value} / {trials}"
-
-
 def render(doc):
     models = list(doc["models"])
     ratios = sorted({float(n.split("@")[1]) for n in doc["rows"] if "@" in n})
@@ -41,8 +37,13 @@ def render(doc):
     numpy_hits, numpy_templates = _numpy_heldout()
 
     def total(m, name):
+        """Keys found over the templates where the row ran, as a table cell (and those that refused it)."""
         vals = [t["hits"][name] for t in ran[m]]
-        return None if any(v is None for v in vals) else sum(vals)
+        done = [v for v in vals if v is not None]
+        if not done:
+            return "refused"
+        cell = f"{sum(done)} / {5 * len(done)}"
+        return cell + (f" ({len(vals) - len(done)} refused)" if len(done) < len(vals) else "")
 
     head = ["row"]
     for m in models:
@@ -71,9 +72,8 @@ def render(doc):
     for policy in LABELS:
         cells = [LABELS[policy]]
         for m in models:
-            trials = 5 * len(ran[m])
             for r in ratios:
-                cells.append(_cell(total(m, "full" if policy == "full" else f"{policy}@{r:g}"), trials))
+                cells.append(total(m, "full" if policy == "full" else f"{policy}@{r:g}"))
         if numpy_hits:
             ref = NUMPY_ROW[policy]
             for r in ratios:
@@ -82,7 +82,7 @@ def render(doc):
         lines.append("| " + " | ".join(cells) + " |")
     refusals = {f"{m} {name}": msg for m in models for t in ran[m] for name, msg in t["refused"].items()}
     if refusals:
-        lines += ["", "Refused by name (the budget cannot hold the protected sliding window): " +
+        lines += ["", "Refused by name (at 4,096 tokens keep 0.1 cannot hold the protected sliding window): " +
                   "; ".join(f"{k}: \"{v}\"" for k, v in sorted(refusals.items())[:2]) +
                   (f"; and {len(refusals) - 2} more" if len(refusals) > 2 else "") + "."]
     if numpy_hits:
