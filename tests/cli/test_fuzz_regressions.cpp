@@ -47,13 +47,25 @@ std::vector<std::uint8_t> empty_control_token_file() {
   return g.b;
 }
 
+// ASan, as gcc (__SANITIZE_ADDRESS__) and clang (__has_feature) say it.
+#if defined(__SANITIZE_ADDRESS__)
+#define FLASHCACHE_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FLASHCACHE_TEST_ASAN 1
+#endif
+#endif
+#ifndef FLASHCACHE_TEST_ASAN
+#define FLASHCACHE_TEST_ASAN 0
+#endif
+
 // Runs `work` in a child process; true if it ended by itself within `seconds`.
 template <class Work>
 bool finishes_within(unsigned seconds, Work work) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::alarm(seconds);  // SIGALRM ends a hung child
-#if !defined(__SANITIZE_ADDRESS__)  // ASan reserves terabytes of address space up front
+#if !FLASHCACHE_TEST_ASAN  // ASan reserves terabytes of address space up front
     const rlimit memory{1u << 30, 1u << 30};
     ::setrlimit(RLIMIT_AS, &memory);  // and a runaway allocation ends it early
 #endif
