@@ -16,6 +16,7 @@
 // (a refusal is reported and the next row goes on from the prefilled state).
 #include <flashcache/llama.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -171,10 +172,14 @@ int main(int argc, char** argv) {
   cp.n_ubatch = 512;
   cp.n_seq_max = 1;
   cp.n_threads = cp.n_threads_batch = a.threads;
-  fl::QueryCapture capture;  // the prompt's last queries, for the query-tail rows
-  capture.begin(n_prompt);
-  cp.cb_eval = fl::QueryCapture::eval;
-  cp.cb_eval_user_data = &capture;
+  // The prompt's last queries, for the query-tail rows; without them llama.cpp is asked for nothing.
+  const bool tails = std::find(a.policies.begin(), a.policies.end(), "query-tail") != a.policies.end();
+  fl::QueryCapture capture;
+  if (tails) {
+    capture.begin(n_prompt);
+    cp.cb_eval = fl::QueryCapture::eval;
+    cp.cb_eval_user_data = &capture;
+  }
   llama_context* ctx = llama_init_from_model(model, cp);
   if (ctx == nullptr) {
     std::fprintf(stderr, "flashcache_policies: cannot make a context of %u cells\n", cp.n_ctx);
