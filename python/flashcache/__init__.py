@@ -1,0 +1,79 @@
+"""flashcache: frequency-domain, outlier-aware KV cache compression (FlashCache, arXiv 2511.16786).
+
+    import flashcache
+    out = flashcache.compress(k, v, keep=0.2)          # one layer, [heads, tokens, head_dim]
+    out.kept, out.k, out.v                             # kept indices, compacted K'/V'
+    model = flashcache.compress_model(ks, vs, keep=0.2)  # per-layer budgets by energy ratio
+
+numpy arrays and torch CPU tensors are read in place (no copy). Optional parts, imported
+on their own: ``flashcache.kvpress`` (a kvpress press; needs torch and kvpress) and
+``flashcache.hf`` (compacting a transformers cache; needs torch). docs/PYTHON.md.
+"""
+
+from ._core import (
+    Allocation,
+    ArchiveOrder,
+    Base,
+    Error,
+    GridZone,
+    HeadCombine,
+    KeepSet,
+    QueryInput,
+    RecallScope,
+    RecallScore,
+    RopeLayout,
+    TailMix,
+    Transform,
+    __version__,
+    has_cuda,
+)
+from .compress import CompressedLayer, CompressedModel, Scores, compress, compress_model, score
+from .options import (
+    AllocateOptions,
+    ArchiveOptions,
+    Options,
+    QueryTailOptions,
+    RopeOptions,
+    ScoreOptions,
+    SelectOptions,
+    SharedKeepOptions,
+)
+from .recall import Archive, RecallScorer, select_recall
+from .tails import TailAccumulator, query_tails
+
+__all__ = [
+    "AllocateOptions",
+    "Allocation",
+    "Archive",
+    "ArchiveOptions",
+    "ArchiveOrder",
+    "Base",
+    "CompressedLayer",
+    "CompressedModel",
+    "Error",
+    "GridZone",
+    "HeadCombine",
+    "KeepSet",
+    "Options",
+    "QueryInput",
+    "QueryTailOptions",
+    "RecallScope",
+    "RecallScore",
+    "RecallScorer",
+    "RopeLayout",
+    "RopeOptions",
+    "ScoreOptions",
+    "Scores",
+    "SelectOptions",
+    "SharedKeepOptions",
+    "TailAccumulator",
+    "TailMix",
+    "Transform",
+    "__version__",
+    "compress",
+    "compress_model",
+    "has_cuda",
+    "query_tails",
+    "score",
+    "select_recall",
+]
