@@ -1,6 +1,7 @@
 // The archive of evicted tokens and its recall (archive.hpp, recall.hpp): rows
 // go in as [tokens, kv_heads, head_dim] per layer, blocks come back the same way.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <vector>
