@@ -1,0 +1,171 @@
+"""A transformers cache that really shrinks: compaction of a DynamicCache to the kept tokens.
+
+``compress_cache`` scores a prefilled cache with flashcache and replaces each compressed layer's
+K and V by new tensors holding only the kept tokens of every KV head; the old tensors are
+released (nothing is masked). RoPE is already in the cached keys, so the kept ones stay valid;
+what changes is that the next token's position is no longer the cache's length: pass
+``position_ids`` from ``CacheCompression.next_position`` (``generate`` below does), as kvpress's
+pipeline does after its presses.
+
+Layers of different lengths (the default dynamic allocation) need an attention that takes each
+layer's own key length: ``ragged_attention(model)`` installs one (sdpa with the causal mask
+rebuilt per layer); with ``allocation="uniform"`` every layer keeps the same count and the stock
+attention works. Gemma 3's sliding-window layers are left as they are (only global layers are
+compressed), as the library does inside llama.cpp.
+
+Needs torch and transformers (``pip install flashcache[hf]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .compress import compress_model
+from ._core import Allocation
+from .options import Options
+
+# No "flash" in the name: transformers takes any such name for a flash-attention kernel.
+RAGGED_ATTENTION = "ragged_sdpa"
+
+
+@dataclass
+class CacheCompression:
+    """What ``compress_cache`` did: per compressed layer its kept indices [batch, kv_heads, budget]."""
+
+    layers: list[int]  # the cache layers compressed
+    kept: list[torch.Tensor]  # per compressed layer, int64 [batch, kv_heads, budget], ascending
+    tokens_before: int  # the context's length: the next token's position
+    bytes_before: int  # K and V bytes of the compressed layers, before and after
+    bytes_after: int
+
+    @property
+    def next_position(self) -> int:
+        return self.tokens_before
+
+
+def global_layers(model: Any, cache: Any) -> list[int]:
+    """The layers to compress: those not sliding-window (the model's config.layer_types, else the cache's)."""
+    config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config
+    types = getattr(config, "layer_types", None) if config is not None else None
+    if types is not None:
+        return [i for i, t in enumerate(types) if t not in ("sliding_attention", "chunked_attention")]
+    return [i for i, layer in enumerate(cache.layers) if not getattr(layer, "is_sliding", False)]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+@torch.no_grad()
+def compress_cache(
+    cache: Any,
+    keep: float | int = 0.2,
+    options: Options | None = None,
+    *,
+    model: Any = None,
+    layers: Sequence[int] | None = None,
+) -> CacheCompression:
+    """Compacts a prefilled DynamicCache in place to ``keep`` of its tokens per layer and KV head.
+
+    ``options.allocate`` splits the total over the layers by their energy ratio (dynamic, the
+    default: layers of different lengths, see ``ragged_attention``) or evenly (uniform). Every
+    sequence of the batch is compressed on its own; with dynamic allocation a batch must be of
+    one sequence, since a layer's tensor holds one length. ``layers``: which layers (default:
+    the global ones of ``model``, or every layer the cache does not mark sliding).
+    """
+    options = options or Options()
+    chosen = list(layers) if layers is not None else global_layers(model, cache)
+    if not chosen:
+        raise ValueError("compress_cache: no layer to compress")
+    n_layers = len(cache.layers)
+    for i in chosen:
+        if not 0 <= i < n_layers:
+            raise ValueError(f"compress_cache: layer {i} of a cache of {n_layers}")
+        if getattr(cache.layers[i], "is_sliding", False):
+            raise ValueError(f"compress_cache: layer {i} is a sliding-window layer; it keeps its own window")
+    keys = [cache.layers[i].keys for i in chosen]
+    values = [cache.layers[i].values for i in chosen]
+    batch, _, tokens, _ = keys[0].shape
+    for i, k in zip(chosen, keys):
+        if k.shape[0] != batch or k.shape[2] != tokens:
+            raise ValueError(f"compress_cache: layer {i} holds {tuple(k.shape)}, layer {chosen[0]} {tuple(keys[0].shape)}"
+                             " (every compressed layer needs the same batch and tokens)")
+        if k.device.type != "cpu":
+            raise ValueError(f"compress_cache: layer {i} is on {k.device}; this helper compresses CPU caches")
+    if batch > 1 and options.allocate.mode == Allocation.dynamic:
+        raise ValueError(f"compress_cache: a batch of {batch} sequences with dynamic allocation would give each "
+                         "sequence its own layer lengths; use Options(allocate=AllocateOptions(mode='uniform'))")
+    kept_per_seq = []
+    for b in range(batch):
+        model_out = compress_model([k[b] for k in keys], [v[b] for v in values], keep, options)
+        kept_per_seq.append([torch.as_tensor(layer.kept).to(torch.int64) for layer in model_out.layers])
+    before = sum(_nbytes(k) + _nbytes(v) for k, v in zip(keys, values))
+    after, kept_out = 0, []
+    for j, i in enumerate(chosen):
+        index = torch.stack([kept_per_seq[b][j] for b in range(batch)])  # [batch, kv_heads, budget]
+        gather = index.unsqueeze(-1).expand(-1, -1, -1, keys[j].shape[-1])
+        layer = cache.layers[i]
+        layer.keys = keys[j].gather(2, gather).contiguous()
+        layer.values = values[j].gather(2, gather).contiguous()
+        after += _nbytes(layer.keys) + _nbytes(layer.values)
+        kept_out.append(index)
+    return CacheCompression(chosen, kept_out, tokens, before, after)
+
+
+def _ragged_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, **kwargs: Any):
+    """sdpa with the mask fitted to this layer's keys: the past ones all visible, the new ones causal."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if attention_mask is not None and attention_mask.shape[-1] != key.shape[-2]:
+        q = query.shape[-2]
+        new = attention_mask[..., -q:]  # the causal block over the new tokens
+        past = key.shape[-2] - q
+        visible = torch.ones if attention_mask.dtype == torch.bool else torch.zeros
+        pad = visible((*attention_mask.shape[:-1], past), dtype=attention_mask.dtype, device=attention_mask.device)
+        attention_mask = torch.cat([pad, new], dim=-1)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def ragged_attention(model: Any) -> None:
+    """Lets ``model`` attend over a cache whose layers hold different numbers of tokens.
+
+    Registers sdpa with a per-layer mask under the name ``ragged_sdpa`` and switches the
+    model to it. A batch padded on the left is not supported by this attention.
+    """
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(RAGGED_ATTENTION, _ragged_sdpa)
+    AttentionMaskInterface.register(RAGGED_ATTENTION, sdpa_mask)
+    model.set_attn_implementation(RAGGED_ATTENTION)
+
+
+@torch.no_grad()
+def generate(model: Any, cache: Any, input_ids: torch.Tensor, position: int, max_new_tokens: int,
+             eos_token_id: int | Sequence[int] | None = None) -> torch.Tensor:
+    """Greedy tokens after ``input_ids`` over a (compressed) cache, the first at ``position``.
+
+    The prompt goes in one forward with its positions given explicitly, then one token at a
+    time; stops at an eos token. Returns the new tokens [batch, <= max_new_tokens].
+    """
+    eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+    q = input_ids.shape[1]
+    positions = torch.arange(position, position + q, device=input_ids.device)[None].expand(input_ids.shape[0], -1)
+    out = model(input_ids=input_ids, past_key_values=cache, position_ids=positions, use_cache=True)
+    tokens = []
+    next_pos = position + q
+    for _ in range(max_new_tokens):
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(token)
+        if eos and all(int(t) in eos for t in token[:, 0]):
+            break
+        ids = torch.full((input_ids.shape[0], 1), next_pos, device=input_ids.device)
+        out = model(input_ids=token, past_key_values=cache, position_ids=ids, use_cache=True)
+        next_pos += 1
+    return torch.cat(tokens, dim=1)

@@ -1,0 +1,132 @@
+"""flashcache as kvpress presses (NVIDIA's kvpress, 0.5.5): the library beside the field's methods.
+
+``FlashCachePress(compression_ratio)`` is a ScorerPress: inside kvpress's prefill hook each layer
+is scored by the C++ scorer and every KV head keeps what the library's selection keeps (the
+defaults as a user gets them: the first 4 tokens, a recent window of half the budget, the rest
+by outlier score), at kvpress's own count ``max(1, int(N * (1 - ratio)))``. Its ``score`` returns
+[batch, kv_heads, tokens] with the library's kept set on top, so kvpress's top-k keeps exactly it.
+
+``FlashCacheModelPress(compression_ratio)`` keeps the library's dynamic per-layer budgets: a
+cross-layer budget needs the whole prefill, so, as kvpress's KVzip does, it acts after the
+prefill over every global layer at once. By default it masks the evicted keys through kvpress's
+attention patch, as KVzip and AdaKV do (comparable rows; memory is not freed); with
+``compact=True`` it really shrinks each layer instead (flashcache.hf: the model is switched to
+the ragged attention, and the next tokens need explicit positions, as kvpress's pipeline gives).
+
+Needs torch and kvpress (``pip install flashcache[kvpress]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import MethodType
+from typing import Any
+
+import torch
+from kvpress import BasePress, ScorerPress
+from kvpress.utils import compute_n_kept
+
+from . import hf
+from .compress import compress, compress_model
+from .options import Options
+
+
+def _ranked(scores: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """Scores [heads, tokens] with the kept tokens above every other: kept ones in [1, 2), the rest in [0, 1)."""
+    s = torch.nan_to_num(scores.float(), nan=0.0, posinf=0.0)
+    s = s / (s.amax(dim=-1, keepdim=True).clamp_min(1e-30) * 1.0001)  # [0, 1) per head
+    kept = kept.to(torch.int64)
+    return s.scatter(-1, kept, s.gather(-1, kept) + 1.0)
+
+
+@dataclass
+class FlashCachePress(ScorerPress):
+    """FlashCache per layer: every KV head keeps the library's choice of ``1 - compression_ratio`` of the tokens."""
+
+    compression_ratio: float = 0.0
+    options: Options = field(default_factory=Options)
+
+    @torch.no_grad()
+    def score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+              attentions: Any, kwargs: dict) -> torch.Tensor:
+        batch, _, tokens, _ = keys.shape
+        n_kept = compute_n_kept(tokens, self.compression_ratio)
+        out = torch.empty(keys.shape[:3], dtype=torch.float32)
+        for b in range(batch):
+            layer = compress(keys[b].cpu(), values[b].cpu(), n_kept, self.options)
+            out[b] = _ranked(torch.as_tensor(layer.scores), torch.as_tensor(layer.kept))
+        return out.to(keys.device)
+
+
+@dataclass
+class FlashCacheModelPress(BasePress):
+    """FlashCache over the whole model after prefill: per-layer budgets by each layer's energy ratio.
+
+    The total kept is ``1 - compression_ratio`` of every global layer's tokens (kvpress's
+    leaderboard counts the same way); sliding-window layers (Gemma 3) are left alone.
+    """
+
+    compression_ratio: float = 0.0
+    options: Options = field(default_factory=Options)
+    compact: bool = False
+    last: hf.CacheCompression | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.compression_ratio < 1.0:
+            raise ValueError(f"compression_ratio {self.compression_ratio} is outside [0, 1)")
+
+    def compress(self, module: Any, hidden_states: Any, keys: torch.Tensor, values: torch.Tensor,
+                 attentions: Any, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return keys, values  # nothing per layer: the whole prefill is needed first
+
+    @contextmanager
+    def __call__(self, model: Any) -> Generator:
+        base = model.model
+        captured: dict[str, Any] = {}
+        original = base.forward
+
+        def capturing_forward(model_self: Any, *args: Any, **kwargs: Any) -> Any:
+            captured["cache"] = kwargs.get("past_key_values")
+            return original(*args, **kwargs)
+
+        base.forward = MethodType(capturing_forward, base)
+        try:
+            yield
+        finally:
+            base.forward = original
+        cache = captured.get("cache")
+        if self.compression_ratio == 0 or cache is None:
+            return
+        if self.compact:
+            self.last = hf.compress_cache(cache, 1.0 - self.compression_ratio, self.options, model=model)
+            hf.ragged_attention(model)
+        else:
+            self._mask(model, cache)
+
+    @torch.no_grad()
+    def _mask(self, model: Any, cache: Any) -> None:
+        """kvpress's way: every layer's evicted (batch, head, token) go to its masked_key_indices."""
+        chosen = hf.global_layers(model, cache)
+        keys = [cache.layers[i].keys for i in chosen]
+        values = [cache.layers[i].values for i in chosen]
+        batch, heads, tokens, _ = keys[0].shape
+        evicted: list[list[torch.Tensor]] = [[] for _ in chosen]
+        for b in range(batch):
+            result = compress_model([k[b].cpu() for k in keys], [v[b].cpu() for v in values],
+                                    1.0 - self.compression_ratio, self.options)
+            for j, layer in enumerate(result.layers):
+                drop = torch.ones(heads, tokens, dtype=torch.bool)
+                drop.scatter_(1, torch.as_tensor(layer.kept).to(torch.int64), False)
+                evicted[j].append(drop)
+        layers = _attention_modules(model)
+        for j, i in enumerate(chosen):
+            drop = torch.stack(evicted[j])  # [batch, heads, tokens]
+            b, h, t = drop.nonzero(as_tuple=True)
+            layers[i].masked_key_indices = (b.to(keys[j].device), h.to(keys[j].device), t.to(keys[j].device))
+
+
+def _attention_modules(model: Any) -> list[Any]:
+    base = getattr(model.model, "language_model", model.model)
+    return [layer.self_attn for layer in base.layers]

@@ -1,0 +1,50 @@
+"""The kvpress presses on a tiny random Llama (skips by name without kvpress)."""
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: the kvpress tests skip")
+pytest.importorskip("kvpress", reason="kvpress is not installed: the kvpress tests skip")
+
+from tiny_model import prefill, tiny_llama  # noqa: E402
+
+import flashcache as fc  # noqa: E402
+import flashcache.hf as fh  # noqa: E402
+from flashcache.kvpress import FlashCacheModelPress, FlashCachePress  # noqa: E402
+
+
+def test_the_press_keeps_exactly_the_librarys_choice():
+    model = tiny_llama()
+    ids = torch.randint(0, 256, (1, 333))
+    full = prefill(model, ids)
+    press = FlashCachePress(compression_ratio=0.75)
+    with press(model):
+        compressed = prefill(model, ids)
+    n_kept = int(333 * 0.25)
+    for layer in range(4):
+        k, v = full.layers[layer].keys, full.layers[layer].values
+        expect = fc.compress(k[0], v[0], n_kept).kept.long()
+        got = compressed.layers[layer].keys
+        assert got.shape[2] == n_kept
+        # The rows kept are the library's rows (kvpress orders them by score; compare as sets).
+        for h in range(2):
+            rows = {tuple(r.tolist()) for r in got[0, h]}
+            assert rows == {tuple(r.tolist()) for r in k[0, h, expect[h]]}
+
+
+def test_the_model_press_masks_or_compacts_and_both_decode_alike():
+    model = tiny_llama()
+    torch.manual_seed(5)
+    ids, question = torch.randint(0, 256, (1, 300)), torch.randint(0, 256, (1, 8))
+    masked = FlashCacheModelPress(compression_ratio=0.8)
+    with masked(model):
+        cache = prefill(model, ids)
+    assert cache.layers[0].keys.shape[2] == 300  # masked, as kvpress's KVzip does
+    by_mask = fh.generate(model, cache, question, 300, 10)
+    compact = FlashCacheModelPress(compression_ratio=0.8, compact=True)
+    with compact(model):
+        cache = prefill(model, ids)
+    assert compact.last.bytes_after < 0.21 * compact.last.bytes_before
+    by_compaction = fh.generate(model, cache, question, 300, 10)
+    assert torch.equal(by_mask, by_compaction)
+    with pytest.raises(ValueError, match="compression_ratio 1.0 is outside"):
+        FlashCacheModelPress(compression_ratio=1.0)
