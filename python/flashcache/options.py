@@ -38,9 +38,12 @@ def _enum(cls: type[enum.Enum], value: Any, name: str) -> enum.Enum:
     """An enumeration member from itself or its name; a clear error otherwise."""
     if isinstance(value, cls):
         return value
-    if isinstance(value, str) and value in cls.__members__:
-        return cls[value]
-    raise ValueError(f"{name}: {value!r} is not one of {', '.join(cls.__members__)}")
+    if isinstance(value, str):
+        for member in (value, value + "_"):  # "global" is Transform.global_ (a keyword in Python)
+            if member in cls.__members__:
+                return cls[member]
+    names = ", ".join(n.rstrip("_") for n in cls.__members__)
+    raise ValueError(f"{name}: {value!r} is not one of {names}")
 
 
 class _Mirror:

@@ -5,6 +5,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -186,6 +187,20 @@ nb::tuple score(const AnyArray& k, const AnyArray& v, Layout layout, const Score
   });
 }
 
+// The same call timed inside C++ (bench/python/overhead.py): seconds per call over `repeats`,
+// the baseline the Python door's own time is divided by.
+double time_compress(const AnyArray& k, const AnyArray& v, Layout layout, const Budget& budget, const Options& opt,
+                     int repeats) {
+  if (repeats < 1) value_error("repeats must be at least 1");
+  return with_dtype(pair_dtype(k, v), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto kv = kv_view<T>(k, layout, "k"), vv = kv_view<T>(v, layout, "v");
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < repeats; ++i) compress_layer<T>(kv, vv, budget, opt, {}, {}, {});
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / repeats;
+  });
+}
+
 }  // namespace
 
 void bind_compress(nb::module_& m) {
@@ -214,6 +229,8 @@ void bind_compress(nb::module_& m) {
         nb::arg("tails").none(), nb::arg("framework"));
   m.def("compress", &compress, nb::arg("k"), nb::arg("v"), nb::arg("layout"), nb::arg("budget"), nb::arg("options"),
         nb::arg("mask").none(), nb::arg("spans"), nb::arg("tails").none(), nb::arg("framework"));
+  m.def("_time_compress", &time_compress, nb::arg("k"), nb::arg("v"), nb::arg("layout"), nb::arg("budget"),
+        nb::arg("options"), nb::arg("repeats"));
   m.def("compress_model", &compress_model, nb::arg("k"), nb::arg("v"), nb::arg("layout"), nb::arg("budget"),
         nb::arg("options"), nb::arg("shared"), nb::arg("masks"), nb::arg("spans"), nb::arg("tails"),
         nb::arg("framework"));

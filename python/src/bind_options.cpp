@@ -17,10 +17,11 @@ namespace flashcache::python {
 
 namespace {
 
+// Members by the library's names; a Python keyword gets PEP 8's trailing underscore (Transform.global_).
 template <class E>
 void bind_enum(nb::module_& m, const char* name, std::initializer_list<E> values) {
   nb::enum_<E> e(m, name);
-  for (E v : values) e.value(to_string(v), v);
+  for (E v : values) e.value(std::string(to_string(v)) == "global" ? "global_" : to_string(v), v);
 }
 
 // A struct whose fields Python reads and writes by name; the dataclasses do the rest.

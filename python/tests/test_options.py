@@ -64,3 +64,14 @@ def test_bad_options_are_refused_by_name(options, message):
     with pytest.raises(fc.Error, match=message):
         _core.check_options(options._to_core())
     assert issubclass(fc.Error, ValueError)
+
+
+def test_the_type_stubs_ship_beside_the_module_and_name_it_all():
+    import ast
+    import pathlib
+
+    stub = pathlib.Path(_core.__file__).with_name("_core.pyi")
+    tree = ast.parse(stub.read_text())
+    names = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    public = {n for n in dir(_core) if not n.startswith("_") and callable(getattr(_core, n))}
+    assert public <= names, public - names

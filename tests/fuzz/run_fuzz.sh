@@ -21,7 +21,8 @@ targets=("$@")
 tools/install_deps.sh clang libclang-rt-14-dev  # clang and its fuzzer runtime
 
 cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHCACHE_FUZZ=ON \
-      -DFLASHCACHE_CUDA=OFF -DFLASHCACHE_BUILD_TESTS=OFF -DFLASHCACHE_BUILD_BENCH=OFF -DFLASHCACHE_BUILD_EXAMPLES=OFF >/dev/null
+      -DFLASHCACHE_CUDA=OFF -DFLASHCACHE_BUILD_TESTS=OFF -DFLASHCACHE_BUILD_BENCH=OFF -DFLASHCACHE_BUILD_EXAMPLES=OFF \
+      -DFLASHCACHE_PYTHON=OFF >/dev/null
 nice -n 19 cmake --build "$build" -j2 --target "${targets[@]}"
 
 # Scratch files (the targets' inputs, libFuzzer's new corpus units) in memory when possible.
