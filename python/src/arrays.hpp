@@ -61,7 +61,7 @@ inline bool on_cpu(const AnyArray& a) { return a.device_type() == nb::device::cp
 inline void require_cpu(const AnyArray& a, const char* name) {
   if (!on_cpu(a))
     value_error(std::string(name) +
-                ": the array is on a device; this call reads host memory (CUDA tensors: flashcache.gpu)");
+                ": the array is on a device; the Python door reads host memory only (the CUDA door is not written yet: pass .cpu())");
 }
 
 inline std::string shape_string(const AnyArray& a) {
