@@ -112,8 +112,8 @@ Status check_tails(TailView<T> tails, std::int64_t heads, std::int64_t tokens, c
 // One chunk of queries, positions [first, first + q.tokens), against its keys and
 // tails: what TailAccumulator::add and the GPU's query_tails_async both check
 // (`who` opens the messages). An empty chunk passes.
-template <class T>
-Status check_tail_chunk(KVView<const T> q, std::int64_t first, KVView<const T> k, TailView<float> tails,
+template <class TQ, class TK>
+Status check_tail_chunk(KVView<const TQ> q, std::int64_t first, KVView<const TK> k, TailView<float> tails,
                         const char* who) {
   FLASHCACHE_RETURN_IF_ERROR(check_view(q, "Q"));
   FLASHCACHE_RETURN_IF_ERROR(check_view(k, "K"));
@@ -151,9 +151,11 @@ class TailAccumulator {
   // Raises tails from the queries q [Hq][chunk][d] of positions [first, first + chunk).
   // k: the layer's keys [Hkv][>= first + chunk][d] (query head g reads KV head g / (Hq / Hkv));
   // lse: null, or the queries' log-sum-exp [Hq][chunk] (row g * chunk + r), natural log
-  // of the scaled logits over keys 0..first + r, as FlashAttention returns it.
-  template <class T>
-  Status add(KVView<const T> q, std::int64_t first, KVView<const T> k, const float* lse, TailView<float> tails,
+  // of the scaled logits over keys 0..first + r, as FlashAttention returns it. Queries and
+  // keys may differ in element type (recall reads f16 queries against keys gathered as floats):
+  // both become floats tile by tile.
+  template <class TQ, class TK>
+  Status add(KVView<const TQ> q, std::int64_t first, KVView<const TK> k, const float* lse, TailView<float> tails,
              const QueryTailOptions& opt = {}) {
     FLASHCACHE_RETURN_IF_ERROR(check_tail_options(opt));
     FLASHCACHE_RETURN_IF_ERROR(check_tail_chunk(q, first, k, tails, "tail"));

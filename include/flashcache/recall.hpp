@@ -29,7 +29,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "archive.hpp"
@@ -119,7 +118,7 @@ class RecallScorer {
     every.min_distance = 0;
     const KVView<const float> k = hnd<const float>(keys_.data(), Heads(s.kv_heads), Tokens(n), HeadDim(d));
     FLASHCACHE_RETURN_IF_ERROR(
-        tails_acc_.add(float_queries(q), r + a, k, nullptr, TailView<float>{tails_.data(), s.kv_heads, n}, every));
+        tails_acc_.add(q, r + a, k, nullptr, TailView<float>{tails_.data(), s.kv_heads, n}, every));
     for (std::int64_t h = 0; h < s.kv_heads; ++h) {
       float* score = token_score_.data() + ranking_of(layer, h) * a;
       for (std::int64_t t = 0; t < a; ++t)
@@ -250,20 +249,6 @@ class RecallScorer {
   }
 
   // KV head h's part of an archived K row, as floats.
-  // The queries as floats, the context keys' type: q itself, or a copy in queries_ (f16, bf16).
-  template <class T>
-  KVView<const float> float_queries(KVView<const T> q) {
-    if constexpr (std::is_same_v<T, float>) {
-      return q;
-    } else {
-      queries_.resize(static_cast<std::size_t>(q.heads * q.tokens * q.head_dim));
-      for (std::int64_t g = 0; g < q.heads; ++g)
-        for (std::int64_t i = 0; i < q.tokens; ++i)
-          row_to_float(q.row(g, i), q.head_dim, queries_.data() + (g * q.tokens + i) * q.head_dim);
-      return hnd<const float>(queries_.data(), Heads(q.heads), Tokens(q.tokens), HeadDim(q.head_dim));
-    }
-  }
-
   void load_archived(const unsigned char* row, std::int64_t h, float* out) const {
     const ArchiveShape& s = archive_->shape();
     const std::int64_t d = s.head_dim;
@@ -288,8 +273,7 @@ class RecallScorer {
   std::vector<float> token_score_;     // [rankings][archive tokens]
   std::vector<float> resident_score_;  // [rankings][resident tokens]
   std::int64_t resident_tokens_ = -1;
-  std::vector<float> keys_;     // one layer's context keys [Hkv][n][d]
-  std::vector<float> queries_;  // f16/bf16 queries as floats [Hq][m][d]
+  std::vector<float> keys_;   // one layer's context keys [Hkv][n][d]
   std::vector<float> tails_;  // [Hkv][n]
   TailAccumulator tails_acc_;
 };

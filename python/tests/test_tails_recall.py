@@ -89,3 +89,20 @@ def test_archive_refuses_bad_rows(rng):
         fc.Archive(1, 2, 8, "int8")
     with pytest.raises(fc.Error, match="block_size 0"):
         fc.Archive(1, 2, 8, "float16", fc.ArchiveOptions(block_size=0))
+
+
+def test_recall_reads_float16_queries_as_the_float32_ones(rng):
+    """f16 queries against keys gathered as floats: the same block ranking as in float32."""
+    layers, heads, dim = 1, 2, 16
+    rows = [rng.standard_normal((24, heads, dim)).astype(np.float16)]
+    scores = {}
+    for dtype in (np.float32, np.float16):
+        arch = fc.Archive(layers, heads, dim, np.dtype(dtype).name, fc.ArchiveOptions(block_size=4))
+        arch.append(np.arange(24, dtype=np.int32), [r.astype(dtype) for r in rows], [r.astype(dtype) for r in rows])
+        q = (rows[0][[5, 17]].transpose(1, 0, 2) * 3).astype(dtype)  # [heads, 2, dim]
+        resident = np.zeros((heads, 3, dim), dtype)
+        scorer = fc.RecallScorer(arch, "per_head")
+        scorer.add_layer(0, q, resident, q)
+        scores[dtype] = scorer.block_scores(0)
+    np.testing.assert_allclose(scores[np.float16], scores[np.float32], rtol=1e-5)
+    assert scores[np.float16].argmax() in (1, 4)
