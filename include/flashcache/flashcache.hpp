@@ -292,15 +292,18 @@ Status compress_scored_model(const std::vector<KVView<const T>>& k, const std::v
 // Compresses one layer: every head keeps `budget` tokens (a count, or a ratio
 // of the layer's tokens), chosen by outlier score; `mask` marks tokens always
 // kept and `spans` the layer's image spans. Reads opt.score and opt.select
-// (opt.allocate splits a model's budget: compress_model). Throws flashcache::Error.
+// (opt.allocate splits a model's budget: compress_model). `tails`: each key's tail
+// [heads][tokens] (query_tail.hpp), read when opt.score.query is QueryInput::tail.
+// Throws flashcache::Error.
 template <class Real = float, class T>
 CompressedLayer<std::remove_const_t<T>> compress(KVView<T> k, KVView<T> v, Budget budget, const Options& opt = {},
-                                                 ProtectMask mask = {}, ImageSpans spans = {}) {
+                                                 ProtectMask mask = {}, ImageSpans spans = {},
+                                                 TailView<const float> tails = {}) {
   using E = std::remove_const_t<T>;
   const KVView<const E> kc(k), vc(v);
   Scorer<Real> scorer;
   LayerScores scores;
-  throw_if_error(scorer.score(kc, vc, opt.score, &scores, ScoreInputs{spans, {}}));
+  throw_if_error(scorer.score(kc, vc, opt.score, &scores, ScoreInputs{spans, tails}));
   std::int64_t keep = 0;
   throw_if_error(budget.resolve(k.tokens, &keep));
   throw_if_error(check_mask(mask, k.tokens));

@@ -54,6 +54,16 @@ DType pair_dtype(const AnyArray& k, const AnyArray& v) {
   return dk;
 }
 
+// Calls f(k view, v view) with the views typed by the pair's one dtype.
+template <class F>
+decltype(auto) with_kv(const AnyArray& k, const AnyArray& v, Layout layout, F&& f) {
+  return with_dtype(pair_dtype(k, v), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto kv = kv_view<T>(k, layout, "k");  // k first: its error is the one named
+    return f(kv, kv_view<T>(v, layout, "v"));
+  });
+}
+
 nb::object scores_array(LayerScores& s, Framework fw) {
   return to_array(std::move(s.score), {static_cast<std::size_t>(s.heads), static_cast<std::size_t>(s.tokens)}, fw);
 }
@@ -69,34 +79,13 @@ nb::tuple layer_result(CompressedLayer<T>&& out, Framework fw) {
                         to_array(std::move(out.v), {h, b, d}, fw), scores_array(out.scores, fw), ratio, nonfinite);
 }
 
-// compress(): score (with the tails, when given), then the selection and gather
-// of flashcache::compress, into an owning layer.
+// flashcache::compress without the GIL: the library works while Python goes on.
 template <class T>
 CompressedLayer<T> compress_layer(KVView<const T> k, KVView<const T> v, const Budget& budget, const Options& opt,
                                   ProtectMask mask, const std::vector<GridSpan>& spans, TailView<const float> tails) {
   nb::gil_scoped_release release;
   throw_if_error(check_options(opt));
-  Scorer<float> scorer;
-  LayerScores scores;
-  throw_if_error(scorer.score(k, v, opt.score, &scores, ScoreInputs{spans, tails}));
-  std::int64_t keep = 0;
-  throw_if_error(budget.resolve(k.tokens, &keep));
-  throw_if_error(check_mask(mask, k.tokens));
-  CompressedLayer<T> out;
-  out.kept.resize(static_cast<std::size_t>(k.heads * keep));
-  SelectWorkspace ws;
-  throw_if_error(select_tokens(scores.view(), keep, opt.select, mask, spans, &ws, KeptView{out.kept.data(), keep}));
-  out.heads = k.heads;
-  out.tokens = k.tokens;
-  out.budget = keep;
-  out.head_dim = k.head_dim;
-  const auto size = static_cast<std::size_t>(k.heads * keep * k.head_dim);
-  out.k.resize(size);
-  out.v.resize(size);
-  throw_if_error(gather(k, out.kept.data(), hnd(out.k.data(), Heads(k.heads), Tokens(keep), HeadDim(k.head_dim))));
-  throw_if_error(gather(v, out.kept.data(), hnd(out.v.data(), Heads(k.heads), Tokens(keep), HeadDim(k.head_dim))));
-  out.scores = std::move(scores);
-  return out;
+  return flashcache::compress<float>(k, v, budget, opt, mask, spans, tails);
 }
 
 nb::tuple compress(const AnyArray& k, const AnyArray& v, Layout layout, const Budget& budget, const Options& opt,
@@ -105,11 +94,9 @@ nb::tuple compress(const AnyArray& k, const AnyArray& v, Layout layout, const Bu
   const std::vector<GridSpan> grid = grid_spans(spans);
   const ProtectMask m = protect_mask(mask, "mask");
   const TailView<const float> t = tail_view(tails, "tails");
-  return with_dtype(pair_dtype(k, v), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    const auto kv = kv_view<T>(k, layout, "k"), vv = kv_view<T>(v, layout, "v");
+  return with_kv(k, v, layout, [&](auto kv, auto vv) {
     throw_if_error(check_pair(kv, vv));
-    return layer_result(compress_layer<T>(kv, vv, budget, opt, m, grid, t), fw);
+    return layer_result(compress_layer(kv, vv, budget, opt, m, grid, t), fw);
   });
 }
 
@@ -169,9 +156,7 @@ nb::tuple score(const AnyArray& k, const AnyArray& v, Layout layout, const Score
                 const std::vector<Span>& spans, const std::optional<AnyArray>& tails, Framework fw) {
   const std::vector<GridSpan> grid = grid_spans(spans);
   const TailView<const float> t = tail_view(tails, "tails");
-  return with_dtype(pair_dtype(k, v), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    const auto kv = kv_view<T>(k, layout, "k"), vv = kv_view<T>(v, layout, "v");
+  return with_kv(k, v, layout, [&](auto kv, auto vv) {
     LayerScores s;
     {
       nb::gil_scoped_release release;
@@ -187,16 +172,15 @@ nb::tuple score(const AnyArray& k, const AnyArray& v, Layout layout, const Score
   });
 }
 
-// The same call timed inside C++ (bench/python/overhead.py): seconds per call over `repeats`,
-// the baseline the Python door's own time is divided by.
+// flashcache::compress timed inside C++ (bench/python/overhead.py): seconds per call over
+// `repeats`, the baseline the Python door's own time is divided by.
 double time_compress(const AnyArray& k, const AnyArray& v, Layout layout, const Budget& budget, const Options& opt,
                      int repeats) {
   if (repeats < 1) value_error("repeats must be at least 1");
-  return with_dtype(pair_dtype(k, v), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    const auto kv = kv_view<T>(k, layout, "k"), vv = kv_view<T>(v, layout, "v");
+  return with_kv(k, v, layout, [&](auto kv, auto vv) {
+    nb::gil_scoped_release release;
     const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < repeats; ++i) compress_layer<T>(kv, vv, budget, opt, {}, {}, {});
+    for (int i = 0; i < repeats; ++i) flashcache::compress<float>(kv, vv, budget, opt);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / repeats;
   });
 }
