@@ -62,6 +62,52 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 @torch.no_grad()
+def kept_sets(
+    cache: Any,
+    keep: float | int,
+    options: Options,
+    *,
+    model: Any = None,
+    layers: Sequence[int] | None = None,
+    one_length: bool = False,
+    who: str = "compress_cache",
+) -> tuple[list[int], list[list[torch.Tensor]]]:
+    """What flashcache keeps of a prefilled cache: the layers chosen, and per chosen layer and
+    sequence the kept indices [kv_heads, budget] (int64, ascending), the cache left as it is.
+
+    Each sequence of the batch is compressed on its own (its budgets by layer may differ under
+    dynamic allocation); ``one_length`` refuses that case, for a caller that needs one length a layer.
+    """
+    chosen = list(layers) if layers is not None else global_layers(model, cache)
+    if not chosen:
+        raise ValueError(f"{who}: no layer to compress")
+    n_layers = len(cache.layers)
+    for i in chosen:
+        if not 0 <= i < n_layers:
+            raise ValueError(f"{who}: layer {i} of a cache of {n_layers}")
+        if getattr(cache.layers[i], "is_sliding", False):
+            raise ValueError(f"{who}: layer {i} is a sliding-window layer; it keeps its own window")
+    keys = [cache.layers[i].keys for i in chosen]
+    values = [cache.layers[i].values for i in chosen]
+    batch, _, tokens, _ = keys[0].shape
+    for i, k in zip(chosen, keys):
+        if k.shape[0] != batch or k.shape[2] != tokens:
+            raise ValueError(f"{who}: layer {i} holds {tuple(k.shape)}, layer {chosen[0]} {tuple(keys[0].shape)}"
+                             " (every compressed layer needs the same batch and tokens)")
+        if k.device.type != "cpu":
+            raise ValueError(f"{who}: layer {i} is on {k.device}; this helper compresses CPU caches")
+    if one_length and batch > 1 and options.allocate.mode == Allocation.dynamic:
+        raise ValueError(f"{who}: a batch of {batch} sequences with dynamic allocation would give each "
+                         "sequence its own layer lengths; use Options(allocate=AllocateOptions(mode='uniform'))")
+    kept: list[list[torch.Tensor]] = [[] for _ in chosen]
+    for b in range(batch):
+        result = compress_model([k[b] for k in keys], [v[b] for v in values], keep, options)
+        for j, layer in enumerate(result.layers):
+            kept[j].append(torch.as_tensor(layer.kept).to(torch.int64))
+    return chosen, kept
+
+
+@torch.no_grad()
 def compress_cache(
     cache: Any,
     keep: float | int = 0.2,
@@ -78,40 +124,17 @@ def compress_cache(
     one sequence, since a layer's tensor holds one length. ``layers``: which layers (default:
     the global ones of ``model``, or every layer the cache does not mark sliding).
     """
-    options = options or Options()
-    chosen = list(layers) if layers is not None else global_layers(model, cache)
-    if not chosen:
-        raise ValueError("compress_cache: no layer to compress")
-    n_layers = len(cache.layers)
-    for i in chosen:
-        if not 0 <= i < n_layers:
-            raise ValueError(f"compress_cache: layer {i} of a cache of {n_layers}")
-        if getattr(cache.layers[i], "is_sliding", False):
-            raise ValueError(f"compress_cache: layer {i} is a sliding-window layer; it keeps its own window")
-    keys = [cache.layers[i].keys for i in chosen]
-    values = [cache.layers[i].values for i in chosen]
-    batch, _, tokens, _ = keys[0].shape
-    for i, k in zip(chosen, keys):
-        if k.shape[0] != batch or k.shape[2] != tokens:
-            raise ValueError(f"compress_cache: layer {i} holds {tuple(k.shape)}, layer {chosen[0]} {tuple(keys[0].shape)}"
-                             " (every compressed layer needs the same batch and tokens)")
-        if k.device.type != "cpu":
-            raise ValueError(f"compress_cache: layer {i} is on {k.device}; this helper compresses CPU caches")
-    if batch > 1 and options.allocate.mode == Allocation.dynamic:
-        raise ValueError(f"compress_cache: a batch of {batch} sequences with dynamic allocation would give each "
-                         "sequence its own layer lengths; use Options(allocate=AllocateOptions(mode='uniform'))")
-    kept_per_seq = []
-    for b in range(batch):
-        model_out = compress_model([k[b] for k in keys], [v[b] for v in values], keep, options)
-        kept_per_seq.append([torch.as_tensor(layer.kept).to(torch.int64) for layer in model_out.layers])
-    before = sum(_nbytes(k) + _nbytes(v) for k, v in zip(keys, values))
-    after, kept_out = 0, []
-    for j, i in enumerate(chosen):
-        index = torch.stack([kept_per_seq[b][j] for b in range(batch)])  # [batch, kv_heads, budget]
-        gather = index.unsqueeze(-1).expand(-1, -1, -1, keys[j].shape[-1])
+    chosen, kept = kept_sets(cache, keep, options or Options(), model=model, layers=layers, one_length=True)
+    tokens = cache.layers[chosen[0]].keys.shape[2]
+    before = after = 0
+    kept_out = []
+    for i, per_seq in zip(chosen, kept):
         layer = cache.layers[i]
-        layer.keys = keys[j].gather(2, gather).contiguous()
-        layer.values = values[j].gather(2, gather).contiguous()
+        index = torch.stack(per_seq)  # [batch, kv_heads, budget]
+        gather = index.unsqueeze(-1).expand(-1, -1, -1, layer.keys.shape[-1])
+        before += _nbytes(layer.keys) + _nbytes(layer.values)
+        layer.keys = layer.keys.gather(2, gather).contiguous()
+        layer.values = layer.values.gather(2, gather).contiguous()
         after += _nbytes(layer.keys) + _nbytes(layer.values)
         kept_out.append(index)
     return CacheCompression(chosen, kept_out, tokens, before, after)

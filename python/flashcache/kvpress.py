@@ -29,7 +29,7 @@ from kvpress import BasePress, ScorerPress
 from kvpress.utils import compute_n_kept
 
 from . import hf
-from .compress import compress, compress_model
+from .compress import compress
 from .options import Options
 
 
@@ -108,23 +108,16 @@ class FlashCacheModelPress(BasePress):
     @torch.no_grad()
     def _mask(self, model: Any, cache: Any) -> None:
         """kvpress's way: every layer's evicted (batch, head, token) go to its masked_key_indices."""
-        chosen = hf.global_layers(model, cache)
-        keys = [cache.layers[i].keys for i in chosen]
-        values = [cache.layers[i].values for i in chosen]
-        batch, heads, tokens, _ = keys[0].shape
-        evicted: list[list[torch.Tensor]] = [[] for _ in chosen]
-        for b in range(batch):
-            result = compress_model([k[b].cpu() for k in keys], [v[b].cpu() for v in values],
-                                    1.0 - self.compression_ratio, self.options)
-            for j, layer in enumerate(result.layers):
-                drop = torch.ones(heads, tokens, dtype=torch.bool)
-                drop.scatter_(1, torch.as_tensor(layer.kept).to(torch.int64), False)
-                evicted[j].append(drop)
-        layers = _attention_modules(model)
-        for j, i in enumerate(chosen):
-            drop = torch.stack(evicted[j])  # [batch, heads, tokens]
+        chosen, kept = hf.kept_sets(cache, 1.0 - self.compression_ratio, self.options, model=model,
+                                    who="FlashCacheModelPress")
+        modules = _attention_modules(model)
+        for i, per_seq in zip(chosen, kept):
+            keys = cache.layers[i].keys
+            drop = torch.ones(keys.shape[:3], dtype=torch.bool)  # [batch, heads, tokens]
+            for b, index in enumerate(per_seq):
+                drop[b].scatter_(1, index, False)
             b, h, t = drop.nonzero(as_tuple=True)
-            layers[i].masked_key_indices = (b.to(keys[j].device), h.to(keys[j].device), t.to(keys[j].device))
+            modules[i].masked_key_indices = (b.to(keys.device), h.to(keys.device), t.to(keys.device))
 
 
 def _attention_modules(model: Any) -> list[Any]:
