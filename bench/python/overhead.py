@@ -1,6 +1,6 @@
 """The Python door's cost per call: flashcache.compress from Python against the same C++ call timed in C++.
 
-Both sides run in this process on the same arrays, one after the other, each the best of several
+Both sides run in this process on the same arrays, one after the other, each the best of 15
 rounds (the library's own time is the C++ loop in flashcache._core._time_compress); the ratio is
 Python's time over C++'s. Prints JSON; bench/RESULTS.md quotes it.
 
@@ -15,6 +15,8 @@ import numpy as np
 
 import flashcache as fc
 from flashcache import _arrays, _core
+
+ROUNDS = 15  # best of: the other core's load moves single rounds by tens of microseconds
 
 SHAPES = [  # (heads, tokens, head_dim): a tiny call where the door dominates, then real layers
     (1, 128, 64),
@@ -41,10 +43,10 @@ def main():
         v = rng.standard_normal((heads, tokens, dim)).astype(np.float16)
         repeats = max(1, 20_000 // tokens)
         options = fc.Options()
-        py = best(lambda: fc.compress(k, v, 0.2, options), 5, repeats)
+        py = best(lambda: fc.compress(k, v, 0.2, options), ROUNDS, repeats)
         core = options._to_core()
         budget = _arrays.budget(0.2)
-        cpp = min(_core._time_compress(k, v, _core.Layout.hnd, budget, core, repeats) for _ in range(5))
+        cpp = min(_core._time_compress(k, v, _core.Layout.hnd, budget, core, repeats) for _ in range(ROUNDS))
         rows.append({"heads": heads, "tokens": tokens, "head_dim": dim, "dtype": "float16",
                      "python_s": py, "cpp_s": cpp, "ratio": py / cpp, "overhead_us": (py - cpp) * 1e6})
     print(json.dumps({"machine": platform.processor() or platform.machine(), "python": platform.python_version(),

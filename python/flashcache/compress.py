@@ -148,9 +148,9 @@ def compress_model(
     """
     if len(k) == 0:
         raise ValueError("compress_model: no layers")
-    pairs = [_pair(kl, vl) for kl, vl in zip(k, v)]
     if len(k) != len(v):
         raise ValueError(f"{len(k)} K layers but {len(v)} V layers")
+    pairs = [_pair(kl, vl) for kl, vl in zip(k, v)]
     fws = {fw for _, _, fw in pairs}
     if len(fws) > 1:
         raise TypeError("the layers mix numpy arrays and torch tensors")
