@@ -5,9 +5,10 @@
     out.kept, out.k, out.v                             # kept indices, compacted K'/V'
     model = flashcache.compress_model(ks, vs, keep=0.2)  # per-layer budgets by energy ratio
 
-numpy arrays and torch CPU tensors are read in place (no copy). Optional parts, imported
-on their own: ``flashcache.kvpress`` (a kvpress press; needs torch and kvpress) and
-``flashcache.hf`` (compacting a transformers cache; needs torch). docs/PYTHON.md.
+numpy arrays and torch CPU tensors are read in place (no copy); CUDA tensors go to the GPU
+front door when the package has it (``has_cuda``). Optional parts, imported on their own:
+``flashcache.cuda`` (the GPU door), ``flashcache.kvpress`` (kvpress presses; needs torch and
+kvpress) and ``flashcache.hf`` (compacting a transformers cache; needs torch). docs/PYTHON.md.
 """
 
 from ._core import (
@@ -25,8 +26,8 @@ from ._core import (
     TailMix,
     Transform,
     __version__,
-    has_cuda,
 )
+from ._door import has_cuda
 from .compress import CompressedLayer, CompressedModel, Scores, compress, compress_model, score
 from .options import (
     AllocateOptions,

@@ -27,6 +27,11 @@ def readable(x: Any, name: str) -> Any:
     return x
 
 
+def on_cuda(x: Any) -> bool:
+    """Whether `x` is a torch tensor in CUDA memory (the GPU door's input)."""
+    return framework(x, "k") is _core.Framework.torch and x.device.type == "cuda"
+
+
 def layout(value: str) -> _core.Layout:
     if value not in ("hnd", "nhd"):
         raise ValueError(f"layout {value!r} is not 'hnd' ([heads, tokens, head_dim]) or 'nhd' ([tokens, heads, head_dim])")

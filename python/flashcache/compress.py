@@ -37,9 +37,9 @@ class CompressedLayer:
     kept: Array
     k: Array
     v: Array
-    scores: Array  # [heads, tokens] float32
+    scores: Array | None  # [heads, tokens] float32; None from the GPU door (they stay on the device)
     energy_ratio: float
-    nonfinite: int
+    nonfinite: int | None  # (head, token) rows holding a NaN or infinity; None where not counted (GPU door)
 
     @property
     def budget(self) -> int:
@@ -54,7 +54,7 @@ class CompressedModel:
     layers: list[CompressedLayer]
     budgets: Array  # [layers] int64
     energy_ratio: Array  # [layers] float64
-    nonfinite: int
+    nonfinite: int | None  # None where not counted (GPU door)
 
     def tokens_after(self) -> int:
         return int(sum(int(b) for b in self.budgets))
@@ -145,9 +145,19 @@ def compress_model(
     dynamic allocation the same total is re-split across layers in proportion to their
     high-frequency energy ratios R_l. Every head keeps its own tokens unless ``shared``
     asks for one set per layer or per sequence. ``masks`` and ``tails``: one per layer, or none.
+    CUDA tensors go to the GPU front door (:func:`flashcache.cuda.compress_model`), which takes
+    the options and per-head sets only.
     """
     if len(k) == 0:
         raise ValueError("compress_model: no layers")
+    if _arrays.on_cuda(k[0]):
+        extras = {"shared": shared, "masks": masks, "spans": spans, "tails": tails}
+        given = [name for name, value in extras.items() if value]
+        if given:
+            raise ValueError(f"CUDA tensors: the GPU door takes no {', '.join(given)} yet (pass .cpu() tensors for them)")
+        from . import cuda
+
+        return cuda.compress_model(k, v, keep, options, layout=layout)
     if len(k) != len(v):
         raise ValueError(f"{len(k)} K layers but {len(v)} V layers")
     pairs = [_pair(kl, vl) for kl, vl in zip(k, v)]

@@ -61,10 +61,12 @@ inline bool on_cpu(const AnyArray& a) { return a.device_type() == nb::device::cp
 inline void require_cpu(const AnyArray& a, const char* name) {
   if (!on_cpu(a))
     value_error(std::string(name) +
-                ": the array is on a device; the Python door reads host memory only (the CUDA door is not written yet: pass .cpu())");
+                ": the array is on a device; this call reads host memory (CUDA tensors: flashcache.compress_model "
+                "and flashcache.cuda, in a build with the CUDA door; otherwise pass .cpu())");
 }
 
-inline std::string shape_string(const AnyArray& a) {
+template <class Array>
+std::string shape_string(const Array& a) {
   std::string s = "(";
   for (std::size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
   return s + (a.ndim() == 1 ? ",)" : ")");

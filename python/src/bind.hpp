@@ -8,6 +8,5 @@ void bind_options(nanobind::module_& m);   // enumerations and option structs
 void bind_compress(nanobind::module_& m);  // score, compress, compress_model
 void bind_tails(nanobind::module_& m);     // the prompt's queries: keys' tails
 void bind_recall(nanobind::module_& m);    // the archive of evicted tokens and recall
-void bind_gpu(nanobind::module_& m);       // CUDA tensors: not bound yet (has_cuda = False)
 
 }  // namespace flashcache::python

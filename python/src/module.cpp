@@ -19,5 +19,4 @@ NB_MODULE(_core, m) {
   flashcache::python::bind_compress(m);
   flashcache::python::bind_tails(m);
   flashcache::python::bind_recall(m);
-  flashcache::python::bind_gpu(m);
 }

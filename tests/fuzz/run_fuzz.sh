@@ -7,12 +7,14 @@
 #
 #   tests/fuzz/run_fuzz.sh                      # every target, 60 s each
 #   FUZZ_SECONDS=10 tests/fuzz/run_fuzz.sh fuzz_npy
+#   FUZZ_JOBS=2 tests/fuzz/run_fuzz.sh          # two targets at a time (each is one process, one core)
 #
 # Installs clang and its fuzzer runtime from Debian when missing (idempotent).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 seconds=${FUZZ_SECONDS:-60}
+jobs=${FUZZ_JOBS:-1}
 build=${FUZZ_BUILD_DIR:-build-fuzz}
 artifacts=${FUZZ_ARTIFACTS:-$build/artifacts}
 targets=("$@")
@@ -33,10 +35,9 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$artifacts"
 artifacts=$(cd "$artifacts" && pwd)  # fuzz_cli changes directory while it runs
 
-status=0
-for t in "${targets[@]}"; do
-  seeds=tests/fuzz/corpus/$t
-  extra=()
+# One target: libFuzzer from the seeds for `seconds`; its exit status in $work/$t/rc.
+fuzz_one() {
+  local t=$1 seeds=tests/fuzz/corpus/$1 extra=() rc=0
   case $t in
     fuzz_npy) extra=(-dict=tests/fuzz/npy.dict -max_len=4096) ;;
     fuzz_cli) extra=(-dict=tests/fuzz/cli.dict -max_len=8192) ;;
@@ -45,11 +46,22 @@ for t in "${targets[@]}"; do
     fuzz_llama_state) extra=(-max_len=32768) ;;  # the real seed (1 token, 30 layers) is ~24 KB
   esac
   mkdir -p "$work/$t/corpus" "$work/$t/tmp"
-  log=$work/$t/log
-  rc=0
   TMPDIR=$work/$t/tmp nice -n 19 "$build/tests/fuzz/$t" "$work/$t/corpus" "$seeds" "${extra[@]}" \
     -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -close_fd_mask=3 -print_final_stats=1 \
-    -artifact_prefix="$artifacts/$t-" >"$log" 2>&1 || rc=$?
+    -artifact_prefix="$artifacts/$t-" >"$work/$t/log" 2>&1 || rc=$?
+  echo "$rc" >"$work/$t/rc"
+}
+
+for t in "${targets[@]}"; do
+  while (($(jobs -rp | wc -l) >= jobs)); do wait -n || true; done
+  fuzz_one "$t" &
+done
+wait
+
+status=0
+for t in "${targets[@]}"; do
+  log=$work/$t/log
+  rc=$(cat "$work/$t/rc")
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   edges=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
   if ((rc != 0)) || grep -qE 'ERROR: (AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|libFuzzer)|runtime error:' "$log"; then

@@ -12,6 +12,7 @@
 //   can_implement(cache, budget, opt, out, global)  everything checkable on the host
 //   workspace_size(cache, opt, &bytes, global)      bytes of scratch a run needs
 //   compress_async(cache, budget, opt, out, ws, bytes, stream, global)
+// compress_and_wait() runs on a caller's workspace and waits; compress() also allocates it.
 // The run allocates nothing, never synchronises the host and never throws, so
 // an engine can capture it in a CUDA graph. What only the device can see (a
 // bad page id, a budget below the protected set of one sequence) is recorded
@@ -74,29 +75,42 @@ Status device_status(const Cache<T>& c, const Options& opt, const void* workspac
   return device_status(workspace, layout, stream);
 }
 
+// Runs on the caller's workspace (at least workspace_size() bytes) and waits for
+// `stream`: compress() for a caller whose own allocator holds the memory (a
+// framework's caching allocator, the Python door). Reports host- and
+// device-side failures alike; a global transform is bound for this call only.
+template <class T>
+Status compress_and_wait(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
+                         void* workspace, std::size_t workspace_bytes, cudaStream_t stream = nullptr,
+                         const GlobalTransform* global = nullptr) {
+  FLASHCACHE_RETURN_IF_ERROR(can_implement(c, budget, opt, out, global));
+  WorkspaceLayout layout;
+  FLASHCACHE_RETURN_IF_ERROR(workspace_layout(c, opt, global, &layout));
+  // The global is bound to this workspace for this call only (refused if another caller holds it).
+  const bool is_global = opt.score.transform == Transform::global;
+  const Status bound = is_global ? global->bind(stream, Workspace(workspace, layout).fft_work()) : Status::success();
+  const bool bound_here = is_global && bound.ok();
+  const Status s = bound.ok() ? compress_async(c, budget, opt, out, workspace, workspace_bytes, stream, global) : bound;
+  const Status device =
+      s.ok() ? device_status(workspace, layout, stream) : cuda_status(cudaStreamSynchronize(stream), "waiting");
+  if (bound_here) global->release_binding();  // the run has finished: the workspace may go away
+  return s.ok() ? device : s;
+}
+
 // Convenience for simple callers: allocates the workspace, runs on `stream`,
 // waits, frees, and reports host- and device-side failures alike.
 template <class T>
 Status compress(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out,
                 cudaStream_t stream = nullptr, const GlobalTransform* global = nullptr) {
-  FLASHCACHE_RETURN_IF_ERROR(can_implement(c, budget, opt, out, global));
+  FLASHCACHE_RETURN_IF_ERROR(can_implement(c, budget, opt, out, global));  // before anything is allocated
   WorkspaceLayout layout;
   FLASHCACHE_RETURN_IF_ERROR(workspace_layout(c, opt, global, &layout));
   void* ws = nullptr;
   FLASHCACHE_RETURN_IF_ERROR(
       cuda_status(cudaMalloc(&ws, layout.total > 0 ? layout.total : 1), "allocating the workspace"));
-  // The global is bound to this workspace for this call only (refused if another caller holds it).
-  const bool is_global = opt.score.transform == Transform::global;
-  const Status bound = is_global ? global->bind(stream, Workspace(ws, layout).fft_work()) : Status::success();
-  const bool bound_here = is_global && bound.ok();
-  const Status s = bound.ok() ? compress_async(c, budget, opt, out, ws, layout.total, stream, global) : bound;
-  const Status device =
-      s.ok() ? device_status(ws, layout, stream) : cuda_status(cudaStreamSynchronize(stream), "waiting");
-  if (bound_here) global->release_binding();  // the run has finished: the workspace goes away
+  const Status s = compress_and_wait(c, budget, opt, out, ws, layout.total, stream, global);
   const Status freed = cuda_status(cudaFree(ws), "freeing the workspace");
-  if (!s.ok()) return s;
-  if (!device.ok()) return device;
-  return freed;
+  return s.ok() ? freed : s;
 }
 
 }  // namespace flashcache::gpu
