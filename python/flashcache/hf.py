@@ -18,7 +18,8 @@ Needs torch and transformers (``pip install flashcache[hf]``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ import torch
 
 from .compress import compress_model
 from ._core import Allocation
-from .options import Options
+from .options import Options, SharedKeepOptions
 
 # No "flash" in the name: transformers takes any such name for a flash-attention kernel.
 RAGGED_ATTENTION = "ragged_sdpa"
@@ -70,6 +71,7 @@ def kept_sets(
     model: Any = None,
     layers: Sequence[int] | None = None,
     one_length: bool = False,
+    shared: SharedKeepOptions | None = None,
     who: str = "compress_cache",
 ) -> tuple[list[int], list[list[torch.Tensor]]]:
     """What flashcache keeps of a prefilled cache: the layers chosen, and per chosen layer and
@@ -77,6 +79,7 @@ def kept_sets(
 
     Each sequence of the batch is compressed on its own (its budgets by layer may differ under
     dynamic allocation); ``one_length`` refuses that case, for a caller that needs one length a layer.
+    ``shared``: one set for the heads of a layer, or for every layer and head (default: per head).
     """
     chosen = list(layers) if layers is not None else global_layers(model, cache)
     if not chosen:
@@ -101,7 +104,7 @@ def kept_sets(
                          "sequence its own layer lengths; use Options(allocate=AllocateOptions(mode='uniform'))")
     kept: list[list[torch.Tensor]] = [[] for _ in chosen]
     for b in range(batch):
-        result = compress_model([k[b] for k in keys], [v[b] for v in values], keep, options)
+        result = compress_model([k[b] for k in keys], [v[b] for v in values], keep, options, shared=shared)
         for j, layer in enumerate(result.layers):
             kept[j].append(torch.as_tensor(layer.kept).to(torch.int64))
     return chosen, kept
@@ -192,3 +195,44 @@ def generate(model: Any, cache: Any, input_ids: torch.Tensor, position: int, max
         out = model(input_ids=token, past_key_values=cache, position_ids=ids, use_cache=True)
         next_pos += 1
     return torch.cat(tokens, dim=1)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@contextmanager
+def captured_queries(model: Any, layers: Sequence[int]) -> Generator[dict[int, torch.Tensor], None, None]:
+    """While open, every forward of the model leaves in ``queries[layer]`` that layer's queries
+    [batch, q_heads, tokens, head_dim] after RoPE (and the q-norm of Qwen3 and Gemma 3), as its
+    attention saw them: what a later question's recall scores the archive with.
+
+    The queries are recomputed from the attention's inputs (its ``q_proj``, ``q_norm`` where it
+    has one, and the rotate-half RoPE of Llama, Qwen and Gemma) in a hook that changes nothing.
+    """
+    base = getattr(model.model, "language_model", model.model)
+    queries: dict[int, torch.Tensor] = {}
+    handles = []
+
+    def hook_for(layer: int) -> Any:
+        def hook(module: Any, args: tuple, kwargs: dict) -> None:
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            cos, sin = kwargs["position_embeddings"]
+            if not hasattr(module, "q_proj"):
+                raise ValueError(f"captured_queries: {type(module).__name__} has no q_proj (Llama-like attention only)")
+            batch, tokens, _ = hidden.shape
+            q = module.q_proj(hidden).view(batch, tokens, -1, module.head_dim).transpose(1, 2)
+            if hasattr(module, "q_norm"):
+                q = module.q_norm(q)
+            queries[layer] = q * cos.unsqueeze(1) + _rotate_half(q) * sin.unsqueeze(1)
+
+        return hook
+
+    try:
+        for layer in layers:
+            handles.append(base.layers[layer].self_attn.register_forward_pre_hook(hook_for(layer), with_kwargs=True))
+        yield queries
+    finally:
+        for handle in handles:
+            handle.remove()

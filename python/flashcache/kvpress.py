@@ -13,6 +13,8 @@ attention patch, as KVzip and AdaKV do (comparable rows; memory is not freed); w
 ``compact=True`` it really shrinks each layer instead (flashcache.hf: the model is switched to
 the ragged attention, and the next tokens need explicit positions, as kvpress's pipeline gives).
 
+Recall of evicted tokens, the question asked after compression: ``flashcache.kvpress_recall``.
+
 Needs torch and kvpress (``pip install flashcache[kvpress]``).
 """
 
@@ -31,6 +33,25 @@ from kvpress.utils import compute_n_kept
 from . import hf
 from .compress import compress
 from .options import Options
+
+
+@contextmanager
+def prefill_cache(model: Any) -> Generator[dict, None, None]:
+    """While open, notes the cache the model's prefill fills (``captured["cache"]``), for a press
+    that acts after the whole prefill."""
+    base = model.model
+    captured: dict[str, Any] = {}
+    original = base.forward
+
+    def capturing_forward(model_self: Any, *args: Any, **kwargs: Any) -> Any:
+        captured["cache"] = kwargs.get("past_key_values")
+        return original(*args, **kwargs)
+
+    base.forward = MethodType(capturing_forward, base)
+    try:
+        yield captured
+    finally:
+        base.forward = original
 
 
 def _ranked(scores: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
@@ -83,19 +104,8 @@ class FlashCacheModelPress(BasePress):
 
     @contextmanager
     def __call__(self, model: Any) -> Generator:
-        base = model.model
-        captured: dict[str, Any] = {}
-        original = base.forward
-
-        def capturing_forward(model_self: Any, *args: Any, **kwargs: Any) -> Any:
-            captured["cache"] = kwargs.get("past_key_values")
-            return original(*args, **kwargs)
-
-        base.forward = MethodType(capturing_forward, base)
-        try:
+        with prefill_cache(model) as captured:
             yield
-        finally:
-            base.forward = original
         cache = captured.get("cache")
         if self.compression_ratio == 0 or cache is None:
             return
@@ -110,7 +120,7 @@ class FlashCacheModelPress(BasePress):
         """kvpress's way: every layer's evicted (batch, head, token) go to its masked_key_indices."""
         chosen, kept = hf.kept_sets(cache, 1.0 - self.compression_ratio, self.options, model=model,
                                     who="FlashCacheModelPress")
-        modules = _attention_modules(model)
+        modules = attention_modules(model)
         for i, per_seq in zip(chosen, kept):
             keys = cache.layers[i].keys
             drop = torch.ones(keys.shape[:3], dtype=torch.bool)  # [batch, heads, tokens]
@@ -120,6 +130,7 @@ class FlashCacheModelPress(BasePress):
             modules[i].masked_key_indices = (b.to(keys.device), h.to(keys.device), t.to(keys.device))
 
 
-def _attention_modules(model: Any) -> list[Any]:
+def attention_modules(model: Any) -> list[Any]:
+    """Every decoder layer's attention module (a multimodal model's language model's)."""
     base = getattr(model.model, "language_model", model.model)
     return [layer.self_attn for layer in base.layers]
