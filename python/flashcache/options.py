@@ -60,6 +60,8 @@ class _Mirror:
         out = self._core_type()
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
+            if f.name in self._enums:  # a name assigned after construction (options.score.base = "peak")
+                value = _enum(self._enums[f.name], value, f"{type(self).__name__}.{f.name}")
             setattr(out, f.name, value._to_core() if isinstance(value, _Mirror) else value)
         return out
 

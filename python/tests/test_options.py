@@ -51,6 +51,15 @@ def test_enums_by_name_and_unknown_names_refused():
         fc.ScoreOptions(base="lowpas")
 
 
+def test_enum_names_assigned_after_construction_reach_cpp():
+    options = fc.Options()
+    options.score.transform = "blocked"  # a plain attribute assignment: converted when the call is made
+    assert options._to_core().score.transform == fc.Transform.blocked
+    options.score.base = "lowpas"
+    with pytest.raises(ValueError, match="ScoreOptions.base: 'lowpas' is not one of"):
+        options._to_core()
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

