@@ -25,6 +25,8 @@ Each section comes from its own JSON, written by the run that measured it:
   llama_cost.json  bench/run_llama_cost.sh                  -> llama_cost.py
   static_sm90.json  bench/gpu/static_report.sh              -> static_gpu.py
   gpu_sim.json  bench/gpu_sim_check.sh (GPGPU-Sim)          -> gpu_sim.py
+  python_overhead.json, python_cache_memory.json  bench/python/ -> python_door.py
+  ruler/*.jsonl  bench/ruler/run.py (RULER-style tasks, kvpress's presses) -> ruler.py
 A missing JSON leaves its section out; numbers are never typed in by hand.
 """
 import json
@@ -73,6 +75,8 @@ def main():
                                    ("cpu_simd.json", "cpu_simd", "render"),
                                    ("llama_event_cost.json", "llama_event_cost", "render"),
                                    ("llama_cost.json", "llama_cost", "render"),
+                                   ("python_overhead.json", "python_door", "render_overhead"),
+                                   ("python_cache_memory.json", "python_door", "render_cache_memory"),
                                    ("static_sm90.json", "static_gpu", "render"),
                                    ("gpu_sim.json", "gpu_sim", "render")):
         path = os.path.join(RESULTS, name)
@@ -80,6 +84,9 @@ def main():
             section = __import__(module)
             with open(path) as f:
                 parts.append(getattr(section, function)(json.load(f)))
+    if os.path.isdir(os.path.join(RESULTS, "ruler")):  # JSON lines, one file per model, protocol and split
+        import ruler
+        parts.append(ruler.render(os.path.join(RESULTS, "ruler")))
     with open(os.path.join(ROOT, "bench", "RESULTS.md"), "w") as f:
         f.write("\n".join(parts))
 

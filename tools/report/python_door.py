@@ -1,0 +1,41 @@
+"""RESULTS.md's Python sections: the door's cost per call (bench/python/overhead.py) and the memory a
+compacted transformers cache releases (bench/python/cache_memory.py), from their JSON."""
+
+from __future__ import annotations
+
+
+def render_overhead(data: dict) -> str:
+    lines = ["## The Python door's cost per call (CPU)", "",
+             "`flashcache.compress(k, v, 0.2)` from Python against `flashcache::compress` timed in C++ in the same",
+             "process, on the same float16 arrays (one layer, `hnd`), best of 15 rounds each; 2026-12-04, this",
+             f"project's 2-core {data['machine']} machine, Python {data['python']}. Command: `PYTHONPATH=build/python python3",
+             "bench/python/overhead.py` (JSON: `bench/results/python_overhead.json`).", "",
+             "| heads x tokens x head_dim | Python (ms) | C++ (ms) | ratio | Python's extra (us) |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for r in data["rows"]:
+        lines.append(f"| {r['heads']} x {r['tokens']} x {r['head_dim']} | {r['python_s'] * 1e3:.3f} | "
+                     f"{r['cpp_s'] * 1e3:.3f} | {r['ratio']:.3f} | {r['overhead_us']:.0f} |")
+    lines += ["", "The door's own work is a few tens of microseconds a call (the checks, the options' conversion,",
+              "handing the result buffers to numpy without a copy); on a real layer it is inside the run-to-run",
+              "noise of about 1% (a negative difference is noise). The CLI path it replaces started a process and",
+              "wrote and read `.npy` files on every call.", ""]
+    return "\n".join(lines)
+
+
+def render_cache_memory(data: dict) -> str:
+    mib = 1024 * 1024
+    freed = "are freed (a weak reference to them is dead after the call)" if data["old_tensors_freed"] else \
+        "are NOT freed"
+    lines = ["## A transformers cache compacted by flashcache.hf (CPU)", "",
+             f"`flashcache.hf.compress_cache(cache, {data['keep']}, model=model)` on {data['model']}, after a prefill of",
+             f"{data['tokens']} tokens of Python's own `os.py` ({data['layers']} layers); 2026-12-04, this",
+             "project's 2-core machine. Command: `PYTHONPATH=build/python python3 bench/python/cache_memory.py "
+             f"{data['tokens']}`", "(JSON: `bench/results/python_cache_memory.json`).", "",
+             "| | before | after |", "| --- | ---: | ---: |",
+             f"| the cache's K and V | {data['cache_bytes_before'] / mib:.1f} MiB | {data['cache_bytes_after'] / mib:.1f} MiB |",
+             f"| the process's resident memory | {data['rss_mib_before']:.0f} MiB | {data['rss_mib_after']:.0f} MiB |",
+             "", f"The full tensors {freed}: {data['released_share']:.0%} of the cache's",
+             "bytes. The process's resident memory does not show it: the allocator keeps the freed pages",
+             "for the next tensors (the next decode steps reuse them); a masked cache (kvpress's AdaKV and KVzip)",
+             "frees nothing at all.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,122 @@
+"""RESULTS.md's RULER section, from the JSON lines of bench/ruler/run.py (bench/results/ruler/*.jsonl).
+
+One table per (model, protocol, split), laid out as kvpress's leaderboard: rows are methods, columns
+the compression ratios, then the mean over the ratios; niah_multikey_3 apart; the full cache's
+score beside; each row's cost as its prefill-and-compression time over the full row's on the same
+samples (the recall row adds the question's extra pass and the archive's scoring).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections import defaultdict
+
+ORDER = ["flashcache", "flashcache_recall", "flashcache_model", "flashcache_paper", "kvzip", "expected_attention",
+         "adakv_expected_attention", "snapkv", "keydiff", "tova", "knorm", "streaming_llm", "random"]
+LABEL = {
+    "flashcache": "flashcache (defaults, per layer)",
+    "flashcache_recall": "flashcache + recall",
+    "flashcache_model": "flashcache (dynamic layer budgets)",
+    "flashcache_paper": "flashcache (the paper's algorithm)",
+    "kvzip": "KVzip",
+    "expected_attention": "ExpectedAttention",
+    "adakv_expected_attention": "AdaKV-ExpectedAttention",
+    "snapkv": "SnapKV",
+    "keydiff": "KeyDiff",
+    "tova": "TOVA",
+    "knorm": "Knorm",
+    "streaming_llm": "StreamingLLM",
+    "random": "random",
+}
+MODEL = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "Gemma 3 270M"}
+
+
+def load(path: str) -> tuple[dict, list[dict]]:
+    head, records = {}, []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("header"):
+                head = head or r
+            else:
+                records.append(r)
+    return head, records
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def table(records: list[dict]) -> list[str]:
+    ratios = sorted({r["ratio"] for r in records if r["row"] != "full"})
+    samples = {(r["task"], r["seed"], r["length"]) for r in records if r["row"] == "full"}
+    by = defaultdict(list)
+    for r in records:
+        if (r["task"], r["seed"], r["length"]) in samples:
+            by[(r["row"], r["ratio"])].append(r)
+    full = by[("full", 0.0)]
+    full_time = {(r["task"], r["seed"], r["length"]): r["prefill_s"] for r in full}
+    mk3 = [r for r in full if r["task"] == "niah_multikey_3"]
+    lines = [f"Full cache: {mean([r['score'] for r in full]):.1f} (niah_multikey_3: "
+             f"{mean([r['score'] for r in mk3]):.1f}); {len(samples)} samples "
+             f"({len({s[0] for s in samples})} tasks).", "",
+             "| method | " + " | ".join(f"{r:g}" for r in ratios) + " | mean | niah_multikey_3 (" +
+             " / ".join(f"{r:g}" for r in ratios) + ") | cost (x prefill) |",
+             "| --- |" + " ---: |" * (len(ratios) + 3)]
+    for row in [r for r in ORDER if any(k[0] == r for k in by)]:
+        cells, mk, cost = [], [], []
+        complete = True
+        for ratio in ratios:
+            runs = by.get((row, ratio), [])
+            if len({(r["task"], r["seed"], r["length"]) for r in runs}) < len(samples):
+                complete = False
+            cells.append(mean([r["score"] for r in runs]))
+            mk.append(mean([r["score"] for r in runs if r["task"] == "niah_multikey_3"]))
+            cost += [(r["prefill_s"] + r["recall_s"]) / full_time[(r["task"], r["seed"], r["length"])] for r in runs]
+        mark = "" if complete else " (incomplete)"
+        lines.append(f"| {LABEL.get(row, row)}{mark} | " + " | ".join(f"{c:.1f}" for c in cells) +
+                     f" | {mean(cells):.1f} | " + " / ".join(f"{c:.0f}" for c in mk) + f" | {mean(cost):.2f} |")
+    return lines
+
+
+def per_task(records: list[dict]) -> list[str]:
+    tasks = sorted({r["task"] for r in records})
+    rows = ["full"] + [r for r in ORDER if any(x["row"] == r for x in records)]
+    lines = ["| method | " + " | ".join(tasks) + " |", "| --- |" + " ---: |" * len(tasks)]
+    for row in rows:
+        vals = [mean([r["score"] for r in records if r["row"] == row and r["task"] == t]) for t in tasks]
+        lines.append(f"| {LABEL.get(row, row)} | " + " | ".join(f"{v:.0f}" for v in vals) + " |")
+    return lines
+
+
+def render(folder: str) -> str:
+    parts = ["## RULER-style tasks beside kvpress's presses", "",
+             "Tasks generated locally from the RULER paper's definitions (bench/ruler, its README), every row "
+             "through kvpress's own pipeline on the same model and tokens; score: RULER's string_match_all x 100, "
+             "mean over tasks and samples. Ratios are kvpress's compression ratios (the share of the cache "
+             "removed; cells kept per head: max(1, int(N (1 - ratio)))). The recall row keeps fewer cells at "
+             "compression and brings back up to the difference, so it never holds more than the others at the "
+             "answer. Cost: the row's prefill and compression time (and, for recall, the question's extra pass "
+             "and the archive's scoring) over the full cache's prefill, on this CPU.", ""]
+    for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
+        head, records = load(path)
+        if not records:
+            continue
+        name = MODEL.get(head.get("model"), head.get("model"))
+        lengths = sorted({r["length"] for r in records})
+        parts += [f"### {name}, {head.get('protocol')}, {head.get('split')} samples, "
+                  f"{'/'.join(str(n) for n in lengths)} tokens", "",
+                  f"`{head.get('command')}` ({head.get('date')}, {head.get('cpus')} CPUs, {head.get('machine')}, "
+                  f"git {head.get('git')}; kvpress {head.get('versions', {}).get('kvpress')}, "
+                  f"transformers {head.get('versions', {}).get('transformers')}).", ""]
+        parts += table(records) + ["", "Per task, mean over the ratios:", ""] + per_task(records) + [""]
+    return "\n".join(parts)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(render(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..",
+                                                                      "bench", "results", "ruler")))
