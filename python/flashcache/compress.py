@@ -10,6 +10,7 @@ framework; K'/V' are always [heads, budget, head_dim].
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -138,6 +139,7 @@ def compress_model(
     masks: Sequence[Array | None] | None = None,
     spans: Sequence[tuple[int, int, int]] | None = None,
     tails: Sequence[Array | None] | None = None,
+    threads: int | None = None,
 ) -> CompressedModel:
     """Compresses a whole model, one K and one V array per layer.
 
@@ -145,8 +147,9 @@ def compress_model(
     dynamic allocation the same total is re-split across layers in proportion to their
     high-frequency energy ratios R_l. Every head keeps its own tokens unless ``shared``
     asks for one set per layer or per sequence. ``masks`` and ``tails``: one per layer, or none.
-    CUDA tensors go to the GPU front door (:func:`flashcache.cuda.compress_model`), which takes
-    the options and per-head sets only.
+    ``threads``: the layers are scored on this many threads (default: every CPU of the machine,
+    ``os.cpu_count()``); the result does not depend on it. CUDA tensors go to the GPU front door
+    (:func:`flashcache.cuda.compress_model`), which takes the options and per-head sets only.
     """
     if len(k) == 0:
         raise ValueError("compress_model: no layers")
@@ -175,6 +178,7 @@ def compress_model(
         [] if masks is None else [None if m is None else _arrays.readable(m, "masks") for m in masks],
         _arrays.spans(spans),
         [] if tails is None else [_tails(t) for t in tails],
+        (os.cpu_count() or 1) if threads is None else threads,
         pairs[0][2],
     )
     return CompressedModel([CompressedLayer(*layer) for layer in layers], budgets, ratios, nonfinite)

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <flashcache/flashcache.hpp>
+#include <flashcache/parallel.hpp>
 
 #include "arrays.hpp"
 #include "bind.hpp"
@@ -105,7 +106,8 @@ nb::tuple compress(const AnyArray& k, const AnyArray& v, Layout layout, const Bu
 nb::tuple compress_model(const std::vector<AnyArray>& k, const std::vector<AnyArray>& v, Layout layout,
                          const Budget& budget, const Options& opt, const SharedKeepOptions& shared,
                          const std::vector<std::optional<AnyArray>>& masks, const std::vector<Span>& spans,
-                         const std::vector<std::optional<AnyArray>>& tails, Framework fw) {
+                         const std::vector<std::optional<AnyArray>>& tails, int threads, Framework fw) {
+  if (threads < 1) value_error("threads " + std::to_string(threads) + " must be at least 1");
   if (k.size() != v.size())
     value_error(std::to_string(k.size()) + " K layers but " + std::to_string(v.size()) + " V layers");
   if (k.empty()) value_error("compress_model: no layers");
@@ -135,13 +137,22 @@ nb::tuple compress_model(const std::vector<AnyArray>& k, const std::vector<AnyAr
       throw_if_error(check_options(opt));
       throw_if_error(check_shared_options(shared));
       std::vector<LayerScores> scores(k.size());
-      Scorer<float> scorer;
-      for (std::size_t l = 0; l < k.size(); ++l) {
-        const int at = static_cast<int>(l);
-        throw_if_error(detail::at_layer(check_pair(kv[l], vv[l]), 1, 0, at));
-        throw_if_error(detail::at_layer(
-            scorer.score(kv[l], vv[l], opt.score, &scores[l], ScoreInputs{grid, tail[l]}), 1, 0, at));
-      }
+      for (std::size_t l = 0; l < k.size(); ++l)
+        throw_if_error(detail::at_layer(check_pair(kv[l], vv[l]), 1, 0, static_cast<int>(l)));
+      // Layers are scored independently: one Scorer per worker, layer l on worker l % threads, so
+      // the scores do not depend on the thread count.
+      WorkerPool pool;
+      pool.resize(threads);
+      std::vector<Scorer<float>> scorers(static_cast<std::size_t>(pool.threads()));
+      std::vector<Status> status(k.size());
+      auto score_layer = [&](std::int64_t l, int worker) {
+        const auto i = static_cast<std::size_t>(l);
+        status[i] = scorers[static_cast<std::size_t>(worker)].score(kv[i], vv[i], opt.score, &scores[i],
+                                                                     ScoreInputs{grid, tail[i]});
+      };
+      pool.run(static_cast<std::int64_t>(k.size()), score_layer);
+      for (std::size_t l = 0; l < k.size(); ++l)
+        throw_if_error(detail::at_layer(status[l], 1, 0, static_cast<int>(l)));
       throw_if_error(compress_scored_model<T>(kv, vv, std::move(scores), budget, opt, shared, mask, grid, &model));
     }
     nb::list layers;
@@ -217,7 +228,7 @@ void bind_compress(nb::module_& m) {
         nb::arg("options"), nb::arg("repeats"));
   m.def("compress_model", &compress_model, nb::arg("k"), nb::arg("v"), nb::arg("layout"), nb::arg("budget"),
         nb::arg("options"), nb::arg("shared"), nb::arg("masks"), nb::arg("spans"), nb::arg("tails"),
-        nb::arg("framework"));
+        nb::arg("threads"), nb::arg("framework"));
 }
 
 }  // namespace flashcache::python

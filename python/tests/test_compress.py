@@ -128,3 +128,17 @@ def test_shared_keep_sets(rng):
                               shared=fc.SharedKeepOptions(keep_set="per_sequence"))
     for layer in model.layers:
         assert (layer.kept == model.layers[0].kept[0]).all()
+
+
+def test_layers_scored_on_several_threads_give_the_same_model(rng):
+    layers = [random_kv(rng, heads=2, tokens=211, dim=24) for _ in range(5)]
+    ks, vs = [k for k, _ in layers], [v for _, v in layers]
+    one = fc.compress_model(ks, vs, 0.3, threads=1)
+    for threads in (2, 3, 8):
+        many = fc.compress_model(ks, vs, 0.3, threads=threads)
+        np.testing.assert_array_equal(many.budgets, one.budgets)
+        for a, b in zip(many.layers, one.layers):
+            np.testing.assert_array_equal(a.kept, b.kept)
+            np.testing.assert_array_equal(a.scores, b.scores)
+    with pytest.raises(ValueError, match="threads 0 must be at least 1"):
+        fc.compress_model(ks, vs, 0.3, threads=0)
