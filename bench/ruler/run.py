@@ -7,7 +7,7 @@
 Rows (``--rows``, default all): ``full`` (no compression), flashcache's presses as a user calls
 them (``flashcache``: the defaults per layer; ``flashcache_model``: the dynamic per-layer budgets;
 ``flashcache_paper``: the paper's algorithm; ``flashcache_recall``: the recall of evicted tokens,
-query-agnostic only) and kvpress's presses at the same ratios. Protocols: ``agnostic`` (kvpress's
+query-agnostic only; ``flashcache_tails``: the prompt's queries mixed into the score, query-aware only) and kvpress's presses at the same ratios. Protocols: ``agnostic`` (kvpress's
 leaderboard: the context is compressed, then the question comes) and ``aware`` (the question is in
 the compressed context). Every row re-runs the same deterministic prefill of the same tokens,
 so its time against the full row's is its cost; a row's cost includes its scoring and, for the
@@ -88,6 +88,7 @@ def row_factories() -> dict[str, Callable[[float], Any]]:
         "flashcache": lambda r: FlashCachePress(compression_ratio=r),
         "flashcache_model": lambda r: FlashCacheModelPress(compression_ratio=r),
         "flashcache_paper": lambda r: FlashCachePress(compression_ratio=r, options=Options.paper()),
+        "flashcache_tails": lambda r: FlashCachePress(compression_ratio=r, options=Options.with_query_tail()),
         "flashcache_recall": lambda r: FlashCacheRecallPress(compression_ratio=r),
         "kvzip": lambda r: kp.KVzipPress(compression_ratio=r),
         "expected_attention": lambda r: kp.ExpectedAttentionPress(compression_ratio=r),
@@ -99,6 +100,33 @@ def row_factories() -> dict[str, Callable[[float], Any]]:
         "streaming_llm": lambda r: kp.StreamingLLMPress(compression_ratio=r),
         "random": lambda r: kp.RandomPress(compression_ratio=r, seed=0),
     }
+
+
+def candidate(row: str) -> Callable[[float], Any] | None:
+    """A dev candidate: ``flashcache@part.field=value,...`` or ``flashcache_recall@...`` is the row with
+    those options changed (``flashcache@score.gamma=0.02``, ``flashcache_recall@recall_share=0.25``)."""
+    if "@" not in row:
+        return None
+    base, changes = row.split("@", 1)
+    from flashcache import Options
+    from flashcache.kvpress import FlashCachePress
+    from flashcache.kvpress_recall import FlashCacheRecallPress
+
+    if base not in ("flashcache", "flashcache_recall"):
+        raise SystemExit(f"ruler: candidates are of flashcache or flashcache_recall, not {base!r}")
+    options, extra = Options(), {}
+    for change in changes.split(","):
+        name, value = change.split("=", 1)
+        number = float(value) if value.replace(".", "", 1).isdigit() else value
+        if "." in name:
+            part, field_name = name.split(".", 1)
+            setattr(getattr(options, part), field_name, int(number) if isinstance(number, float) and
+                    number.is_integer() and field_name in ("sink", "window", "block_size") else number)
+        else:
+            extra[name] = number
+    if base == "flashcache":
+        return lambda r: FlashCachePress(compression_ratio=r, options=options, **extra)
+    return lambda r: FlashCacheRecallPress(compression_ratio=r, options=options, **extra)
 
 
 def timed_pipeline(model: Any, tokenizer: Any) -> Any:
@@ -168,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", type=int, nargs="+", default=[1024])
     p.add_argument("--ratios", type=float, nargs="+", default=None, help="default: split.json's (kvpress's)")
     p.add_argument("--tasks", default="all", help="comma-separated, default every task of tasks.TASKS")
-    p.add_argument("--rows", default="all", help="comma-separated row names, default every row")
+    p.add_argument("--rows", default="all", help="comma-separated row names (semicolons when a candidate "
+                   "row, name@options, is among them), default every row")
     p.add_argument("--protocol", default="agnostic", choices=["agnostic", "aware"])
     p.add_argument("--out", default=None, help="JSON lines, appended (default bench/results/ruler/<model>_<protocol>_<split>.jsonl)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -183,12 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     seeds = split["seeds"][args.split][: args.seeds]
     names = list(tasks.TASKS) if args.tasks == "all" else args.tasks.split(",")
     factories = row_factories()
-    rows = list(factories) if args.rows == "all" else args.rows.split(",")
+    rows = list(factories) if args.rows == "all" else args.rows.split(";" if "@" in args.rows else ",")
+    for row in rows:
+        made = candidate(row)
+        if made is not None:
+            factories[row] = made
     unknown = [r for r in rows if r not in factories] + [t for t in names if t not in tasks.TASKS]
     if unknown:
         raise SystemExit(f"ruler: unknown rows or tasks {unknown}")
-    if args.protocol == "aware":
-        rows = [r for r in rows if r != "flashcache_recall"]  # the question is already in the cache
+    # Recall brings back what a question asked after compression needs; the query tails read the
+    # question inside the prompt: each row where its protocol gives it a question.
+    rows = [r for r in rows if r.split("@")[0] != ("flashcache_recall" if args.protocol == "aware" else "flashcache_tails")]
     out = args.out or os.path.join(ROOT, "bench", "results", "ruler", f"{args.model}_{args.protocol}_{args.split}.jsonl")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     done = set()

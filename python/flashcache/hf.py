@@ -202,14 +202,28 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def attention_queries(module: Any, hidden: torch.Tensor, position_embeddings: tuple) -> torch.Tensor:
+    """An attention module's queries [batch, q_heads, tokens, head_dim] for its input ``hidden``, after
+    RoPE: its ``q_proj``, its ``q_norm`` where it has one (Qwen3, Gemma 3), the rotate-half RoPE of
+    Llama, Qwen and Gemma with the model's (cos, sin)."""
+    if not hasattr(module, "q_proj"):
+        raise ValueError(f"{type(module).__name__} has no q_proj (Llama-like attention only)")
+    batch, tokens, _ = hidden.shape
+    q = module.q_proj(hidden).view(batch, tokens, -1, module.head_dim).transpose(1, 2)
+    if hasattr(module, "q_norm"):
+        q = module.q_norm(q)
+    cos, sin = position_embeddings
+    return q * cos.unsqueeze(1) + _rotate_half(q) * sin.unsqueeze(1)
+
+
 @contextmanager
 def captured_queries(model: Any, layers: Sequence[int]) -> Generator[dict[int, torch.Tensor], None, None]:
     """While open, every forward of the model leaves in ``queries[layer]`` that layer's queries
     [batch, q_heads, tokens, head_dim] after RoPE (and the q-norm of Qwen3 and Gemma 3), as its
     attention saw them: what a later question's recall scores the archive with.
 
-    The queries are recomputed from the attention's inputs (its ``q_proj``, ``q_norm`` where it
-    has one, and the rotate-half RoPE of Llama, Qwen and Gemma) in a hook that changes nothing.
+    The queries are recomputed from the attention's inputs (``attention_queries``) in a hook that
+    changes nothing.
     """
     base = getattr(model.model, "language_model", model.model)
     queries: dict[int, torch.Tensor] = {}
@@ -218,14 +232,7 @@ def captured_queries(model: Any, layers: Sequence[int]) -> Generator[dict[int, t
     def hook_for(layer: int) -> Any:
         def hook(module: Any, args: tuple, kwargs: dict) -> None:
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            cos, sin = kwargs["position_embeddings"]
-            if not hasattr(module, "q_proj"):
-                raise ValueError(f"captured_queries: {type(module).__name__} has no q_proj (Llama-like attention only)")
-            batch, tokens, _ = hidden.shape
-            q = module.q_proj(hidden).view(batch, tokens, -1, module.head_dim).transpose(1, 2)
-            if hasattr(module, "q_norm"):
-                q = module.q_norm(q)
-            queries[layer] = q * cos.unsqueeze(1) + _rotate_half(q) * sin.unsqueeze(1)
+            queries[layer] = attention_queries(module, hidden, kwargs["position_embeddings"])
 
         return hook
 

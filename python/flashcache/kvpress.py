@@ -32,7 +32,9 @@ from kvpress.utils import compute_n_kept
 
 from . import hf
 from .compress import compress
-from .options import Options
+from ._core import QueryInput
+from .options import Options, _enum
+from .tails import query_tails
 
 
 @contextmanager
@@ -64,7 +66,13 @@ def _ranked(scores: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class FlashCachePress(ScorerPress):
-    """FlashCache per layer: every KV head keeps the library's choice of ``1 - compression_ratio`` of the tokens."""
+    """FlashCache per layer: every KV head keeps the library's choice of ``1 - compression_ratio`` of the tokens.
+
+    With ``Options.with_query_tail()`` (``options.score.query`` is ``tail``) the prompt's queries
+    inform the score: the press recomputes the layer's queries from its input, raises the keys'
+    tails from the last ones (``query_tails``, the library's chosen feed) and mixes them in. That is
+    the query-aware protocol's row, where the question is part of what is compressed.
+    """
 
     compression_ratio: float = 0.0
     options: Options = field(default_factory=Options)
@@ -74,9 +82,13 @@ class FlashCachePress(ScorerPress):
               attentions: Any, kwargs: dict) -> torch.Tensor:
         batch, _, tokens, _ = keys.shape
         n_kept = compute_n_kept(tokens, self.compression_ratio)
+        with_tails = _enum(QueryInput, self.options.score.query, "ScoreOptions.query") is QueryInput.tail
+        queries = hf.attention_queries(module, hidden_states, kwargs["position_embeddings"]) if with_tails else None
         out = torch.empty(keys.shape[:3], dtype=torch.float32)
         for b in range(batch):
-            layer = compress(keys[b].cpu(), values[b].cpu(), n_kept, self.options)
+            k, v = keys[b].cpu(), values[b].cpu()
+            tails = query_tails(queries[b].float().cpu(), k.float()) if with_tails else None
+            layer = compress(k, v, n_kept, self.options, tails=tails)
             out[b] = _ranked(torch.as_tensor(layer.scores), torch.as_tensor(layer.kept))
         return out.to(keys.device)
 

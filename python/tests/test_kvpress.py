@@ -48,3 +48,27 @@ def test_the_model_press_masks_or_compacts_and_both_decode_alike():
     assert torch.equal(by_mask, by_compaction)
     with pytest.raises(ValueError, match="compression_ratio 1.0 is outside"):
         FlashCacheModelPress(compression_ratio=1.0)
+
+
+def test_the_query_tail_press_mixes_in_the_prompts_queries():
+    model = tiny_llama()
+    torch.manual_seed(9)
+    ids = torch.randint(0, 256, (1, 300))
+    options = fc.Options.with_query_tail()
+    with fh.captured_queries(model, range(4)) as queries:
+        full = prefill(model, ids)
+    press = FlashCachePress(compression_ratio=0.75, options=options)
+    with press(model):
+        compressed = prefill(model, ids)
+    n_kept = int(300 * 0.25)
+    differs = False
+    for layer in range(4):
+        k, v = full.layers[layer].keys[0], full.layers[layer].values[0]
+        tails = fc.query_tails(queries[layer][0], k)
+        expect = fc.compress(k, v, n_kept, options, tails=tails).kept.long()
+        plain = fc.compress(k, v, n_kept).kept.long()
+        differs |= not torch.equal(expect, plain)
+        got = compressed.layers[layer].keys[0]
+        for h in range(2):
+            assert {tuple(r.tolist()) for r in got[h]} == {tuple(r.tolist()) for r in k[h, expect[h]]}
+    assert differs, "the tails changed no kept set: the test would not see them missing"

@@ -13,11 +13,12 @@ import json
 import os
 from collections import defaultdict
 
-ORDER = ["flashcache", "flashcache_recall", "flashcache_model", "flashcache_paper", "kvzip", "expected_attention",
+ORDER = ["flashcache", "flashcache_recall", "flashcache_tails", "flashcache_model", "flashcache_paper", "kvzip", "expected_attention",
          "adakv_expected_attention", "snapkv", "keydiff", "tova", "knorm", "streaming_llm", "random"]
 LABEL = {
     "flashcache": "flashcache (defaults, per layer)",
     "flashcache_recall": "flashcache + recall",
+    "flashcache_tails": "flashcache + query tails",
     "flashcache_model": "flashcache (dynamic layer budgets)",
     "flashcache_paper": "flashcache (the paper's algorithm)",
     "kvzip": "KVzip",
