@@ -49,7 +49,7 @@ def _table(doc, labels):
 
 
 def _goals(doc, recall_rows):
-    """Issue 38's goals, as measured: per template within 1 key of the full cache; the multi-turn one at 4 of 5."""
+    """The asked-later study's goals, as measured: per template within 1 key of the full cache; the multi-turn one at 4 of 5."""
     hits = collections.defaultdict(int)
     for r in doc["records"]:
         if r["metric"] == "passkey_hits":
@@ -66,7 +66,7 @@ def _goals(doc, recall_rows):
         multi = [t for t, e in run.items() if e.get("kind") == "multi_turn"]
         turns = "; ".join(f"the multi-turn template `{t}`: " + " / ".join(
             str(hits[(label, t, x)]) for x in doc["header"]["keep_ratios"]) + " of 5" for t in multi)
-        out.append(f"Goals (issue 38), `{label}`: " + "; ".join(parts) + (f"; {turns} (goal: 4)." if turns else "."))
+        out.append(f"Goals of the asked-later study, `{label}`: " + "; ".join(parts) + (f"; {turns} (goal: 4)." if turns else "."))
     return out
 
 
