@@ -1,0 +1,56 @@
+"""Applies split.json's rule to the dev runs of candidates.json: which candidate, if any, replaces its row's
+current setting. Prints the comparison and the decision; chooses nothing by hand.
+
+    python3 bench/ruler/choose.py bench/results/ruler/smollm2_agnostic_dev.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import defaultdict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RATIOS = (0.5, 0.75, 0.875)  # split.json's rule
+
+
+def main(path: str) -> int:
+    scores = defaultdict(dict)  # row -> (task, seed, length, ratio) -> score
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if not r.get("header") and r["ratio"] in RATIOS:
+                scores[r["row"]][(r["task"], r["seed"], r["length"], r["ratio"])] = r["score"]
+    with open(os.path.join(HERE, "candidates.json")) as f:
+        candidates = json.load(f)["candidates"]
+    decisions = {}
+    for cand in candidates:
+        base = cand.split("@")[0]
+        if cand not in scores or base not in scores:
+            print(f"{cand}: not run yet")
+            continue
+        common = sorted(set(scores[cand]) & set(scores[base]))
+        samples = {k[:3] for k in common}
+        tasks = {k[0] for k in common}
+        per_task = max(1, len(samples) // max(1, len(tasks)))
+        step = 100.0 / per_task / len(tasks)  # one sample's worth, in points of the mean
+        mean = lambda row, keys: sum(scores[row][k] for k in keys) / len(keys)  # noqa: E731
+        mk3 = [k for k in common if k[0] == "niah_multikey_3"]
+        gain = mean(cand, common) - mean(base, common)
+        mk3_gain = mean(cand, mk3) - mean(base, mk3) if mk3 else 0.0
+        wins = gain >= step and mk3_gain >= 0
+        print(f"{cand}: mean {mean(cand, common):.1f} vs {base} {mean(base, common):.1f} (gain {gain:+.1f}, "
+              f"needs {step:.1f}); niah_multikey_3 {mk3_gain:+.1f}; {len(samples)} samples -> "
+              f"{'REPLACES' if wins else 'keeps'} the current setting")
+        if wins and gain > decisions.get(base, (None, -1e9))[1]:
+            decisions[base] = (cand, gain)
+    for base, (cand, gain) in sorted(decisions.items()):
+        print(f"choice: {base} -> {cand} (+{gain:.1f} points on dev)")
+    if not decisions:
+        print("choice: every row keeps its current setting")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
