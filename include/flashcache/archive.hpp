@@ -164,12 +164,34 @@ class Archive {
     for (int l = 0; l < shape_.layers; ++l)
       if (k[l] == nullptr || v[l] == nullptr)
         return make_error(Errc::invalid_shape, "archive append: layer ", l, ": null K or V rows");
+    const StridedRows rows{k, k_stride, v, v_stride, static_cast<std::size_t>(shape_.k_row_bytes()),
+                           static_cast<std::size_t>(shape_.v_row_bytes())};
+    return append_from(positions, n, rows);
+  }
+
+  // The same from any source of rows, copied once, straight into the archive:
+  // rows.k(l, i, dst) and rows.v(l, i, dst) write token i's K and V row of
+  // layer l (a row's bytes of the archive's shape) to dst. The caller checks
+  // what it passes (an engine's state parser, or append() above).
+  template <class Rows>
+  Status append_from(const std::int32_t* positions, std::int64_t n, const Rows& rows) {
+    if (n < 0) return make_error(Errc::invalid_shape, "archive append: ", n, " tokens");
+    if (n == 0) return Status::success();
+    if (shape_.layers < 1) return make_error(Errc::invalid_shape, "archive append: reset() the archive first");
     positions_.insert(positions_.end(), positions, positions + n);
     const auto k_row_size = static_cast<std::size_t>(shape_.k_row_bytes());
     const auto v_row_size = static_cast<std::size_t>(shape_.v_row_bytes());
+    const auto count = static_cast<std::size_t>(n);
     for (int l = 0; l < shape_.layers; ++l) {
-      append_rows(&k_[static_cast<std::size_t>(l)], static_cast<const unsigned char*>(k[l]), n, k_stride, k_row_size);
-      append_rows(&v_[static_cast<std::size_t>(l)], static_cast<const unsigned char*>(v[l]), n, v_stride, v_row_size);
+      std::vector<unsigned char>& k = k_[static_cast<std::size_t>(l)];
+      std::vector<unsigned char>& v = v_[static_cast<std::size_t>(l)];
+      const std::size_t k_at = k.size(), v_at = v.size();
+      k.resize(k_at + count * k_row_size);
+      v.resize(v_at + count * v_row_size);
+      for (std::size_t i = 0; i < count; ++i) {
+        rows.k(l, static_cast<std::int64_t>(i), k.data() + k_at + i * k_row_size);
+        rows.v(l, static_cast<std::int64_t>(i), v.data() + v_at + i * v_row_size);
+      }
     }
     if (opt_.order == ArchiveOrder::position) merge_by_position(tokens() - n);
     drop_to_cap();
@@ -312,17 +334,20 @@ class Archive {
     return Status::success();
   }
 
-  static void append_rows(std::vector<unsigned char>* to, const unsigned char* from, std::int64_t n,
-                          std::int64_t stride, std::size_t row) {
-    if (static_cast<std::int64_t>(row) == stride) {
-      to->insert(to->end(), from, from + static_cast<std::size_t>(n) * row);
-      return;
+  // append()'s rows: evenly spaced in the caller's per-layer buffers.
+  struct StridedRows {
+    const void* const* k_base;
+    std::int64_t k_stride;
+    const void* const* v_base;
+    std::int64_t v_stride;
+    std::size_t k_row, v_row;
+    void k(int l, std::int64_t i, unsigned char* dst) const {
+      std::memcpy(dst, static_cast<const unsigned char*>(k_base[l]) + i * k_stride, k_row);
     }
-    for (std::int64_t i = 0; i < n; ++i) {
-      const unsigned char* src = from + i * stride;
-      to->insert(to->end(), src, src + row);
+    void v(int l, std::int64_t i, unsigned char* dst) const {
+      std::memcpy(dst, static_cast<const unsigned char*>(v_base[l]) + i * v_stride, v_row);
     }
-  }
+  };
 
   // Archive tokens of block b to start at token `at` (at <= the block's first).
   void move_block(std::int64_t b, std::int64_t at) {

@@ -75,11 +75,9 @@
 
 #include "flashcache/error.hpp"
 #include "flashcache/llama/checks.hpp"
-#include "flashcache/llama/evict.hpp"
 #include "flashcache/llama/params.hpp"
 #include "flashcache/llama/queries.hpp"
-#include "flashcache/llama/state.hpp"
-#include "flashcache/llama/state_io.hpp"
+#include "flashcache/llama/sequence.hpp"
 #include "flashcache/mask.hpp"
 #include "flashcache/options.hpp"
 #include "flashcache/parallel.hpp"
@@ -99,8 +97,8 @@ class SequenceCompressor {
     const auto t0 = std::chrono::steady_clock::now();
     FLASHCACHE_RETURN_IF_ERROR(check_supported(ctx, seq));
     FLASHCACHE_RETURN_IF_ERROR(check_compress_params(p));
-    FLASHCACHE_RETURN_IF_ERROR(detail::read_state_blob(ctx, seq, &blob_));
-    return compress_blob(ctx, seq, p, stats, t0);
+    FLASHCACHE_RETURN_IF_ERROR(state_.read(ctx, seq));
+    return compress_read(ctx, p, stats, t0);
   }
 
   // The same from a state the caller holds: `data` must be the sequence's
@@ -112,9 +110,8 @@ class SequenceCompressor {
     const auto t0 = std::chrono::steady_clock::now();
     FLASHCACHE_RETURN_IF_ERROR(check_supported(ctx, seq));
     FLASHCACHE_RETURN_IF_ERROR(check_compress_params(p));
-    if (data == nullptr || size == 0) return make_error(Errc::invalid_shape, "llama: empty state");
-    blob_.assign(data, data + size);
-    return compress_blob(ctx, seq, p, stats, t0);
+    FLASHCACHE_RETURN_IF_ERROR(state_.adopt(ctx, seq, data, size));
+    return compress_read(ctx, p, stats, t0);
   }
 
   // The positions of the cells the last successful compress() kept, ascending.
@@ -135,14 +132,14 @@ class SequenceCompressor {
     Status status;
   };
 
-  // Steps: read (parse and check the state), score every layer, select one
-  // keep-set and write its blob, replace the sequence (restoring on failure).
-  Status compress_blob(llama_context* ctx, llama_seq_id seq, const CompressParams& p, CompactionStats* stats,
-                       clock::time_point t0) {
+  // Steps, on the state read: check the queries, map the layers, score every layer, select one
+  // keep-set and write its state, replace the sequence (restored on failure), archive the evicted.
+  Status compress_read(llama_context* ctx, const CompressParams& p, CompactionStats* stats, clock::time_point t0) {
     CompactionStats st;
-    SeqState s;
-    FLASHCACHE_RETURN_IF_ERROR(read_state(ctx, seq, p, &s, &st));
-    FLASHCACHE_RETURN_IF_ERROR(detail::state_layers(llama_get_model(ctx), s, &model_layer_));
+    FLASHCACHE_RETURN_IF_ERROR(describe(ctx, p, &st));
+    FLASHCACHE_RETURN_IF_ERROR(state_.map_layers());
+    const SeqState& s = state_.state();
+    const std::vector<std::int32_t>& order = state_.order();
     const auto t1 = clock::now();
     st.read_ms = ms(t0, t1);
 
@@ -153,27 +150,25 @@ class SequenceCompressor {
       return make_error(Errc::invalid_budget, "llama: keep budget ", keep, " drops the newest cell");
     SelectOptions select = p.options.select;
     select.window = std::max<std::int64_t>(select.window, 1);  // the newest cell: decoding continues after it
-    order_ = cells_by_position(s);
     kept_.resize(static_cast<std::size_t>(keep));
-    // A sliding-window model's window (positions above pos_max - n_swa) stays: the sliding layers'
-    // section is kept as it is, and the global layers keep the same recent positions.
-    const llama_pos n_swa = s.sliding.size > 0 ? llama_model_n_swa(llama_get_model(ctx)) : 0;
-    const auto windowed = [&](std::int32_t pos) { return n_swa > 0 && pos > st.pos_max - n_swa; };
-    const auto in_window = static_cast<std::int64_t>(std::count_if(s.pos.begin(), s.pos.end(), windowed));
+    // A sliding-window model's window stays: the sliding layers' section is kept as it is, and
+    // the global layers keep the same recent positions.
+    const std::int64_t in_window = state_.window_cells();
     if (keep < in_window)
       return make_error(Errc::invalid_budget, "llama: keep budget ", keep, " cannot hold the sliding window's ",
-                        in_window, " cells (positions above ", st.pos_max - n_swa, ", n_swa ", n_swa, ")");
+                        in_window, " cells (positions above ", st.pos_max - state_.n_swa(), ", n_swa ", state_.n_swa(),
+                        ")");
     protect_mask_.assign(p.protect_count > 0 || in_window > 0 ? n : 0, 0);
     for (std::size_t i = 0; i < protect_mask_.size(); ++i) {
-      const std::int32_t pos = s.pos[static_cast<std::size_t>(order_[i])];
-      protect_mask_[i] = std::binary_search(p.protect, p.protect + p.protect_count, pos) || windowed(pos);
+      const std::int32_t pos = s.pos[static_cast<std::size_t>(order[i])];
+      protect_mask_[i] = std::binary_search(p.protect, p.protect + p.protect_count, pos) || state_.in_window(pos);
     }
     st.threads = scoring_threads(ctx, p.n_threads);
     auto t2 = clock::now();
     if (keep == static_cast<std::int64_t>(n)) {
       for (std::int64_t i = 0; i < keep; ++i) kept_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
     } else {
-      FLASHCACHE_RETURN_IF_ERROR(score_layers(s, st, p.options.score, p.queries));
+      FLASHCACHE_RETURN_IF_ERROR(score_layers(st, p.options.score, p.queries));
       t2 = clock::now();
       // check_compress_params checked the options and the shared ones.
       FLASHCACHE_RETURN_IF_ERROR(flashcache::detail::select_shared_tokens_trusted(
@@ -184,26 +179,30 @@ class SequenceCompressor {
     const auto t3 = clock::now();
     st.select_ms = ms(t2, t3);
     cells_.resize(kept_.size());
-    for (std::size_t i = 0; i < kept_.size(); ++i) cells_[i] = order_[static_cast<std::size_t>(kept_[i])];
-    if (p.archive != nullptr)  // staged now, appended once the sequence is replaced
-      FLASHCACHE_RETURN_IF_ERROR(evicted_.stage(blob_.data(), s, st.kv_heads, order_.data(), kept_.data(), keep,
-                                                p.archive, p.archive_options));
-    FLASHCACHE_RETURN_IF_ERROR(
-        write_seq_state(blob_.data(), s, cells_.data(), static_cast<std::uint32_t>(keep), &out_));
-
-    FLASHCACHE_RETURN_IF_ERROR(replace_sequence(ctx, seq, s, st.pos_max, keep));
+    for (std::size_t i = 0; i < kept_.size(); ++i) cells_[i] = order[static_cast<std::size_t>(kept_[i])];
+    evicted_.clear();  // the cells not kept, by position: the archive's, once the sequence is replaced
+    if (p.archive != nullptr) {
+      FLASHCACHE_RETURN_IF_ERROR(state_.prepare_archive(p.archive, p.archive_options));
+      keep_mask_.assign(n, 0);
+      for (const std::int32_t i : kept_) keep_mask_[static_cast<std::size_t>(i)] = 1;
+      for (std::uint32_t i = 0; i < n; ++i)
+        if (!keep_mask_[i]) evicted_.push_back(order[i]);
+    }
+    FLASHCACHE_RETURN_IF_ERROR(state_.write_cells(cells_.data(), static_cast<std::uint32_t>(keep)));
+    FLASHCACHE_RETURN_IF_ERROR(replace(ctx, st.pos_max, keep));
     if (p.archive != nullptr) {
       const std::int64_t dropped = p.archive->dropped_tokens();
-      FLASHCACHE_RETURN_IF_ERROR(evicted_.append_to(p.archive));  // checked by stage(): cannot fail
-      st.archived = evicted_.count();
+      const auto archived = static_cast<std::int64_t>(evicted_.size());
+      FLASHCACHE_RETURN_IF_ERROR(state_.archive_cells(evicted_.data(), archived, p.archive));  // cannot fail: prepared
+      st.archived = archived;
       st.archive_dropped = p.archive->dropped_tokens() - dropped;
     }
     st.query_tails = p.queries != nullptr && keep < static_cast<std::int64_t>(n);  // scored with them
     st.cells_after = keep;
     st.kv_bytes_after = n == 0 ? 0 : st.kv_bytes_before / n * static_cast<std::uint64_t>(keep);
-    st.state_bytes_after = out_.size();
+    st.state_bytes_after = state_.written().size();
     kept_pos_.resize(cells_.size());
-    for (std::size_t i = 0; i < cells_.size(); ++i) kept_pos_[i] = s.pos[static_cast<std::size_t>(cells_[i])];
+    for (std::size_t i = 0; i < cells_.size(); ++i) kept_pos_[i] = state_.position(cells_[i]);
     st.pos_min_after = kept_pos_.front();
     const auto t4 = clock::now();
     st.write_ms = ms(t3, t4);
@@ -212,29 +211,24 @@ class SequenceCompressor {
     return Status::success();
   }
 
-  // Parses blob_ and checks it against the model, the memory and the queries.
-  Status read_state(llama_context* ctx, llama_seq_id seq, const CompressParams& p, SeqState* s,
-                    CompactionStats* st) const {
-    const llama_model* model = llama_get_model(ctx);
-    llama_memory_t mem = llama_get_memory(ctx);
-    st->pos_min_before = llama_memory_seq_pos_min(mem, seq);
-    st->pos_max = llama_memory_seq_pos_max(mem, seq);
-    FLASHCACHE_RETURN_IF_ERROR(parse_seq_state(blob_.data(), blob_.size(), s, detail::state_sections(model)));
-    FLASHCACHE_RETURN_IF_ERROR(detail::check_against_model(ctx, model, seq, *s, st->pos_min_before, st->pos_max));
-    if (s->sliding.size > 0) st->pos_min_before = *std::min_element(s->pos.begin(), s->pos.end());
-    const std::int64_t heads = llama_model_n_head_kv(model);
-    st->cells_before = s->cell_count;
-    st->kv_bytes_before = s->kv_bytes();
-    st->state_bytes_before = blob_.size();
-    st->layers = static_cast<std::int64_t>(s->layers.size());
-    st->kv_heads = heads;
-    st->head_dim = static_cast<std::int64_t>(s->layers[0].k_embd) / heads;
-    st->v_trans = s->v_trans;
-    st->k_type = type_name(s->layers[0].k_type);
-    st->v_type = type_name(s->layers[0].v_type);
+  // The read state's numbers into the report, and the queries checked against it.
+  Status describe(llama_context* ctx, const CompressParams& p, CompactionStats* st) const {
+    const SeqState& s = state_.state();
+    st->pos_min_before = state_.pos_min();
+    st->pos_max = state_.pos_max();
+    st->cells_before = s.cell_count;
+    st->kv_bytes_before = s.kv_bytes();
+    st->state_bytes_before = state_.blob_size();
+    st->layers = static_cast<std::int64_t>(s.layers.size());
+    st->kv_heads = state_.kv_heads();
+    st->head_dim = state_.head_dim();
+    st->v_trans = s.v_trans;
+    st->k_type = type_name(s.layers[0].k_type);
+    st->v_type = type_name(s.layers[0].v_type);
     if (p.queries != nullptr) {
+      const llama_model* model = llama_get_model(ctx);
       FLASHCACHE_RETURN_IF_ERROR(
-          detail::check_queries(*p.queries, *s, llama_model_n_layer(model), heads, st->head_dim));
+          detail::check_queries(*p.queries, s, llama_model_n_layer(model), st->kv_heads, st->head_dim));
       FLASHCACHE_RETURN_IF_ERROR(detail::check_logit_scale(model));
     }
     return Status::success();
@@ -242,8 +236,9 @@ class SequenceCompressor {
 
   // Scores every layer over the cells in position order into scores_ / views_,
   // layer l on worker l % threads; the first failing layer's error is returned.
-  Status score_layers(const SeqState& s, const CompactionStats& st, const ScoreOptions& o,
-                      const QueryCapture* queries) {
+  Status score_layers(const CompactionStats& st, const ScoreOptions& o, const QueryCapture* queries) {
+    const SeqState& s = state_.state();
+    const std::vector<std::int32_t>& order = state_.order();
     const std::uint32_t n = s.cell_count;
     const std::int64_t layers = st.layers, heads = st.kv_heads;
     const int threads = static_cast<int>(std::min<std::int64_t>(st.threads, layers));
@@ -259,8 +254,8 @@ class SequenceCompressor {
       x.k.resize(static_cast<std::size_t>(n) * L.k_embd);
       x.v.resize(static_cast<std::size_t>(n) * L.v_embd);
       x.energy.resize(static_cast<std::size_t>(heads));
-      layer_to_float(blob_.data(), s, static_cast<std::size_t>(l), Part::k, order_.data(), n, x.k.data());
-      layer_to_float(blob_.data(), s, static_cast<std::size_t>(l), Part::v, order_.data(), n, x.v.data());
+      layer_to_float(state_.blob(), s, static_cast<std::size_t>(l), Part::k, order.data(), n, x.k.data());
+      layer_to_float(state_.blob(), s, static_cast<std::size_t>(l), Part::v, order.data(), n, x.v.data());
       const KVView<const float> k = nhd(static_cast<const float*>(x.k.data()), Tokens(n), Heads(heads), HeadDim(dim));
       const KVView<const float> v = nhd(static_cast<const float*>(x.v.data()), Tokens(n), Heads(heads), HeadDim(dim));
       float* score = scores_.data() + static_cast<std::size_t>(l * heads) * n;
@@ -269,8 +264,8 @@ class SequenceCompressor {
       if (queries != nullptr) {  // the captured queries against this layer's keys, in position order
         x.tails.assign(static_cast<std::size_t>(heads) * n, 0.0f);
         const TailView<float> out{x.tails.data(), heads, static_cast<std::int64_t>(n)};
-        const QueryWindow& w = queries->window(model_layer_[static_cast<std::size_t>(l)]);
-        const std::int64_t lo = s.pos[static_cast<std::size_t>(order_[0])];  // key index = position - lo
+        const QueryWindow& w = queries->window(state_.model_layers()[static_cast<std::size_t>(l)]);
+        const std::int64_t lo = state_.position(order[0]);  // key index = position - lo
         for (int i = 0; i < w.pieces() && status.ok(); ++i) {
           const QueryPiece piece = w.piece(i);
           status = x.tail.add(piece.q, piece.first - lo, k, nullptr, out);
@@ -288,43 +283,36 @@ class SequenceCompressor {
     return Status::success();
   }
 
-  // Replaces the sequence by out_ (its kept cells); one restore guard for every
-  // failure after the removal puts the original blob back.
-  Status replace_sequence(llama_context* ctx, llama_seq_id seq, const SeqState& s, llama_pos pos_max,
-                          std::int64_t keep) {
-    llama_memory_t mem = llama_get_memory(ctx);
-    // A sliding-window model's memory reports its sliding section's lowest position.
-    const llama_pos want_min = s.sliding.size > 0 ? s.sliding.pos_min : s.pos[static_cast<std::size_t>(cells_.front())];
-    if (!llama_memory_seq_rm(mem, seq, -1, -1))
-      return make_error(Errc::unsupported, "llama: llama_memory_seq_rm refused to remove sequence ", seq);
-    Status failed = Status::success();
-    const std::size_t set = llama_state_seq_set_data(ctx, out_.data(), out_.size(), seq);
-    if (set != out_.size()) {
-      failed =
-          make_error(Errc::unsupported, "llama: llama_state_seq_set_data read ", set, " of ", out_.size(), " bytes");
-    } else if (llama_memory_seq_pos_max(mem, seq) != pos_max || llama_memory_seq_pos_min(mem, seq) != want_min) {
-      failed =
-          make_error(Errc::unsupported, "llama: after compaction positions are [", llama_memory_seq_pos_min(mem, seq),
-                     ", ", llama_memory_seq_pos_max(mem, seq), "], expected [", want_min, ", ", pos_max, "]");
-    } else if (llama_state_seq_get_size(ctx, seq) != out_.size()) {
-      failed = make_error(Errc::unsupported, "llama: after compaction the sequence's state is ",
-                          llama_state_seq_get_size(ctx, seq), " bytes, expected ", out_.size(), " (", keep, " cells)");
-    }
-    return failed.ok() ? failed : detail::restore_state(ctx, seq, blob_, pos_max, failed);
+  // Replaces the sequence by its kept cells and checks what llama.cpp now holds: the positions
+  // (a sliding-window model's memory reports its sliding section's lowest) and the state's size.
+  Status replace(llama_context* ctx, llama_pos pos_max, std::int64_t keep) {
+    const SeqState& s = state_.state();
+    const llama_pos want_min = s.sliding.size > 0 ? s.sliding.pos_min : state_.position(cells_.front());
+    const llama_seq_id seq = state_.id();
+    return state_.replace("llama", [&]() -> Status {
+      llama_memory_t mem = llama_get_memory(ctx);
+      const std::size_t expect = state_.written().size();
+      if (llama_memory_seq_pos_max(mem, seq) != pos_max || llama_memory_seq_pos_min(mem, seq) != want_min)
+        return make_error(Errc::unsupported, "llama: after compaction positions are [",
+                          llama_memory_seq_pos_min(mem, seq), ", ", llama_memory_seq_pos_max(mem, seq), "], expected [",
+                          want_min, ", ", pos_max, "]");
+      if (llama_state_seq_get_size(ctx, seq) != expect)
+        return make_error(Errc::unsupported, "llama: after compaction the sequence's state is ",
+                          llama_state_seq_get_size(ctx, seq), " bytes, expected ", expect, " (", keep, " cells)");
+      return Status::success();
+    });
   }
 
+  SequenceState state_;
   WorkerPool pool_;
   std::vector<LayerScratch> scratch_;
   std::vector<Status> layer_status_;
   SharedKeepWorkspace ws_;
-  std::vector<std::uint8_t> blob_, out_;
   std::vector<float> scores_;
   std::vector<ScoreView> views_;
-  std::vector<std::int32_t> order_, kept_, cells_;
-  std::vector<std::uint8_t> protect_mask_;  // [cells by position]: CompressParams::protect
+  std::vector<std::int32_t> kept_, cells_, evicted_;
+  std::vector<std::uint8_t> protect_mask_, keep_mask_;  // [cells by position]: CompressParams::protect; kept
   std::vector<llama_pos> kept_pos_;
-  std::vector<int> model_layer_;  // the model layer of each state layer (detail::state_layers)
-  EvictedCells evicted_;
 };
 
 // The one-shot form of SequenceCompressor::compress.

@@ -377,10 +377,9 @@ class ContextManager {
   // sequence already holds are counted in its state (its global section, one cell per position).
   // shift and streaming renumber a consecutive run: they need positions without gaps.
   static Status count_global_cells(llama_context* ctx, llama_seq_id seq, WhenFull when_full, std::int64_t* cells) {
-    std::vector<std::uint8_t> blob;
-    FLASHCACHE_RETURN_IF_ERROR(detail::read_state_blob(ctx, seq, &blob));
-    SeqState s;
-    FLASHCACHE_RETURN_IF_ERROR(parse_seq_state(blob.data(), blob.size(), &s, StateSections::global_then_sliding));
+    SequenceState state;
+    FLASHCACHE_RETURN_IF_ERROR(state.read_unchecked(ctx, seq, StateSections::global_then_sliding));
+    const SeqState& s = state.state();
     *cells = s.cell_count;
     if (s.pos.empty() || when_full == WhenFull::flashcache || when_full == WhenFull::none) return Status::success();
     const auto [lo, hi] = std::minmax_element(s.pos.begin(), s.pos.end());

@@ -32,11 +32,9 @@
 #include "flashcache/archive.hpp"
 #include "flashcache/error.hpp"
 #include "flashcache/llama/checks.hpp"
-#include "flashcache/llama/evict.hpp"
 #include "flashcache/llama/queries.hpp"
 #include "flashcache/llama/rows.hpp"
-#include "flashcache/llama/state.hpp"
-#include "flashcache/llama/state_io.hpp"
+#include "flashcache/llama/sequence.hpp"
 #include "flashcache/parallel.hpp"
 #include "flashcache/recall.hpp"
 #include "flashcache/view.hpp"
@@ -112,12 +110,14 @@ class TurnRecaller {
       if (stats != nullptr) *stats = st;
       return Status::success();
     }
-    SeqState s;
-    FLASHCACHE_RETURN_IF_ERROR(read(ctx, seq, &s));
-    const std::int64_t heads = llama_model_n_head_kv(llama_get_model(ctx));
-    FLASHCACHE_RETURN_IF_ERROR(check_turn(ctx, s, heads, *capture, *archive, n));
+    FLASHCACHE_RETURN_IF_ERROR(state_.read(ctx, seq));
+    FLASHCACHE_RETURN_IF_ERROR(state_.map_layers());
+    const SeqState& s = state_.state();
+    const std::vector<std::int32_t>& order = state_.order();
+    const std::int64_t heads = state_.kv_heads();
+    FLASHCACHE_RETURN_IF_ERROR(check_turn(ctx, heads, *capture, *archive, n));
     st.cells_before = st.cells_after = s.cell_count;
-    FLASHCACHE_RETURN_IF_ERROR(score(s, heads, *capture, *archive, r.score, threads, &st));
+    FLASHCACHE_RETURN_IF_ERROR(score(heads, *capture, *archive, r.score, threads, &st));
     capture->pause();  // the turn's queries are used; a decode again must not count as new tokens
     const auto t1 = clock::now();
     st.score_ms = ms(t0, t1);
@@ -126,8 +126,7 @@ class TurnRecaller {
     // the turn evicted it), only the last token is decoded again.
     const std::int64_t cells = s.cell_count;
     const bool whole_turn = r.redo == RecallRedo::turn && cells > n &&
-                            s.pos[static_cast<std::size_t>(order_[static_cast<std::size_t>(cells - n - 1)])] ==
-                                s.pos[static_cast<std::size_t>(order_.back())] - n;
+                            state_.position(order[static_cast<std::size_t>(cells - n - 1)]) == state_.pos_max() - n;
     const std::int64_t redo = whole_turn ? n : 1;
     // A quarter of the cap stays free of the protected set (n_keep, the turn, the recalled)
     // for the reply, which the next compactions must find room for.
@@ -142,7 +141,7 @@ class TurnRecaller {
     // again) and the recalled tokens, by position.
     merged_.clear();
     for (std::int64_t i = 0; i < cells - redo; ++i)
-      if (!displaced_mask_[static_cast<std::size_t>(i)]) merged_.push_back({order_[static_cast<std::size_t>(i)], -1});
+      if (!displaced_mask_[static_cast<std::size_t>(i)]) merged_.push_back({order[static_cast<std::size_t>(i)], -1});
     for (const std::int64_t b : chosen_)
       for (std::int64_t t = archive->block_first(b); t < archive->block_first(b) + archive->block_tokens(b); ++t)
         merged_.push_back({-1, t});
@@ -150,18 +149,16 @@ class TurnRecaller {
               [&](const Merged& x, const Merged& y) { return pos_of(s, *archive, x) < pos_of(s, *archive, y); });
     for (const Merged& m : merged_)
       if (m.cell < 0) recalled_pos_.push_back(archive->positions()[m.token]);
-    FLASHCACHE_RETURN_IF_ERROR(evicted_.stage_cells(blob_.data(), s, heads, displaced_.data(),
-                                                    static_cast<std::int64_t>(displaced_.size()), archive,
-                                                    archive->options()));
-    FLASHCACHE_RETURN_IF_ERROR(detail::write_cells(s, static_cast<std::uint32_t>(merged_.size()),
-                                                   MergedCells{blob_.data(), s, *archive, merged_.data()}, &out_));
+    FLASHCACHE_RETURN_IF_ERROR(state_.write(static_cast<std::uint32_t>(merged_.size()),
+                                          MergedCells{state_.blob(), s, *archive, merged_.data()}));
     const auto t2 = clock::now();
-    FLASHCACHE_RETURN_IF_ERROR(replace_and_redo(ctx, seq, s, turn + (n - redo), redo));
+    FLASHCACHE_RETURN_IF_ERROR(replace_and_redo(ctx, seq, turn + (n - redo), redo));
     const auto t3 = clock::now();
     // Committed: the recalled blocks leave the archive, the displaced residents enter it.
     const std::int64_t dropped = archive->dropped_tokens();
     FLASHCACHE_RETURN_IF_ERROR(archive->erase(chosen_.data(), static_cast<std::int64_t>(chosen_.size())));
-    FLASHCACHE_RETURN_IF_ERROR(evicted_.append_to(archive));
+    FLASHCACHE_RETURN_IF_ERROR(
+        state_.archive_cells(displaced_.data(), static_cast<std::int64_t>(displaced_.size()), archive));
     st.archive_dropped = archive->dropped_tokens() - dropped;
     st.recalled = static_cast<std::int64_t>(recalled_pos_.size());
     st.displaced = static_cast<std::int64_t>(displaced_.size());
@@ -214,38 +211,23 @@ class TurnRecaller {
     }
   };
 
-  Status read(llama_context* ctx, llama_seq_id seq, SeqState* s) {
-    FLASHCACHE_RETURN_IF_ERROR(detail::read_state_blob(ctx, seq, &blob_));
-    FLASHCACHE_RETURN_IF_ERROR(
-        parse_seq_state(blob_.data(), blob_.size(), s, detail::state_sections(llama_get_model(ctx))));
-    llama_memory_t mem = llama_get_memory(ctx);
-    FLASHCACHE_RETURN_IF_ERROR(detail::check_against_model(
-        ctx, llama_get_model(ctx), seq, *s, llama_memory_seq_pos_min(mem, seq), llama_memory_seq_pos_max(mem, seq)));
-    return detail::state_layers(llama_get_model(ctx), *s, &model_layer_);
-  }
-
   // The turn is the sequence's last n positions, the capture holds its queries
   // (one run ending at the last), and the archive holds this state's rows.
-  Status check_turn(llama_context* ctx, const SeqState& s, std::int64_t heads, const QueryCapture& q, const Archive& a,
-                    std::int64_t n) {
+  Status check_turn(llama_context* ctx, std::int64_t heads, const QueryCapture& q, const Archive& a, std::int64_t n) {
+    const SeqState& s = state_.state();
     if (s.layers[0].k_type == GgmlType::q8_0)
       return make_error(Errc::unsupported,
                         "llama recall: a q8_0 K cache (llama.cpp stores its keys Hadamard-rotated; the captured "
                         "queries are not)");
     FLASHCACHE_RETURN_IF_ERROR(detail::check_logit_scale(llama_get_model(ctx)));
-    ArchiveShape shape;
-    FLASHCACHE_RETURN_IF_ERROR(archive_shape(s, heads, &shape));
-    const ArchiveShape& has = a.shape();
-    if (has.layers != shape.layers || has.kv_heads != shape.kv_heads || has.head_dim != shape.head_dim ||
-        has.k_type != shape.k_type || has.v_type != shape.v_type)
-      return make_error(Errc::invalid_shape, "llama recall: the archive's rows are not this sequence's");
-    order_ = cells_by_position(s);
+    FLASHCACHE_RETURN_IF_ERROR(state_.archive_matches(a));
+    const std::vector<std::int32_t>& order = state_.order();
     const std::int64_t cells = s.cell_count;
     if (n > cells)
       return make_error(Errc::invalid_option, "llama recall: a turn of ", n, " tokens in ", cells, " cells");
-    const llama_pos hi = s.pos[static_cast<std::size_t>(order_.back())];
+    const llama_pos hi = state_.pos_max();
     for (std::int64_t i = 0; i < n; ++i)
-      if (s.pos[static_cast<std::size_t>(order_[static_cast<std::size_t>(cells - n + i)])] != hi - n + 1 + i)
+      if (state_.position(order[static_cast<std::size_t>(cells - n + i)]) != hi - n + 1 + i)
         return make_error(Errc::invalid_option, "llama recall: the turn's ", n,
                           " tokens are not the sequence's last positions (", hi - n + 1, " to ", hi, ")");
     FLASHCACHE_RETURN_IF_ERROR(q.status());
@@ -255,7 +237,7 @@ class TurnRecaller {
                         q.tokens_seen(), " tokens in ", q.layers(), " layers up to position ", q.end_position() - 1,
                         "; the turn ends at ", hi, "): ContextManager::begin_turn before the turn is decoded");
     const std::int64_t dim = static_cast<std::int64_t>(s.layers[0].k_embd) / heads;
-    for (const int l : model_layer_) {
+    for (const int l : state_.model_layers()) {
       const QueryWindow& w = q.window(l);
       // The window is a ring: its kept queries are one or two runs of consecutive positions.
       if (w.kept() < 1 || w.first_kept() < hi - n + 1 || w.first_kept() + w.kept() != hi + 1)
@@ -270,10 +252,12 @@ class TurnRecaller {
 
   // Every archived token's score (and every resident's) from the turn's queries,
   // the layers spread over the threads, each with its own scorer; then merged.
-  Status score(const SeqState& s, std::int64_t heads, const QueryCapture& q, const Archive& a, RecallScore how,
-               int threads, RecallStats* st) {
+  Status score(std::int64_t heads, const QueryCapture& q, const Archive& a, RecallScore how, int threads,
+               RecallStats* st) {
+    const SeqState& s = state_.state();
+    const std::vector<int>& model_layer = state_.model_layers();
     const std::int64_t cells = s.cell_count, layers = static_cast<std::int64_t>(s.layers.size());
-    const std::int64_t m = q.window(model_layer_[0]).kept(), r = cells - m;
+    const std::int64_t m = q.window(model_layer[0]).kept(), r = cells - m;
     const std::int64_t embd = static_cast<std::int64_t>(s.layers[0].k_embd), dim = embd / heads;
     const int workers = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, layers)));
     pool_.resize(workers);
@@ -286,11 +270,11 @@ class TurnRecaller {
     auto one_layer = [&](std::int64_t l, int w) {
       Worker& x = work_[static_cast<std::size_t>(w)];
       if (!x.status.ok()) return;
-      layer_to_float(blob_.data(), s, static_cast<std::size_t>(l), Part::k, order_.data(),
+      layer_to_float(state_.blob(), s, static_cast<std::size_t>(l), Part::k, state_.order().data(),
                      static_cast<std::uint32_t>(cells), x.keys.data());
       const float* k = x.keys.data();
       x.status = x.scorer.add_layer<float>(static_cast<int>(l),
-                                           in_order(q.window(model_layer_[static_cast<std::size_t>(l)]), &x.queries),
+                                           in_order(q.window(model_layer[static_cast<std::size_t>(l)]), &x.queries),
                                            nhd(k, Tokens(r), Heads(heads), HeadDim(dim)),
                                            nhd(k + r * embd, Tokens(m), Heads(heads), HeadDim(dim)));
     };
@@ -318,7 +302,8 @@ class TurnRecaller {
   // ones, outside the first n_keep and the last `turn` cells). Fills chosen_ (ascending),
   // displaced_ (blob indices) and displaced_mask_ (by position order).
   void choose(const Archive& a, std::int64_t cap, std::int64_t n_keep, std::int64_t turn, std::int64_t budget) {
-    const std::int64_t cells = static_cast<std::int64_t>(order_.size());
+    const std::vector<std::int32_t>& order = state_.order();
+    const std::int64_t cells = static_cast<std::int64_t>(order.size());
     chosen_.clear();
     displaced_.clear();
     displaced_mask_.assign(static_cast<std::size_t>(cells), 0);
@@ -358,45 +343,41 @@ class TurnRecaller {
     for (std::int64_t v = 0; v < out; ++v)
       displaced_mask_[static_cast<std::size_t>(victims_[static_cast<std::size_t>(v)])] = 1;
     for (std::int64_t i = 0; i < cells; ++i)
-      if (displaced_mask_[static_cast<std::size_t>(i)]) displaced_.push_back(order_[static_cast<std::size_t>(i)]);
+      if (displaced_mask_[static_cast<std::size_t>(i)]) displaced_.push_back(order[static_cast<std::size_t>(i)]);
   }
 
-  // Replaces the sequence by out_ and decodes `redo` tokens again after it; any
-  // failure puts the original state (blob_) back.
-  Status replace_and_redo(llama_context* ctx, llama_seq_id seq, const SeqState& s, const llama_token* tokens,
-                          std::int64_t redo) {
-    llama_memory_t mem = llama_get_memory(ctx);
-    const llama_pos hi = s.pos[static_cast<std::size_t>(order_.back())];
-    if (!llama_memory_seq_rm(mem, seq, -1, -1))
-      return make_error(Errc::unsupported, "llama recall: llama_memory_seq_rm refused to remove sequence ", seq);
-    Status failed = Status::success();
-    const std::size_t set = llama_state_seq_set_data(ctx, out_.data(), out_.size(), seq);
-    if (set != out_.size()) {
-      failed = make_error(Errc::unsupported, "llama recall: llama_state_seq_set_data read ", set, " of ", out_.size(),
-                          " bytes");
-    } else if (s.sliding.size > 0 && !llama_memory_seq_rm(mem, seq, hi - static_cast<llama_pos>(redo) + 1, -1)) {
-      // The sliding layers' section came back as it was, the turn included: it is decoded again below.
-      failed = make_error(Errc::unsupported, "llama recall: llama_memory_seq_rm refused the turn's positions");
-    } else if (llama_memory_seq_pos_max(mem, seq) >= hi - redo + 1) {
-      failed = make_error(Errc::unsupported, "llama recall: after the write the last position is ",
-                          llama_memory_seq_pos_max(mem, seq), ", expected below ", hi - redo + 1);
-    } else {
-      const std::int64_t step = std::max<std::int64_t>(1, llama_n_batch(ctx));
-      for (std::int64_t i = 0; i < redo && failed.ok(); i += step) {
-        const std::int64_t count = std::min(step, redo - i);
-        fill_batch(tokens + i, count, hi - redo + 1 + static_cast<llama_pos>(i), seq, i + count == redo);
-        if (const int rc = llama_decode(ctx, batch_view(count)); rc != 0)
-          failed = make_error(Errc::unsupported, "llama recall: decoding the turn again failed (llama_decode ", rc,
-                              i > 0 ? "; an earlier chunk went through, so the context's logits are no longer the "
-                                      "turn's: decode its last token again before sampling"
-                                    : "",
-                              ")");
-      }
-      if (failed.ok() && llama_memory_seq_pos_max(mem, seq) != hi)
-        failed = make_error(Errc::unsupported, "llama recall: after decoding again the last position is ",
-                            llama_memory_seq_pos_max(mem, seq), ", expected ", hi);
-    }
-    return failed.ok() ? failed : detail::restore_state(ctx, seq, blob_, hi, failed, ", the archive unchanged");
+  // Replaces the sequence by the merged cells and decodes `redo` tokens again after it;
+  // any failure puts the original state back.
+  Status replace_and_redo(llama_context* ctx, llama_seq_id seq, const llama_token* tokens, std::int64_t redo) {
+    const llama_pos hi = state_.pos_max();
+    const bool sliding = state_.sliding();
+    return state_.replace(
+        "llama recall",
+        [&]() -> Status {
+          llama_memory_t mem = llama_get_memory(ctx);
+          // The sliding layers' section came back as it was, the turn included: it is decoded again below.
+          if (sliding && !llama_memory_seq_rm(mem, seq, hi - static_cast<llama_pos>(redo) + 1, -1))
+            return make_error(Errc::unsupported, "llama recall: llama_memory_seq_rm refused the turn's positions");
+          if (llama_memory_seq_pos_max(mem, seq) >= hi - redo + 1)
+            return make_error(Errc::unsupported, "llama recall: after the write the last position is ",
+                              llama_memory_seq_pos_max(mem, seq), ", expected below ", hi - redo + 1);
+          const std::int64_t step = std::max<std::int64_t>(1, llama_n_batch(ctx));
+          for (std::int64_t i = 0; i < redo; i += step) {
+            const std::int64_t count = std::min(step, redo - i);
+            fill_batch(tokens + i, count, hi - redo + 1 + static_cast<llama_pos>(i), seq, i + count == redo);
+            if (const int rc = llama_decode(ctx, batch_view(count)); rc != 0)
+              return make_error(Errc::unsupported, "llama recall: decoding the turn again failed (llama_decode ", rc,
+                                i > 0 ? "; an earlier chunk went through, so the context's logits are no longer the "
+                                        "turn's: decode its last token again before sampling"
+                                      : "",
+                                ")");
+          }
+          if (llama_memory_seq_pos_max(mem, seq) != hi)
+            return make_error(Errc::unsupported, "llama recall: after decoding again the last position is ",
+                              llama_memory_seq_pos_max(mem, seq), ", expected ", hi);
+          return Status::success();
+        },
+        ", the archive unchanged");
   }
 
   void fill_batch(const llama_token* tokens, std::int64_t count, llama_pos first, llama_seq_id seq, bool last) {
@@ -446,15 +427,13 @@ class TurnRecaller {
 
   WorkerPool pool_;
   std::vector<Worker> work_;
-  std::vector<std::uint8_t> blob_, out_;
-  std::vector<std::int32_t> order_, displaced_;
-  std::vector<int> model_layer_;  // the model layer of each state layer (detail::state_layers)
+  SequenceState state_;
+  std::vector<std::int32_t> displaced_;
   std::vector<std::uint8_t> displaced_mask_;
   std::vector<float> block_score_, resident_score_, part_;
   std::vector<std::int64_t> chosen_, scratch_, victims_;
   std::vector<Merged> merged_;
   std::vector<llama_pos> recalled_pos_;
-  EvictedCells evicted_;
   // The batch decoded again.
   std::vector<llama_token> tokens_;
   std::vector<llama_pos> pos_;
