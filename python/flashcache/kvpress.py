@@ -94,17 +94,11 @@ class FlashCachePress(ScorerPress):
 
 
 @dataclass
-class FlashCacheModelPress(BasePress):
-    """FlashCache over the whole model after prefill: per-layer budgets by each layer's energy ratio.
-
-    The total kept is ``1 - compression_ratio`` of every global layer's tokens (kvpress's
-    leaderboard counts the same way); sliding-window layers (Gemma 3) are left alone.
-    """
+class AfterPrefillPress(BasePress):
+    """A press that acts once the whole prefill is in the cache (a cross-layer budget, an archive):
+    nothing per layer; ``after_prefill(model, cache)`` runs when the prefill's context closes."""
 
     compression_ratio: float = 0.0
-    options: Options = field(default_factory=Options)
-    compact: bool = False
-    last: hf.CacheCompression | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.compression_ratio < 1.0:
@@ -118,7 +112,25 @@ class FlashCacheModelPress(BasePress):
     def __call__(self, model: Any) -> Generator:
         with prefill_cache(model) as captured:
             yield
-        cache = captured.get("cache")
+        self.after_prefill(model, captured.get("cache"))
+
+    def after_prefill(self, model: Any, cache: Any) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class FlashCacheModelPress(AfterPrefillPress):
+    """FlashCache over the whole model after prefill: per-layer budgets by each layer's energy ratio.
+
+    The total kept is ``1 - compression_ratio`` of every global layer's tokens (kvpress's
+    leaderboard counts the same way); sliding-window layers (Gemma 3) are left alone.
+    """
+
+    options: Options = field(default_factory=Options)
+    compact: bool = False
+    last: hf.CacheCompression | None = field(default=None, init=False, repr=False)
+
+    def after_prefill(self, model: Any, cache: Any) -> None:
         if self.compression_ratio == 0 or cache is None:
             return
         if self.compact:

@@ -28,8 +28,6 @@ Needs torch and kvpress (``pip install flashcache[kvpress]``).
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +36,7 @@ from kvpress import BasePress, KVPressTextGenerationPipeline
 from kvpress.utils import compute_n_kept
 
 from . import hf
-from .kvpress import prefill_cache
+from .kvpress import AfterPrefillPress
 from .options import ArchiveOptions, Options, SharedKeepOptions
 from .recall import Archive, RecallScorer, select_recall
 
@@ -53,10 +51,9 @@ class RecallStats:
 
 
 @dataclass
-class FlashCacheRecallPress(BasePress):
+class FlashCacheRecallPress(AfterPrefillPress):
     """FlashCache after prefill with an archive of the evicted tokens, for RecallPipeline's recall."""
 
-    compression_ratio: float = 0.0
     options: Options = field(default_factory=Options)
     recall_share: float = 0.5  # of the cells kvpress's ratio allows, the share left for the recall
     archive_options: ArchiveOptions = field(default_factory=ArchiveOptions)
@@ -67,20 +64,11 @@ class FlashCacheRecallPress(BasePress):
     last: RecallStats = field(default_factory=RecallStats, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.compression_ratio < 1.0:
-            raise ValueError(f"compression_ratio {self.compression_ratio} is outside [0, 1)")
+        super().__post_init__()
         if not 0.0 <= self.recall_share < 1.0:
             raise ValueError(f"recall_share {self.recall_share} is outside [0, 1)")
 
-    def compress(self, module: Any, hidden_states: Any, keys: torch.Tensor, values: torch.Tensor,
-                 attentions: Any, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        return keys, values  # nothing per layer: the whole prefill is needed first
-
-    @contextmanager
-    def __call__(self, model: Any) -> Generator:
-        with prefill_cache(model) as captured:
-            yield
-        cache = captured.get("cache")
+    def after_prefill(self, model: Any, cache: Any) -> None:
         self.archive, self.recall_budget, self.last = None, 0, RecallStats()
         if self.compression_ratio > 0 and cache is not None:
             self._compact_and_archive(model, cache)
