@@ -51,7 +51,7 @@ class LlamaSliding : public ::testing::Test {
       cp.cb_eval_user_data = capture;
     }
     cp.n_batch = cp.n_ubatch = 512;
-    cp.n_threads = cp.n_threads_batch = 2;
+    cp.n_threads = cp.n_threads_batch = 1;  // two tests share two cores: more threads spin-wait (ChatNeverStops)
     c->ctx = llama_init_from_model(g_gemma, cp);
     ASSERT_NE(c->ctx, nullptr);
   }
