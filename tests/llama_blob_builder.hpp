@@ -1,6 +1,6 @@
 #pragma once
 // Synthetic llama.cpp sequence-state blobs for the parser's tests and seeds,
-// laid out as flashcache/llama/format.hpp describes (the format of llama-cpp-python 0.3.36).
+// laid out as flashcache/llama/state/format.hpp describes (the format of llama-cpp-python 0.3.36).
 #include <cstdint>
 #include <cstring>
 #include <vector>

@@ -1,8 +1,14 @@
 // Options and budgets: documented defaults and named refusals.
 #include <gtest/gtest.h>
+#include <flashcache/archive.hpp>
 #include <flashcache/options.hpp>
+#include <flashcache/policies/baselines.hpp>
+#include <flashcache/recall.hpp>
+#include <flashcache/shared_keep.hpp>
 
 #include <cmath>
+#include <set>
+#include <string>
 
 namespace fc = flashcache;
 
@@ -96,3 +102,63 @@ TEST(Options, SharesAndRopeAreCheckedByName) {
 }
 
 }  // namespace
+
+namespace {
+
+// The enum tables (enum_names.hpp): every name parses back to its value, names are distinct,
+// and a value cast from an integer outside the enum is "unknown" and refused by the checks.
+template <class E>
+void expect_table_round_trips() {
+  std::set<std::string> seen;
+  for (const auto& n : fc::EnumNames<E>::table) {
+    E back{};
+    ASSERT_TRUE(fc::parse_enum(n.name, &back, "value").ok()) << n.name;
+    EXPECT_EQ(back, n.value);
+    EXPECT_STREQ(fc::enum_name(n.value), n.name);
+    EXPECT_TRUE(fc::is_known(n.value));
+    EXPECT_TRUE(seen.insert(n.name).second) << n.name << " twice";
+  }
+  const E stray = static_cast<E>(97);
+  EXPECT_FALSE(fc::is_known(stray));
+  EXPECT_STREQ(fc::enum_name(stray), "unknown");
+  E out{};
+  const fc::Status s = fc::parse_enum("no-such-name", &out, "thing");
+  EXPECT_EQ(s.code(), fc::Errc::invalid_option);
+  EXPECT_NE(s.message().find("unknown thing 'no-such-name' ("), std::string::npos) << s.message();
+}
+
+}  // namespace
+
+TEST(Options, EveryEnumNameRoundTrips) {
+  expect_table_round_trips<fc::Transform>();
+  expect_table_round_trips<fc::Base>();
+  expect_table_round_trips<fc::Allocation>();
+  expect_table_round_trips<fc::QueryInput>();
+  expect_table_round_trips<fc::TailMix>();
+  expect_table_round_trips<fc::RopeLayout>();
+  expect_table_round_trips<fc::GridZone>();
+  expect_table_round_trips<fc::KeepSet>();
+  expect_table_round_trips<fc::HeadCombine>();
+  expect_table_round_trips<fc::RecallScope>();
+  expect_table_round_trips<fc::RecallScore>();
+  expect_table_round_trips<fc::ArchiveOrder>();
+  expect_table_round_trips<fc::RowType>();
+  expect_table_round_trips<fc::policies::Policy>();
+  EXPECT_EQ(fc::enum_choices<fc::Base>(), "lowpass, peak or mixed");
+  EXPECT_EQ(fc::enum_choices<fc::Transform>(), "global or blocked");
+}
+
+TEST(Options, AnEnumValueOutsideItsTableIsRefused) {
+  fc::Options o;
+  o.score.transform = static_cast<fc::Transform>(7);
+  EXPECT_NE(fc::check_options(o).message().find("unknown transform"), std::string::npos);
+  o = fc::Options();
+  o.score.base = static_cast<fc::Base>(7);
+  EXPECT_NE(fc::check_options(o).message().find("unknown base"), std::string::npos);
+  o = fc::Options();
+  o.score.tail_mix = static_cast<fc::TailMix>(7);
+  EXPECT_NE(fc::check_options(o).message().find("unknown tail_mix"), std::string::npos);
+  o = fc::Options();
+  o.allocate.mode = static_cast<fc::Allocation>(7);
+  EXPECT_NE(fc::check_options(o).message().find("unknown allocation mode"), std::string::npos);
+}

@@ -505,6 +505,85 @@ TEST(Recall, SelectTakesTheBestWholeBlocksWithinTheBudget) {
   EXPECT_EQ(fc::select_recall(a.archive, scores, -1, &chosen, &order).code(), fc::Errc::invalid_budget);
 }
 
+// choose_recall, the recall that displaces residents, against a plain reading of its rule:
+// blocks best first; each comes back if it fits the budget and the residents it needs out
+// (beyond the room) are all below its score, the lowest remaining first.
+TEST(Recall, ChooseDisplacesOnlyResidentsEveryBlockBeats) {
+  const Rows rows(1, 45, 1, 4, 4);
+  Archived a;
+  fill(rows, fc::RowType::f32, {8, 0}, &a);  // blocks 0-4 of 8 tokens, block 5 of 5
+  const float blocks[] = {0.1f, 0.5f, 0.0f, 0.45f, std::numeric_limits<float>::quiet_NaN(), 0.3f};
+  // 20 residents; 0-1 and 18-19 are protected (first 2, end 18).
+  std::vector<float> residents(20, 0.9f);
+  for (int i : {3, 5, 7, 9, 11, 13, 15, 17}) residents[static_cast<std::size_t>(i)] = 0.2f;  // 8 below 0.3
+  residents[0] = residents[1] = residents[18] = residents[19] = 0.0f;  // protected: never displaced
+  fc::RecallRoom room;
+  // Room for 4: block 1 (8 tokens, 0.5) displaces 4 residents at 0.2; block 3 (0.45) would need
+  // 8 more, 4 of them at 0.9, and stays; so do block 5 (0.3) and block 0 (0.1).
+  ASSERT_TRUE(fc::choose_recall(a.archive, blocks, residents.data(), 2, 18, 4, 100, &room).ok());
+  EXPECT_EQ(room.blocks, (std::vector<std::int64_t>{1}));
+  EXPECT_EQ(room.displaced, (std::vector<std::int64_t>{3, 5, 7, 9}));
+  // Room for 8: block 1 fits the room, block 3 displaces the eight at 0.2, block 5 would need 0.9s.
+  ASSERT_TRUE(fc::choose_recall(a.archive, blocks, residents.data(), 2, 18, 8, 100, &room).ok());
+  EXPECT_EQ(room.blocks, (std::vector<std::int64_t>{1, 3}));
+  EXPECT_EQ(room.displaced, (std::vector<std::int64_t>{3, 5, 7, 9, 11, 13, 15, 17}));
+  // With room for everything, no resident leaves and the budget alone decides (as select_recall).
+  ASSERT_TRUE(fc::choose_recall(a.archive, blocks, residents.data(), 2, 18, 1000, 21, &room).ok());
+  EXPECT_EQ(room.blocks, (std::vector<std::int64_t>{1, 3, 5}));
+  EXPECT_TRUE(room.displaced.empty());
+  // No room and no residents that may leave: nothing comes back.
+  ASSERT_TRUE(fc::choose_recall(a.archive, blocks, residents.data(), 5, 5, 0, 100, &room).ok());
+  EXPECT_TRUE(room.blocks.empty());
+  EXPECT_EQ(fc::choose_recall(a.archive, blocks, residents.data(), 2, 18, 4, -1, &room).code(),
+            fc::Errc::invalid_budget);
+  EXPECT_EQ(fc::choose_recall(a.archive, blocks, residents.data(), 9, 3, 4, 10, &room).code(), fc::Errc::invalid_shape);
+  EXPECT_EQ(fc::choose_recall(a.archive, nullptr, residents.data(), 2, 18, 4, 10, &room).code(),
+            fc::Errc::invalid_shape);
+}
+
+TEST(Recall, ChooseMatchesItsRuleOnRandomScores) {
+  const Rows rows(1, 61, 1, 4, 5);
+  Archived a;
+  fill(rows, fc::RowType::f32, {7, 0}, &a);  // 8 blocks of 7, one of 5
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  fc::RecallRoom room;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> bs(static_cast<std::size_t>(a.archive.blocks())), rs(37);
+    for (float& x : bs) x = trial % 5 == 0 ? std::round(u(rng) * 4) / 4 : u(rng);  // ties too
+    for (float& x : rs) x = trial % 7 == 0 ? std::round(u(rng) * 4) / 4 : u(rng);
+    const std::int64_t first = trial % 4, end = 37 - trial % 3, space = trial % 11, budget = trial % 40;
+    ASSERT_TRUE(fc::choose_recall(a.archive, bs.data(), rs.data(), first, end, space, budget, &room).ok());
+    // The rule, read plainly: a list of the residents that may still leave, lowest first.
+    std::vector<std::int64_t> left;
+    for (std::int64_t i = first; i < end; ++i) left.push_back(i);
+    std::sort(left.begin(), left.end(), [&](auto x, auto y) { return rs[x] < rs[y] || (rs[x] == rs[y] && x < y); });
+    std::vector<std::int64_t> by_score;
+    for (std::int64_t b = 0; b < a.archive.blocks(); ++b)
+      if (bs[static_cast<std::size_t>(b)] > 0) by_score.push_back(b);
+    std::sort(by_score.begin(), by_score.end(),
+              [&](auto x, auto y) { return bs[x] > bs[y] || (bs[x] == bs[y] && x < y); });
+    std::vector<std::int64_t> chosen, gone;
+    std::int64_t used = 0, free_cells = space;
+    for (const std::int64_t b : by_score) {
+      const std::int64_t size = a.archive.block_tokens(b);
+      if (used + size > budget) continue;
+      const std::int64_t out = std::max<std::int64_t>(0, size - free_cells);
+      if (out > static_cast<std::int64_t>(left.size())) continue;
+      if (!std::all_of(left.begin(), left.begin() + out, [&](auto i) { return bs[b] > rs[i]; })) continue;
+      chosen.push_back(b);
+      used += size;
+      free_cells = std::max<std::int64_t>(0, free_cells - size);
+      gone.insert(gone.end(), left.begin(), left.begin() + out);
+      left.erase(left.begin(), left.begin() + out);
+    }
+    std::sort(chosen.begin(), chosen.end());
+    std::sort(gone.begin(), gone.end());
+    ASSERT_EQ(room.blocks, chosen) << "trial " << trial;
+    ASSERT_EQ(room.displaced, gone) << "trial " << trial;
+  }
+}
+
 TEST(Recall, AnEmptyArchiveRecallsNothing) {
   fc::Archive a;
   ASSERT_TRUE(a.reset({2, 1, 4, fc::RowType::f32, fc::RowType::f32}).ok());

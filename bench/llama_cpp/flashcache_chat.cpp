@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "find_model/find_model.hpp"
-#include "session.hpp"
+#include "llama_session/session.hpp"
 #include "text_io.hpp"
 #include "token_nll.hpp"
 
@@ -63,7 +63,7 @@ constexpr int kDefaultRecall = 64;
 
 struct Args {
   std::string model, file, system, ask, redo = "turn", recall_score = "exact", archive_order = "position";
-  std::string chat_template;  // empty: the GGUF's
+  std::string chat_template;            // empty: the GGUF's
   int recall = -1, archive_block = 32;  // recall -1: kDefaultRecall in flashcache mode, else 0
   bool archive = false;
   int cells = 1024, n_predict = -1, threads = 2, chunk = 128, max_tokens = 0, nll_from = -1;
@@ -466,11 +466,14 @@ int main(int argc, char** argv) {
 
   std::vector<llama_chat_message> msgs;
   if (!a.system.empty()) msgs.push_back({"system", a.system.c_str()});
-  const std::int64_t system_tokens = a.system.empty() || tmpl == nullptr ? 0 : system_prompt_tokens(s.vocab, tmpl, msgs);
+  const std::int64_t system_tokens =
+      a.system.empty() || tmpl == nullptr ? 0 : system_prompt_tokens(s.vocab, tmpl, msgs);
   cp.n_cells = std::min<std::int64_t>(a.cells, llama_n_ctx_seq(ctx));
   cp.n_keep = a.keep >= 0 ? a.keep : (system_tokens > 0 ? system_tokens : 4);
   if (a.target > 0) cp.target = a.target;
-  cp.renumber = a.renumber;
+  cp.after_compaction = a.archive    ? fl::AfterCompaction::archive  // an archived cell keeps its position
+                        : a.renumber ? fl::AfterCompaction::renumber
+                                     : fl::AfterCompaction::keep_positions;
   if (a.paper) cp.compress.options = fc::Options::paper();  // the paper's score (positions still renumbered)
   if (a.window_share >= 0) cp.compress.options.select.window_share = a.window_share;
   if (a.query_tail) {
@@ -478,8 +481,6 @@ int main(int argc, char** argv) {
     cp.queries = &capture;
   }
   if (a.archive) {
-    cp.archive = true;
-    cp.renumber = false;  // an archived cell keeps its position
     cp.archive_options.block_size = a.archive_block;
     cp.archive_options.order = a.archive_order == "position" ? fc::ArchiveOrder::position : fc::ArchiveOrder::eviction;
     cp.at_max_pos = fl::AtMaxPos::restart;  // a chat never hits the wall
@@ -581,7 +582,7 @@ int main(int argc, char** argv) {
         "\"stream_nll\": %.6f, \"nll_tokens\": %lld, \"avg_cells\": %.2f, \"max_position\": %d, "
         "\"decode_ms\": %.3f, \"event_ms\": %.3f, \"tokens\": %lld, \"tokens_per_s\": %.3f}\n",
         rc == 0 ? "true" : "false", fl::to_string(cp.when_full), a.cells, static_cast<long long>(cp.n_keep), cp.target,
-        cp.renumber ? "true" : "false", cp.compress.options.select.window_share, a.paper ? "true" : "false",
+        cp.renumbers() ? "true" : "false", cp.compress.options.select.window_share, a.paper ? "true" : "false",
         a.query_tail ? "true" : "false", a.threads, json_string(out_text).c_str(), rep.c_str(), ev.c_str(), rec.c_str(),
         a.archive ? "true" : "false", a.recall, static_cast<long long>(stream_tokens),
         nll_count > 0 ? nll_sum / static_cast<double>(nll_count) : 0.0, static_cast<long long>(nll_count),

@@ -19,7 +19,7 @@
 #include "find_model/find_model.hpp"
 #include "measure.hpp"
 #include "run_report.hpp"
-#include "session.hpp"
+#include "llama_session/session.hpp"
 #include "text_io.hpp"
 
 namespace fc = flashcache;

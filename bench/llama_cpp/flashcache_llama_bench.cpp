@@ -24,7 +24,7 @@
 
 #include "find_model/find_model.hpp"
 #include "measure.hpp"
-#include "session.hpp"
+#include "llama_session/session.hpp"
 
 namespace fc = flashcache;
 namespace ls = llama_session;

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "find_model/find_model.hpp"
-#include "session.hpp"
+#include "llama_session/session.hpp"
 #include "text_io.hpp"
 
 namespace fc = flashcache;

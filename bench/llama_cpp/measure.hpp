@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "session.hpp"
+#include "llama_session/session.hpp"
 #include "token_nll.hpp"
 
 namespace measure {

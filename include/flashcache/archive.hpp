@@ -19,6 +19,7 @@
 #include <cstring>
 #include <vector>
 
+#include "enum_names.hpp"
 #include "error.hpp"
 #include "types.hpp"
 
@@ -42,19 +43,12 @@ inline std::int64_t row_bytes(RowType t, std::int64_t elements) {
   return 0;
 }
 
-inline const char* to_string(RowType t) {
-  switch (t) {
-    case RowType::f32:
-      return "f32";
-    case RowType::f16:
-      return "f16";
-    case RowType::bf16:
-      return "bf16";
-    case RowType::q8_0:
-      return "q8_0";
-  }
-  return "?";
-}
+template <>
+struct EnumNames<RowType> {
+  static constexpr EnumName<RowType> table[] = {
+      {RowType::f32, "f32"}, {RowType::f16, "f16"}, {RowType::bf16, "bf16"}, {RowType::q8_0, "q8_0"}};
+};
+inline const char* to_string(RowType e) { return enum_name(e); }
 
 // The rows an archive holds: every layer's K row of a token is kv_heads x
 // head_dim elements of k_type, its V row as many of v_type.
@@ -78,6 +72,12 @@ enum class ArchiveOrder {
   eviction,  // as appended: a block is tokens evicted together
   position,  // by position: a block is neighbouring archived positions, whichever eviction they came from
 };
+template <>
+struct EnumNames<ArchiveOrder> {
+  static constexpr EnumName<ArchiveOrder> table[] = {{ArchiveOrder::eviction, "eviction"},
+                                                     {ArchiveOrder::position, "position"}};
+};
+inline const char* to_string(ArchiveOrder e) { return enum_name(e); }
 
 struct ArchiveOptions {
   // Archive tokens per block: the unit a recall scores and brings back.
@@ -91,8 +91,7 @@ struct ArchiveOptions {
 inline Status check_archive_options(const ArchiveOptions& o) {
   if (o.block_size < 1) return make_error(Errc::invalid_option, "archive block_size ", o.block_size, " (at least 1)");
   if (o.byte_cap < 0) return make_error(Errc::invalid_option, "archive byte_cap ", o.byte_cap, " is negative");
-  if (o.order != ArchiveOrder::eviction && o.order != ArchiveOrder::position)
-    return make_error(Errc::invalid_option, "archive: unknown order");
+  if (!is_known(o.order)) return make_error(Errc::invalid_option, "archive: unknown order");
   return Status::success();
 }
 
@@ -164,7 +163,11 @@ class Archive {
     for (int l = 0; l < shape_.layers; ++l)
       if (k[l] == nullptr || v[l] == nullptr)
         return make_error(Errc::invalid_shape, "archive append: layer ", l, ": null K or V rows");
-    const StridedRows rows{k, k_stride, v, v_stride, static_cast<std::size_t>(shape_.k_row_bytes()),
+    const StridedRows rows{k,
+                           k_stride,
+                           v,
+                           v_stride,
+                           static_cast<std::size_t>(shape_.k_row_bytes()),
                            static_cast<std::size_t>(shape_.v_row_bytes())};
     return append_from(positions, n, rows);
   }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "config.hpp"
+#include "enum_names.hpp"
 #include "error.hpp"
 #include "rules.hpp"
 
@@ -62,7 +63,11 @@ enum class GridZone {
   triangle,   // u / rows + v / cols < sqrt(2 gamma): isotropic, as JPEG's zig-zag
 };
 
-inline const char* to_string(GridZone z) { return z == GridZone::rectangle ? "rectangle" : "triangle"; }
+template <>
+struct EnumNames<GridZone> {
+  static constexpr EnumName<GridZone> table[] = {{GridZone::rectangle, "rectangle"}, {GridZone::triangle, "triangle"}};
+};
+inline const char* to_string(GridZone e) { return enum_name(e); }
 
 // One tile of a span: patches [r0, r0 + tr) x [c0, c0 + tc) of its grid.
 struct SpanTile {

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "config.hpp"
+#include "enum_names.hpp"
 #include "error.hpp"
 #include "grid.hpp"
 #include "rules.hpp"
@@ -17,7 +18,11 @@ enum class Transform {
   blocked,  // independent transforms over blocks of `block_size` tokens
 };
 
-inline const char* to_string(Transform t) { return t == Transform::global ? "global" : "blocked"; }
+template <>
+struct EnumNames<Transform> {
+  static constexpr EnumName<Transform> table[] = {{Transform::global, "global"}, {Transform::blocked, "blocked"}};
+};
+inline const char* to_string(Transform e) { return enum_name(e); }
 
 // Which DCT frequencies of a head form its Base KV (the smooth part that the
 // outlier score measures deviation from). Frequencies are chosen per head and
@@ -31,7 +36,11 @@ enum class Base {
   mixed,    // the ceil(m / 2) lowest, then the strongest of the others up to m
 };
 
-inline const char* to_string(Base b) { return b == Base::lowpass ? "lowpass" : b == Base::peak ? "peak" : "mixed"; }
+template <>
+struct EnumNames<Base> {
+  static constexpr EnumName<Base> table[] = {{Base::lowpass, "lowpass"}, {Base::peak, "peak"}, {Base::mixed, "mixed"}};
+};
+inline const char* to_string(Base e) { return enum_name(e); }
 
 // How a model-wide budget is split over layers (compress_model only).
 enum class Allocation {
@@ -39,7 +48,11 @@ enum class Allocation {
   uniform,  // every layer keeps the same ratio / count
 };
 
-inline const char* to_string(Allocation a) { return a == Allocation::dynamic ? "dynamic" : "uniform"; }
+template <>
+struct EnumNames<Allocation> {
+  static constexpr EnumName<Allocation> table[] = {{Allocation::dynamic, "dynamic"}, {Allocation::uniform, "uniform"}};
+};
+inline const char* to_string(Allocation e) { return enum_name(e); }
 
 // What the score reads of the prompt's queries (query_tail.hpp).
 enum class QueryInput {
@@ -48,7 +61,11 @@ enum class QueryInput {
          // mixed with the residual by ScoreOptions::tail_weight
 };
 
-inline const char* to_string(QueryInput q) { return q == QueryInput::none ? "none" : "tail"; }
+template <>
+struct EnumNames<QueryInput> {
+  static constexpr EnumName<QueryInput> table[] = {{QueryInput::none, "none"}, {QueryInput::tail, "tail"}};
+};
+inline const char* to_string(QueryInput e) { return enum_name(e); }
 
 // How QueryInput::tail puts the two terms together, each over its head mean:
 // r = (1 - tail_weight) residual / mean, t = tail_weight tail / mean.
@@ -57,7 +74,11 @@ enum class TailMix {
   max,  // max(r, t): either flags it (an outlier, or a key one query needs)
 };
 
-inline const char* to_string(TailMix m) { return m == TailMix::sum ? "sum" : "max"; }
+template <>
+struct EnumNames<TailMix> {
+  static constexpr EnumName<TailMix> table[] = {{TailMix::sum, "sum"}, {TailMix::max, "max"}};
+};
+inline const char* to_string(TailMix e) { return enum_name(e); }
 
 // Which dimensions a rotary position embedding pairs up.
 enum class RopeLayout {
@@ -65,7 +86,12 @@ enum class RopeLayout {
   interleaved  // dimension 2i with 2i + 1 (GPT-J style; llama.cpp's permuted GGUF weights)
 };
 
-inline const char* to_string(RopeLayout r) { return r == RopeLayout::half ? "half" : "interleaved"; }
+template <>
+struct EnumNames<RopeLayout> {
+  static constexpr EnumName<RopeLayout> table[] = {{RopeLayout::half, "half"},
+                                                   {RopeLayout::interleaved, "interleaved"}};
+};
+inline const char* to_string(RopeLayout e) { return enum_name(e); }
 
 // Engines cache keys after RoPE, whose fast-rotating dimensions oscillate along
 // the token axis. With `derotate`, the scorer undoes the rotation (token t at
@@ -185,6 +211,13 @@ inline SpanTiling span_tiling(const GridSpan& g, const ScoreOptions& opt) {
 }
 
 inline Status check_options(const ScoreOptions& o) {
+  // A value cast from an integer outside the enum is refused by name, never read as another.
+  if (!is_known(o.transform)) return make_error(Errc::invalid_option, "unknown transform");
+  if (!is_known(o.base)) return make_error(Errc::invalid_option, "unknown base");
+  if (!is_known(o.query)) return make_error(Errc::invalid_option, "unknown query input");
+  if (!is_known(o.tail_mix)) return make_error(Errc::invalid_option, "unknown tail_mix");
+  if (!is_known(o.grid_zone)) return make_error(Errc::invalid_option, "unknown grid_zone");
+  if (!is_known(o.rope.layout)) return make_error(Errc::invalid_option, "unknown rope layout");
   if (!(o.gamma > 0.0 && o.gamma <= 1.0))
     return make_error(Errc::invalid_option, "gamma ", o.gamma, " is outside (0, 1]");
   if (o.transform == Transform::blocked && !rules::block_size_ok(o.block_size, false))
@@ -212,8 +245,7 @@ inline Status check_options(const SelectOptions& o) {
 }
 
 inline Status check_options(const AllocateOptions& o) {
-  if (o.mode != Allocation::dynamic && o.mode != Allocation::uniform)
-    return make_error(Errc::invalid_option, "unknown allocation mode");
+  if (!is_known(o.mode)) return make_error(Errc::invalid_option, "unknown allocation mode");
   if (!(o.min_layer_ratio >= 0.0 && o.min_layer_ratio <= 1.0))
     return make_error(Errc::invalid_option, "min_layer_ratio ", o.min_layer_ratio, " is outside [0, 1]");
   return Status::success();

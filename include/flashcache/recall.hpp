@@ -23,7 +23,8 @@
 //
 // select_recall() then takes the highest-scoring blocks, whole, while they fit
 // the budget (ties to the older block); a block nobody attends to (score 0)
-// never comes back.
+// never comes back. choose_recall() does the same where blocks displace
+// residents of a full sequence, each only if it beats them.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "archive.hpp"
+#include "enum_names.hpp"
 #include "error.hpp"
 #include "query_tail.hpp"
 #include "types.hpp"
@@ -41,22 +43,29 @@ namespace flashcache {
 
 enum class RecallScope { shared, per_head };
 
-inline const char* to_string(RecallScope s) { return s == RecallScope::shared ? "shared" : "per_head"; }
+template <>
+struct EnumNames<RecallScope> {
+  static constexpr EnumName<RecallScope> table[] = {{RecallScope::shared, "shared"},
+                                                    {RecallScope::per_head, "per_head"}};
+};
+inline const char* to_string(RecallScope e) { return enum_name(e); }
 
 // How an archived block is scored: its best token's attention probability, or Quest's bound.
 enum class RecallScore { exact, digest };
 
-inline const char* to_string(RecallScore s) { return s == RecallScore::exact ? "exact" : "digest"; }
+template <>
+struct EnumNames<RecallScore> {
+  static constexpr EnumName<RecallScore> table[] = {{RecallScore::exact, "exact"}, {RecallScore::digest, "digest"}};
+};
+inline const char* to_string(RecallScore e) { return enum_name(e); }
 
 class RecallScorer {
  public:
   // Starts a recall over `archive`: every block's score is 0.
   Status reset(const Archive& archive, RecallScope scope = RecallScope::shared,
                RecallScore score = RecallScore::exact) {
-    if (scope != RecallScope::shared && scope != RecallScope::per_head)
-      return make_error(Errc::invalid_option, "recall: unknown scope");
-    if (score != RecallScore::exact && score != RecallScore::digest)
-      return make_error(Errc::invalid_option, "recall: unknown score");
+    if (!is_known(scope)) return make_error(Errc::invalid_option, "recall: unknown scope");
+    if (!is_known(score)) return make_error(Errc::invalid_option, "recall: unknown score");
     archive_ = &archive;
     scope_ = scope;
     score_ = score;
@@ -305,6 +314,64 @@ inline Status select_recall(const Archive& archive, const float* scores, std::in
     used += n;
   }
   std::sort(chosen->begin(), chosen->end());
+  return Status::success();
+}
+
+// Recall into a sequence that has `room` free cells, where bringing a block back
+// may displace residents: what comes back and what leaves. Blocks go best first
+// (ties to the lower block), whole, while their tokens fit `budget`, only with a
+// score above 0, and each only where there is room or it beats, by score, every
+// resident it displaces. The residents that may make room are [first, end) of
+// resident_scores (the protected ones lie outside it), lowest score first (ties
+// to the lower index). No allocation once the vectors have their capacity.
+struct RecallRoom {
+  std::vector<std::int64_t> blocks;             // the blocks to bring back, ascending
+  std::vector<std::int64_t> displaced;          // the residents they displace (indices), ascending
+  std::vector<std::int64_t> order, candidates;  // scratch
+};
+
+inline Status choose_recall(const Archive& archive, const float* block_scores, const float* resident_scores,
+                            std::int64_t first, std::int64_t end, std::int64_t room, std::int64_t budget,
+                            RecallRoom* out) {
+  if (out == nullptr) return make_error(Errc::invalid_shape, "choose_recall: null output");
+  out->blocks.clear();
+  out->displaced.clear();
+  if (budget < 0) return make_error(Errc::invalid_budget, "choose_recall: budget ", budget, " is negative");
+  if (room < 0 || first < 0 || end < first)
+    return make_error(Errc::invalid_shape, "choose_recall: room ", room, " and residents [", first, ", ", end, ")");
+  if (archive.blocks() > 0 && block_scores == nullptr)
+    return make_error(Errc::invalid_shape, "choose_recall: null block scores");
+  if (end > first && resident_scores == nullptr)
+    return make_error(Errc::invalid_shape, "choose_recall: null resident scores");
+  std::vector<std::int64_t>& victims = out->candidates;
+  victims.clear();
+  for (std::int64_t i = first; i < end; ++i) victims.push_back(i);
+  const float* rs = resident_scores;
+  std::sort(victims.begin(), victims.end(),
+            [&](std::int64_t x, std::int64_t y) { return rs[x] < rs[y] || (rs[x] == rs[y] && x < y); });
+  std::vector<std::int64_t>& blocks = out->order;
+  blocks.clear();
+  for (std::int64_t b = 0; b < archive.blocks(); ++b)
+    if (block_scores[b] > 0) blocks.push_back(b);
+  const float* bs = block_scores;
+  std::sort(blocks.begin(), blocks.end(),
+            [&](std::int64_t x, std::int64_t y) { return bs[x] > bs[y] || (bs[x] == bs[y] && x < y); });
+  std::int64_t used = 0, out_count = 0;  // tokens brought back; residents displaced (the lowest first)
+  for (const std::int64_t b : blocks) {
+    const std::int64_t size = archive.block_tokens(b);
+    if (used + size > budget) continue;
+    const std::int64_t need = std::max<std::int64_t>(0, used + size - room);  // residents out in all
+    if (need > static_cast<std::int64_t>(victims.size())) continue;
+    bool beats = true;
+    for (std::int64_t v = out_count; v < need && beats; ++v) beats = bs[b] > rs[victims[static_cast<std::size_t>(v)]];
+    if (!beats) continue;
+    out->blocks.push_back(b);
+    used += size;
+    out_count = std::max(out_count, need);
+  }
+  std::sort(out->blocks.begin(), out->blocks.end());
+  out->displaced.assign(victims.begin(), victims.begin() + out_count);
+  std::sort(out->displaced.begin(), out->displaced.end());
   return Status::success();
 }
 

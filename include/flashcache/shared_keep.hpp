@@ -43,6 +43,7 @@
 #include <string_view>
 #include <vector>
 
+#include "enum_names.hpp"
 #include "error.hpp"
 #include "mask.hpp"
 #include "options.hpp"
@@ -66,34 +67,23 @@ enum class HeadCombine {
   votes,            // each head votes for its own top-`budget` tokens; most votes first, ties by mean_normalized
 };
 
-inline const char* to_string(KeepSet k) {
-  return k == KeepSet::per_head ? "per_head" : k == KeepSet::per_layer ? "per_layer" : "per_sequence";
-}
+template <>
+struct EnumNames<KeepSet> {
+  static constexpr EnumName<KeepSet> table[] = {
+      {KeepSet::per_head, "per_head"}, {KeepSet::per_layer, "per_layer"}, {KeepSet::per_sequence, "per_sequence"}};
+};
+inline const char* to_string(KeepSet e) { return enum_name(e); }
+template <>
+struct EnumNames<HeadCombine> {
+  static constexpr EnumName<HeadCombine> table[] = {{HeadCombine::mean_normalized, "mean_normalized"},
+                                                    {HeadCombine::max_normalized, "max_normalized"},
+                                                    {HeadCombine::votes, "votes"}};
+};
+inline const char* to_string(HeadCombine e) { return enum_name(e); }
 
-inline const char* to_string(HeadCombine c) {
-  return c == HeadCombine::mean_normalized  ? "mean_normalized"
-         : c == HeadCombine::max_normalized ? "max_normalized"
-                                            : "votes";
-}
-
-inline Status parse_keep_set(std::string_view name, KeepSet* out) {
-  for (KeepSet k : {KeepSet::per_head, KeepSet::per_layer, KeepSet::per_sequence})
-    if (name == to_string(k)) {
-      *out = k;
-      return Status::success();
-    }
-  return make_error(Errc::invalid_option, "unknown keep set '", std::string(name),
-                    "' (per_head, per_layer, per_sequence)");
-}
-
+inline Status parse_keep_set(std::string_view name, KeepSet* out) { return parse_enum(name, out, "keep set"); }
 inline Status parse_head_combine(std::string_view name, HeadCombine* out) {
-  for (HeadCombine c : {HeadCombine::mean_normalized, HeadCombine::max_normalized, HeadCombine::votes})
-    if (name == to_string(c)) {
-      *out = c;
-      return Status::success();
-    }
-  return make_error(Errc::invalid_option, "unknown head combine '", std::string(name),
-                    "' (mean_normalized, max_normalized, votes)");
+  return parse_enum(name, out, "head combine");
 }
 
 struct SharedKeepOptions {
@@ -112,11 +102,8 @@ inline constexpr SharedKeepOptions kKeepPerHead{KeepSet::per_head, HeadCombine::
 
 inline Status check_shared_options(const SharedKeepOptions& s) {
   if (s.page < 1) return make_error(Errc::invalid_option, "page ", s.page, " must be at least 1");
-  if (s.keep_set != KeepSet::per_head && s.keep_set != KeepSet::per_layer && s.keep_set != KeepSet::per_sequence)
-    return make_error(Errc::invalid_option, "unknown keep set");
-  if (s.combine != HeadCombine::mean_normalized && s.combine != HeadCombine::max_normalized &&
-      s.combine != HeadCombine::votes)
-    return make_error(Errc::invalid_option, "unknown head combine");
+  if (!is_known(s.keep_set)) return make_error(Errc::invalid_option, "unknown keep set");
+  if (!is_known(s.combine)) return make_error(Errc::invalid_option, "unknown head combine");
   return Status::success();
 }
 

@@ -1,5 +1,5 @@
-// The cells a llama.cpp compaction evicts, kept in an Archive (flashcache/llama/evict.hpp,
-// CompressParams::archive, ContextParams::archive) on SmolLM2-135M: every evicted cell is in
+// The cells a llama.cpp compaction evicts, kept in an Archive (flashcache/llama/state/evict.hpp,
+// CompressParams::archive, AfterCompaction::archive) on SmolLM2-135M: every evicted cell is in
 // the archive with its position and its K and V rows bit for bit as the state held them
 // (V rows, transposed V, q8_0), or counted as dropped by the cap; a refused call leaves the
 // sequence and the archive as they were. Skips without llama.cpp or the model.
@@ -19,7 +19,7 @@ TEST(LlamaArchive, NeedsLlamaCpp) { GTEST_SKIP() << FLASHCACHE_LLAMA_INSTALL_HIN
 #include <string>
 #include <vector>
 
-#include "session.hpp"
+#include "llama_session/session.hpp"
 
 namespace fc = flashcache;
 namespace fl = flashcache::llama;
@@ -92,8 +92,7 @@ fl::CompressParams keep_into(fc::Budget budget, fc::Archive* archive) {
 fl::ContextParams archiving(std::int64_t cells) {
   fl::ContextParams p = fl::context_default_params();
   p.n_cells = cells;
-  p.archive = true;
-  p.renumber = false;
+  p.after_compaction = fl::AfterCompaction::archive;
   return p;
 }
 
@@ -194,16 +193,16 @@ TEST_F(LlamaArchive, AnArchiveOfAnotherShapeIsRefusedAndNothingChanges) {
 }
 
 // A context that fills: with the archive on, every position streamed is resident or
-// archived, and renumbering (which would make archived positions wrong) is refused.
+// archived, and an archive beside a policy that renumbers (shift) is refused.
 TEST_F(LlamaArchive, AContextManagerArchivesEveryEviction) {
   Ctx c;
   make_ctx(&c, GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED, 512);
   fl::ContextParams p = archiving(256);
-  p.renumber = true;
+  p.when_full = fl::WhenFull::shift;
   fl::ContextManager cm;
   const fc::Status refused = cm.init(c.ctx, 0, p);
-  EXPECT_NE(refused.message().find("an archive needs renumber off"), std::string::npos) << refused.message();
-  p.renumber = false;
+  EXPECT_NE(refused.message().find("an archive with when-full shift"), std::string::npos) << refused.message();
+  p.when_full = fl::WhenFull::flashcache;
   const fc::Status ok = cm.init(c.ctx, 0, p);
   ASSERT_TRUE(ok.ok()) << ok.message();
   const std::vector<llama_token> text = ledger_tokens(40);

@@ -17,7 +17,7 @@ TEST(LlamaContext, NeedsLlamaCpp) { GTEST_SKIP() << FLASHCACHE_LLAMA_INSTALL_HIN
 #include <string>
 #include <vector>
 
-#include "session.hpp"
+#include "llama_session/session.hpp"
 
 namespace fc = flashcache;
 namespace fl = flashcache::llama;
@@ -194,7 +194,7 @@ TEST_F(LlamaContext, RefusalsChangeNothing) {
   refused(q, "query tails");
   fl::QueryCapture capture;
   q.queries = &capture;
-  q.renumber = false;
+  q.after_compaction = fl::AfterCompaction::keep_positions;
   refused(q, "need renumber");
   q = p;
   q.queries = &capture;

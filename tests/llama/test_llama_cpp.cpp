@@ -19,7 +19,7 @@ TEST(LlamaCpp, NeedsLlamaCpp) { GTEST_SKIP() << FLASHCACHE_LLAMA_INSTALL_HINT; }
 #include <string>
 #include <vector>
 
-#include "session.hpp"
+#include "llama_session/session.hpp"
 
 namespace fc = flashcache;
 namespace fl = flashcache::llama;

@@ -20,7 +20,7 @@ TEST(LlamaRecall, NeedsLlamaCpp) { GTEST_SKIP() << FLASHCACHE_LLAMA_INSTALL_HINT
 #include <string>
 #include <vector>
 
-#include "session.hpp"
+#include "llama_session/session.hpp"
 
 namespace fc = flashcache;
 namespace fl = flashcache::llama;
@@ -53,8 +53,7 @@ fl::ContextParams recalling(fl::QueryCapture* capture, std::int64_t cells = 256,
                             fl::RecallRedo redo = fl::RecallRedo::last_token) {
   fl::ContextParams p = fl::context_default_params();
   p.n_cells = cells;
-  p.archive = true;
-  p.renumber = false;
+  p.after_compaction = fl::AfterCompaction::archive;
   p.archive_options.block_size = 16;
   p.recall.budget = budget;
   p.recall.redo = redo;
@@ -317,7 +316,7 @@ TEST_F(LlamaRecall, InitRefusesRecallWithoutItsParts) {
   make_ctx(&c, &capture);
   fl::ContextManager cm;
   fl::ContextParams p = recalling(&capture);
-  p.archive = false;
+  p.after_compaction = fl::AfterCompaction::keep_positions;
   fc::Status s = cm.init(c.ctx, 0, p);
   EXPECT_NE(s.message().find("recall needs the archive"), std::string::npos) << s.message();
   p = recalling(nullptr);

@@ -90,7 +90,7 @@ class LlamaSliding : public ::testing::Test {
       events += ev.policy != fl::WhenFull::none;
       ASSERT_LE(cm->cells() + m, cm->cap());
       ASSERT_EQ(llama_session::decode(c->ctx, toks.data() + i, m, pos, 0, false), 0);
-      if (!p.archive) {
+      if (!p.archives()) {
         ASSERT_LT(llama_memory_seq_pos_max(c->mem(), 0), cm->cap());
       }
     }
@@ -374,8 +374,7 @@ TEST_F(LlamaSliding, RecallBringsBackGlobalCellsAndLosesNothing) {
   llama_test::Ctx c;
   ASSERT_NO_FATAL_FAILURE(make(&c, 1024, true, &capture));
   fl::ContextParams p = fl::context_default_params();
-  p.archive = true;
-  p.renumber = false;
+  p.after_compaction = fl::AfterCompaction::archive;
   p.archive_options.block_size = 16;
   p.recall.budget = 32;
   p.recall.capture = &capture;

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "flashcache/enum_names.hpp"
+
 namespace flashcache::cli {
 
 enum ExitCode : int {
@@ -30,5 +32,14 @@ inline std::string num(double x) {
 }
 
 [[noreturn]] inline void usage_error(const std::string& message) { throw CliError(kExitUsage, message); }
+
+// The value of enum E that flag `flag` names (its table, flashcache/enum_names.hpp); an unknown
+// name is a usage error that lists the choices.
+template <class E>
+E enum_flag(const std::string& flag, const std::string& name) {
+  E out{};
+  if (const Status s = parse_enum(name, &out, flag.c_str()); !s.ok()) usage_error(s.message());
+  return out;
+}
 
 }  // namespace flashcache::cli

@@ -131,19 +131,19 @@ Plan make_plan(const CompressArgs& a, const KVCache& cache) {
     p.options.score.normalize_terms = a.normalize_terms;
     p.options.score.rope.derotate = a.rope_theta > 0;
     p.options.score.rope.theta = a.rope_theta > 0 ? a.rope_theta : p.options.score.rope.theta;
-    p.options.score.rope.layout = a.rope_layout == "interleaved" ? RopeLayout::interleaved : RopeLayout::half;
+    p.options.score.rope.layout = enum_flag<RopeLayout>("--rope-layout", a.rope_layout);
     p.options.score.rope.first_position = a.rope_first_position;
   }
   if (p.policy == policies::Policy::flashcache && !a.q.empty()) {  // --q: the query-informed score
     p.options = Options::with_query_tail(p.options);  // the preset's query fields over the options set above
     p.options.score.tail_weight = a.tail_weight;
-    p.options.score.tail_mix = a.tail_mix == "sum" ? TailMix::sum : TailMix::max;
+    p.options.score.tail_mix = enum_flag<TailMix>("--tail-mix", a.tail_mix);
     p.policy_options.tail.stride = a.tail_stride;
     p.policy_options.tail.min_distance = a.tail_min_distance;
     p.policy_options.tail_last = a.tail_last;
   }
   for (const std::string& g : a.grids) p.spans.push_back(parse_grid(g, cache.tokens, p.spans));
-  p.options.score.grid_zone = a.grid_zone == "triangle" ? GridZone::triangle : GridZone::rectangle;
+  p.options.score.grid_zone = enum_flag<GridZone>("--grid-zone", a.grid_zone);
   p.options.score.grid_tile = a.grid_tile;
   p.options.select.grid_base_share = a.grid_base_share;
   if (!a.protect.empty()) p.mask = load_mask(a.protect, cache.tokens);
@@ -200,12 +200,14 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
       {"normalize_terms", fc ? nlohmann::ordered_json(o.score.normalize_terms) : null},
       {"query", fc ? nlohmann::ordered_json(to_string(o.score.query)) : null},
       {"tail_weight", fc && o.score.query == QueryInput::tail ? nlohmann::ordered_json(o.score.tail_weight) : null},
-      {"tail_mix", fc && o.score.query == QueryInput::tail ? nlohmann::ordered_json(to_string(o.score.tail_mix)) : null},
+      {"tail_mix",
+       fc && o.score.query == QueryInput::tail ? nlohmann::ordered_json(to_string(o.score.tail_mix)) : null},
       {"tail_stride",
        fc && o.score.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail.stride) : null},
       {"tail_min_distance",
        fc && o.score.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail.min_distance) : null},
-      {"tail_last", fc && o.score.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail_last) : null},
+      {"tail_last",
+       fc && o.score.query == QueryInput::tail ? nlohmann::ordered_json(plan.policy_options.tail_last) : null},
       {"rope_theta", fc && o.score.rope.derotate ? nlohmann::ordered_json(o.score.rope.theta) : null},
       {"rope_layout", fc && o.score.rope.derotate ? nlohmann::ordered_json(to_string(o.score.rope.layout)) : null},
       {"rope_first_position", fc && o.score.rope.derotate ? nlohmann::ordered_json(o.score.rope.first_position) : null},

@@ -78,8 +78,14 @@ void check(const Status& s, const char* what) {
 class HeadScorer {
  public:
   HeadScorer(const npy::Array& k, const npy::Array& q, const npy::Array& qk)
-      : keys_(k.data<float>()), queries_(q.data<float>()), question_(qk.data<float>()),
-        H_(k.shape[1]), N_(k.shape[2]), d_(k.shape[3]), Hq_(q.shape[1]), m_(q.shape[2]) {}
+      : keys_(k.data<float>()),
+        queries_(q.data<float>()),
+        question_(qk.data<float>()),
+        H_(k.shape[1]),
+        N_(k.shape[2]),
+        d_(k.shape[3]),
+        Hq_(q.shape[1]),
+        m_(q.shape[2]) {}
 
   // Scores head h of layer l, whose kept tokens are `mine` [budget] (ascending):
   // archive() then holds its evicted tokens and scores() one score per block.
@@ -95,7 +101,8 @@ class HeadScorer {
       positions_.push_back(static_cast<std::int32_t>(t));
     }
     resident_.resize(static_cast<std::size_t>(budget * d_));
-    for (std::int64_t i = 0; i < budget; ++i) std::copy(head + mine[i] * d_, head + (mine[i] + 1) * d_, &resident_[i * d_]);
+    for (std::int64_t i = 0; i < budget; ++i)
+      std::copy(head + mine[i] * d_, head + (mine[i] + 1) * d_, &resident_[i * d_]);
     const auto e = static_cast<std::int64_t>(positions_.size());
     rows_.resize(static_cast<std::size_t>(e * d_));
     for (std::int64_t i = 0; i < e; ++i)
@@ -138,11 +145,11 @@ void chosen_positions(const Archive& archive, const std::vector<std::int64_t>& c
 int run_recall(const RecallArgs& a) {
   if (a.recall < 0) throw CliError(kExitUsage, "--recall " + std::to_string(a.recall) + " is negative");
   if (a.block < 1) throw CliError(kExitUsage, "--block " + std::to_string(a.block) + " (at least 1)");
-  if (a.score != "exact" && a.score != "digest")
-    throw CliError(kExitUsage, "--score " + a.score + " is not exact or digest");
-  if (a.shared && a.score == "digest")
-    throw CliError(kExitUsage, "--score digest with --shared: a digest bounds one head's block, and --shared ranks "
-                               "single tokens across heads; use --score exact");
+  const RecallScore kind = enum_flag<RecallScore>("--score", a.score);
+  if (a.shared && kind == RecallScore::digest)
+    throw CliError(kExitUsage,
+                   "--score digest with --shared: a digest bounds one head's block, and --shared ranks "
+                   "single tokens across heads; use --score exact");
   StagedDir::check_target(a.out, a.force);
   const npy::Array k = read_float(a.k, 4, "--k");
   const npy::Array q = read_float(a.q, 4, "--q");
@@ -156,15 +163,14 @@ int run_recall(const RecallArgs& a) {
     throw CliError(kExitUsage, "--question-k " + a.question_k + " has shape " + npy::shape_string(qk.shape) +
                                    ", not [" + std::to_string(L) + ", " + std::to_string(H) + ", " + std::to_string(m) +
                                    ", " + std::to_string(d) + "]");
-  const RecallScore kind = a.score == "digest" ? RecallScore::digest : RecallScore::exact;
 
   std::vector<std::vector<std::int64_t>> kept(static_cast<std::size_t>(L));
   std::vector<std::int64_t> budgets(static_cast<std::size_t>(L));
   for (std::int64_t l = 0; l < L; ++l) kept[l] = read_kept(a.kept, l, H, N, &budgets[l]);
 
   HeadScorer head(k, q, qk);
-  std::vector<std::vector<std::int64_t>> recalled(static_cast<std::size_t>(L),
-                                                  std::vector<std::int64_t>(static_cast<std::size_t>(H * a.recall), -1));
+  std::vector<std::vector<std::int64_t>> recalled(
+      static_cast<std::size_t>(L), std::vector<std::int64_t>(static_cast<std::size_t>(H * a.recall), -1));
   std::vector<std::int64_t> counts, chosen, order, picked;
   if (!a.shared) {
     for (std::int64_t l = 0; l < L; ++l)

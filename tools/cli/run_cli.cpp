@@ -6,10 +6,17 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "cli_error.hpp"
 #include "commands.hpp"
+#include "flashcache/archive.hpp"
+#include "flashcache/enum_names.hpp"
 #include "flashcache/error.hpp"
+#include "flashcache/grid.hpp"
+#include "flashcache/options.hpp"
+#include "flashcache/policies/baselines.hpp"
+#include "flashcache/recall.hpp"
 #include "flashcache/version.hpp"
 #include "run_cli.hpp"
 
@@ -18,24 +25,34 @@ namespace {
 using flashcache::Transform;
 namespace cli = flashcache::cli;
 
+// The names a flag of enum E accepts: the enum's table (flashcache/enum_names.hpp).
+template <class E>
+CLI::IsMember names_of() {
+  std::vector<std::string> names;
+  for (const auto& n : flashcache::EnumNames<E>::table) names.emplace_back(n.name);
+  return CLI::IsMember(names);
+}
+
+// A flag whose value sets the enum *field (checked against its names first).
+template <class E>
+void set_by_name(const std::string& name, E* field) {
+  (void)flashcache::parse_enum(name, field, "value");  // cannot fail: names_of<E>() checked it
+}
+
 void add_transform_options(CLI::App* cmd, cli::TransformArgs* t) {
   cmd->add_option("--gamma", t->gamma,
                   "Base ratio in (0, 1]: ceil(gamma * N) frequencies form the base (which ones: --base)")
       ->capture_default_str();
   cmd->add_option("--transform", "DCT over the whole sequence (global) or over blocks of --block tokens (blocked)")
-      ->check(CLI::IsMember({"global", "blocked"}))
-      ->each([t](const std::string& s) { t->transform = s == "blocked" ? Transform::blocked : Transform::global; })
+      ->check(names_of<Transform>())
+      ->each([t](const std::string& s) { set_by_name(s, &t->transform); })
       ->default_str(to_string(t->transform));  // the library default (blocked)
   cmd->add_option("--block", t->block, "Tokens per block with --transform blocked")->capture_default_str();
   cmd->add_option("--base",
                   "Which ceil(gamma * N) frequencies form the base: the lowest (lowpass, the paper's), those of most "
                   "energy (peak), or half of each (mixed)")
-      ->check(CLI::IsMember({"lowpass", "peak", "mixed"}))
-      ->each([t](const std::string& s) {
-        t->base = s == "peak"    ? flashcache::Base::peak
-                  : s == "mixed" ? flashcache::Base::mixed
-                                 : flashcache::Base::lowpass;
-      })
+      ->check(names_of<flashcache::Base>())
+      ->each([t](const std::string& s) { set_by_name(s, &t->base); })
       ->default_str(to_string(t->base));  // the library default
 }
 
@@ -97,7 +114,7 @@ int flashcache::cli::run_cli(int argc, char** argv) {
   CLI::Option* rope = compress->add_option(
       "--rope-theta", c.rope_theta, "flashcache: score keys rotated back to their pre-RoPE form, with this RoPE base");
   compress->add_option("--rope-layout", c.rope_layout, "With --rope-theta: pairs (i, i + d/2) or (2i, 2i + 1)")
-      ->check(CLI::IsMember({"half", "interleaved"}))
+      ->check(names_of<flashcache::RopeLayout>())
       ->capture_default_str();
   compress->add_option("--rope-first-position", c.rope_first_position, "With --rope-theta: position of token 0")
       ->capture_default_str();
@@ -113,7 +130,7 @@ int flashcache::cli::run_cli(int argc, char** argv) {
       "grid; repeat for each image (spans inside the sequence, not overlapping)");
   paper->excludes(grid);
   compress->add_option("--grid-zone", c.grid_zone, "With --grid: the 2D low-pass zone")
-      ->check(CLI::IsMember({"rectangle", "triangle"}))
+      ->check(names_of<flashcache::GridZone>())
       ->capture_default_str();
   compress
       ->add_option("--grid-tile", c.grid_tile,
@@ -133,7 +150,7 @@ int flashcache::cli::run_cli(int argc, char** argv) {
                    "snapkv (attention of the last "
                    "--observation-window queries), h2o (accumulated attention). Baselines have no energy ratios: "
                    "with --keep-ratio their total is split in proportion to each layer's tokens")
-      ->check(CLI::IsMember({"flashcache", "streaming", "knorm", "keydiff", "random", "snapkv", "h2o"}))
+      ->check(names_of<flashcache::policies::Policy>())
       ->capture_default_str();
   compress->add_option(
       "--q", c.q,
@@ -144,7 +161,7 @@ int flashcache::cli::run_cli(int argc, char** argv) {
   compress->add_option("--tail-weight", c.tail_weight, "With flashcache and --q: the tail's share of the score")
       ->capture_default_str();
   compress->add_option("--tail-mix", c.tail_mix, "With flashcache and --q: sum or max of the two score terms")
-      ->check(CLI::IsMember({"sum", "max"}))
+      ->check(names_of<flashcache::TailMix>())
       ->capture_default_str();
   compress->add_option("--tail-stride", c.tail_stride, "With flashcache and --q: feed every S-th prompt query only")
       ->capture_default_str();
@@ -176,7 +193,7 @@ int flashcache::cli::run_cli(int argc, char** argv) {
                    "One ranking of positions for all layers and KV heads (a position scores the best any head that "
                    "evicted it gives it), as llama.cpp's cells need; each head gets the chosen positions it evicted");
   recall->add_option("--score", rc.score, "exact (the best token's probability) or digest (Quest's bound, per head)")
-      ->check(CLI::IsMember({"exact", "digest"}))
+      ->check(names_of<flashcache::RecallScore>())
       ->capture_default_str();
   recall->add_flag("--force", rc.force, "Replace --out if it exists and is not empty");
 

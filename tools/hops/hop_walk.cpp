@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "find_model/find_model.hpp"
-#include "session.hpp"
+#include "llama_session/session.hpp"
 
 namespace {
 

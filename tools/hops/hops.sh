@@ -10,10 +10,10 @@ tree=$(cd "${1:-$here/../..}" && pwd)
 site=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-commit=$(sed -n 's/.*kPinnedLlamaCommit = "\(.*\)";/\1/p' "$tree/include/flashcache/llama/format.hpp")
+commit=$(sed -n 's/.*kPinnedLlamaCommit = "\(.*\)";/\1/p' "$tree/include/flashcache/llama/state/format.hpp")
 g++ -std=c++17 -O0 -g -no-pie -finstrument-functions \
   "-finstrument-functions-exclude-file-list=/usr/,$site,bench/,examples/,tools/" \
-  -I"$tree/include" -I"$tree/bench/llama_cpp" -I"$tree/tools" -isystem /usr/include/eigen3 \
+  -I"$tree/include" -I"$tree/tools" -isystem /usr/include/eigen3 \
   -isystem "$site/include" -DFLASHCACHE_HAVE_LLAMA=1 "-DFLASHCACHE_LLAMA_BUILD_COMMIT=\"$commit\"" \
   "$here/hop_walk.cpp" -o "$work/hop_walk" -L"$site/lib" -Wl,-rpath,"$site/lib" -lllama -pthread
 "$work/hop_walk" "$work/edges.txt"

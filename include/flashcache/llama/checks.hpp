@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -22,7 +22,7 @@
 namespace flashcache {
 namespace llama {
 
-// The llama.cpp whose state format llama/format.hpp reads. The loaded library
+// The llama.cpp whose state format llama/state/format.hpp reads. The loaded library
 // reports only its version, which every development build shares; the commit
 // checked is the one of the llama.cpp package this adapter was built against.
 inline Status check_llama_version() {

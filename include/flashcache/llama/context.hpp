@@ -40,109 +40,11 @@
 
 #include "flashcache/error.hpp"
 #include "flashcache/llama/compress.hpp"
+#include "flashcache/llama/context_params.hpp"
 #include "flashcache/llama/recall.hpp"
 
 namespace flashcache {
 namespace llama {
-
-enum class WhenFull { flashcache, shift, streaming, none };
-
-// With the archive, what make_room does when new tokens would pass ContextParams::max_pos.
-enum class AtMaxPos {
-  refuse,   // refuse by name (the archived keys cannot be re-rotated yet)
-  restart,  // compact with renumbering, as without an archive; the archive's cells no
-            // longer match their positions, so they are dropped, counted
-            // (RoomEvent::restart_dropped, Archive::dropped_tokens)
-};
-
-inline const char* to_string(WhenFull w) {
-  switch (w) {
-    case WhenFull::flashcache:
-      return "flashcache";
-    case WhenFull::shift:
-      return "shift";
-    case WhenFull::streaming:
-      return "streaming";
-    case WhenFull::none:
-      return "none";
-  }
-  return "unknown";
-}
-
-inline Status parse_when_full(const std::string& name, WhenFull* out) {
-  for (WhenFull w : {WhenFull::flashcache, WhenFull::shift, WhenFull::streaming, WhenFull::none})
-    if (name == to_string(w)) {
-      *out = w;
-      return Status::success();
-    }
-  return make_error(Errc::invalid_option, "when-full policy '", name, "' (flashcache, shift, streaming or none)");
-}
-
-// The score a running context is compacted with: the library's, with the recent
-// window at 9/10 of the kept cells (SelectOptions::window_share): on running text the
-// newest tokens are worth more than the outliers (bench/stream/RULE.md).
-inline CompactionSettings when_full_settings() {
-  CompactionSettings c;
-  c.options.select.window_share = 0.9;
-  return c;
-}
-
-// The archive a running context keeps for recall at new turns: blocks of 32 neighbouring
-// archived positions (bench/stream/RULE.md stages 4 and 5), no byte cap.
-inline ArchiveOptions turn_archive_options() {
-  ArchiveOptions o;
-  o.block_size = 32;
-  o.order = ArchiveOrder::position;
-  return o;
-}
-
-struct ContextParams {
-  WhenFull when_full = WhenFull::flashcache;
-  std::int64_t n_cells = 0;  // the cap: cells the sequence may hold; 0: llama_n_ctx_seq(ctx)
-  // flashcache: the sequence is compacted to round(target * cap) cells, fewer when the
-  // new ones need it. 3/4 and the window share above were chosen on a dev stream by
-  // bench/stream/RULE.md ("Long texts through a bounded llama.cpp context" in bench/RESULTS.md).
-  double target = 0.75;
-  std::int64_t n_keep = 4;  // the first n_keep positions always stay (the system prompt; llama.cpp's --keep)
-  bool renumber = true;     // flashcache: kept cells get consecutive positions (needs llama_memory_can_shift)
-  CompactionSettings compress = when_full_settings();  // the score and threads (each budget is the manager's)
-  // flashcache with query tails (compress.options = Options::with_query_tail(...)): the
-  // QueryCapture wired to the context's cb_eval. The manager follows the sequence with it
-  // (QueryCapture::follow at init and after each compaction), so each compaction scores
-  // with the queries decoded since the last; it needs renumbering, and the context must
-  // decode this sequence only. Null: the query-free score.
-  QueryCapture* queries = nullptr;
-  // flashcache: the cells each compaction evicts go to an archive (ContextManager::archive())
-  // instead of being dropped, so that a later question can bring them back. Needs renumber
-  // off: an archived cell keeps its position, which a renumbering would make wrong. Positions
-  // then keep growing past the cap (llama.cpp accepts the gaps).
-  bool archive = false;
-  ArchiveOptions archive_options = turn_archive_options();  // blocks of 32 by position, no cap
-  // With the archive (positions kept): the highest position a new token may take; 0: the
-  // model's training length - 1 (llama_model_n_ctx_train). Past it, at_max_pos says what
-  // happens: a refusal by name (re-rotating the archive's keys is not done yet), or a restart.
-  llama_pos max_pos = 0;
-  AtMaxPos at_max_pos = AtMaxPos::refuse;
-  // With the archive: at each new turn (begin_turn, then recall_turn once the turn is
-  // decoded) the turn's queries bring back up to recall.budget archived cells
-  // (flashcache/llama/recall.hpp); they stay through compactions until the next turn.
-  // recall.capture is a QueryCapture on the context's cb_eval, not `queries` above.
-  RecallSettings recall;
-};
-inline ContextParams context_default_params() { return ContextParams{}; }
-
-// One time the manager made room.
-struct RoomEvent {
-  WhenFull policy = WhenFull::none;
-  std::int64_t cells_before = 0, cells_after = 0;  // the sequence's cells before and after
-  std::int64_t new_cells = 0;                      // the tokens room was made for
-  llama_pos pos_max_before = -1, pos_max_after = -1;
-  double ms = 0;               // the whole event
-  CompactionStats compaction;  // flashcache's compaction
-  // AtMaxPos::restart happened: the cells dropped (the archive's and this compaction's evicted).
-  bool restarted = false;
-  std::int64_t restart_dropped = 0;
-};
 
 class ContextManager {
  public:
@@ -150,74 +52,12 @@ class ContextManager {
   // positions. Checks what every later event needs, so that a refusal comes now.
   Status init(llama_context* ctx, llama_seq_id seq, const ContextParams& p) {
     ctx_ = nullptr;
-    if (ctx == nullptr) return make_error(Errc::invalid_option, "llama: null context");
-    if (llama_get_memory(ctx) == nullptr) return make_error(Errc::unsupported, "llama: context without memory");
-    if (seq < 0 || static_cast<std::uint32_t>(seq) >= llama_n_seq_max(ctx))
-      return make_error(Errc::invalid_option, "llama: sequence ", seq, " outside [0, ", llama_n_seq_max(ctx), ")");
-    const std::int64_t n_ctx_seq = llama_n_ctx_seq(ctx);
-    const std::int64_t cap = p.n_cells == 0 ? n_ctx_seq : p.n_cells;
-    if (cap < 2 || cap > n_ctx_seq)
-      return make_error(Errc::invalid_option, "llama: a cap of ", cap, " cells (2 to the sequence's ", n_ctx_seq,
-                        " of llama_n_ctx_seq)");
-    if (p.n_keep < 0 || p.n_keep >= cap - 1)
-      return make_error(Errc::invalid_option, "llama: n_keep ", p.n_keep, " leaves no room in ", cap, " cells");
-    if (!(p.target > 0.0 && p.target < 1.0))
-      return make_error(Errc::invalid_option, "llama: target ", p.target, " must be a share of the cap in (0, 1)");
-    if (p.when_full != WhenFull::flashcache && p.when_full != WhenFull::shift && p.when_full != WhenFull::streaming &&
-        p.when_full != WhenFull::none)
-      return make_error(Errc::invalid_option, "llama: unknown when-full policy");
+    FLASHCACHE_RETURN_IF_ERROR(check_context_params(ctx, seq, p));
     llama_memory_t mem = llama_get_memory(ctx);
-    const bool shifts = p.when_full == WhenFull::shift || p.when_full == WhenFull::streaming ||
-                        (p.when_full == WhenFull::flashcache && p.renumber);
-    if (shifts && !llama_memory_can_shift(mem))
-      return make_error(Errc::unsupported, "llama: when-full ", to_string(p.when_full),
-                        p.when_full == WhenFull::flashcache ? " with renumbering" : "",
-                        " moves positions, but this memory cannot shift them (llama_memory_can_shift)");
-    if (p.when_full == WhenFull::flashcache) {
-      FLASHCACHE_RETURN_IF_ERROR(check_supported_context(ctx));
-      if (p.compress.options.score.query != QueryInput::none && p.queries == nullptr)
-        return make_error(Errc::invalid_option,
-                          "llama: query tails in a ContextManager need ContextParams::queries "
-                          "(a QueryCapture on the context's cb_eval)");
-      FLASHCACHE_RETURN_IF_ERROR(check_compress_params(compress_params(p, Budget::ratio(p.target))));
-      if (p.queries != nullptr && !p.renumber)
-        return make_error(Errc::invalid_option,
-                          "llama: query tails in a ContextManager need renumber (the tails "
-                          "read the cells at consecutive positions)");
-    } else if (p.queries != nullptr) {
-      return make_error(Errc::invalid_option, "llama: ContextParams::queries with when-full ", to_string(p.when_full),
-                        ": query tails score flashcache's compactions only");
-    }
     const bool sliding = llama_model_n_swa(llama_get_model(ctx)) > 0;
     std::int64_t sliding_cells = 0;  // a sliding-window model's cells already there, counted in its state
     if (sliding && llama_memory_seq_pos_max(mem, seq) >= 0)
       FLASHCACHE_RETURN_IF_ERROR(count_global_cells(ctx, seq, p.when_full, &sliding_cells));
-    if (p.archive) {
-      if (p.when_full != WhenFull::flashcache)
-        return make_error(Errc::invalid_option, "llama: an archive with when-full ", to_string(p.when_full),
-                          ": it keeps flashcache's evictions only");
-      if (p.renumber)
-        return make_error(Errc::invalid_option,
-                          "llama: an archive needs renumber off: an archived cell keeps its "
-                          "position, which a renumbering would make wrong");
-      FLASHCACHE_RETURN_IF_ERROR(check_archive_options(p.archive_options));
-      if (p.max_pos < 0) return make_error(Errc::invalid_option, "llama: max_pos ", p.max_pos, " is negative");
-      if (p.at_max_pos != AtMaxPos::refuse && p.at_max_pos != AtMaxPos::restart)
-        return make_error(Errc::invalid_option, "llama: unknown at_max_pos");
-      if (p.at_max_pos == AtMaxPos::restart && !llama_memory_can_shift(mem))
-        return make_error(Errc::unsupported,
-                          "llama: AtMaxPos::restart renumbers positions, but this memory cannot shift them");
-      const llama_pos limit = p.max_pos > 0 ? p.max_pos : llama_model_n_ctx_train(llama_get_model(ctx)) - 1;
-      if (p.at_max_pos == AtMaxPos::restart && limit + 1 < cap)
-        return make_error(Errc::invalid_option, "llama: AtMaxPos::restart with max_pos ", limit, " below the cap of ",
-                          cap, " cells: a renumbered sequence could still pass max_pos");
-    }
-    FLASHCACHE_RETURN_IF_ERROR(check_recall_settings(p.recall));
-    if (p.recall.budget > 0 && !p.archive)
-      return make_error(Errc::invalid_option, "llama: recall needs the archive (ContextParams::archive)");
-    if (p.recall.budget > 0 && p.recall.capture == p.queries)
-      return make_error(Errc::invalid_option,
-                        "llama: recall.capture and queries are one QueryCapture: the turn's queries need their own");
     const llama_pos lo = llama_memory_seq_pos_min(mem, seq), hi = llama_memory_seq_pos_max(mem, seq);
     if (p.queries != nullptr) {
       p.queries->follow(hi + 1);  // the next token decoded is the sequence's next position
@@ -226,11 +66,11 @@ class ContextManager {
     seq_ = seq;
     sliding_ = sliding;
     p_ = p;
-    cap_ = cap;
+    cap_ = context_cap(ctx, p);
     base_cells_ = lo < 0 ? 0 : sliding ? sliding_cells : hi - lo + 1;
     base_pos_max_ = hi;
     archive_ = Archive{};
-    max_pos_ = p.max_pos > 0 ? p.max_pos : llama_model_n_ctx_train(llama_get_model(ctx)) - 1;
+    max_pos_ = context_max_pos(ctx, p);
     protect_from_ = -1;
     recalled_.clear();
     if (p.recall.capture != nullptr) p.recall.capture->pause();
@@ -265,8 +105,15 @@ class ContextManager {
     if (ctx_ == nullptr) return make_error(Errc::invalid_option, "llama: ContextManager used before a successful init");
     RecallStats st;
     if (p_.recall.budget > 0) {
-      FLASHCACHE_RETURN_IF_ERROR(recaller_.recall(ctx_, seq_, p_.recall.capture, turn, n, &archive_, cap_, p_.n_keep,
-                                                  p_.recall, scoring_threads(ctx_, p_.compress.n_threads), &st));
+      RecallRequest req;
+      req.turn = turn;
+      req.n = n;
+      req.archive = &archive_;
+      req.cap = cap_;
+      req.n_keep = p_.n_keep;
+      req.settings = p_.recall;
+      req.threads = scoring_threads(ctx_, p_.compress.n_threads);
+      FLASHCACHE_RETURN_IF_ERROR(recaller_.recall(ctx_, seq_, req, &st));
     }
     if (st.recalled > 0) {
       recalled_ = recaller_.recalled_positions();
@@ -298,7 +145,7 @@ class ContextManager {
     if (n_new < 0 || n_new > room)
       return make_error(Errc::invalid_budget, "llama: ", n_new, " new cells; a cap of ", cap_, " with n_keep ",
                         p_.n_keep, " makes room for 1 to ", room, " at a time (decode in smaller chunks)");
-    const bool restart = p_.archive && hi + n_new > max_pos_;
+    const bool restart = p_.archives() && hi + n_new > max_pos_;
     if (restart && p_.at_max_pos == AtMaxPos::refuse)
       return make_error(Errc::unsupported, "llama: ", n_new, " new tokens after position ", hi, " pass position ",
                         max_pos_,
@@ -316,7 +163,7 @@ class ContextManager {
                           "room was made for before asking for more");
       const auto t0 = std::chrono::steady_clock::now();
       Status s = restart                                ? restart_positions(have, n_new, &ev)
-                 : p_.when_full == WhenFull::flashcache ? compact(have, n_new, &ev, p_.renumber, p_.archive)
+                 : p_.when_full == WhenFull::flashcache ? compact(have, n_new, &ev, p_.after_compaction)
                                                         : drop(have, n_new, &ev);
       if (!s.ok()) return s;
       ev.policy = p_.when_full;
@@ -341,25 +188,16 @@ class ContextManager {
   std::int64_t events() const { return events_; }
   double event_ms() const { return event_ms_; }  // all events, in total
   const ContextParams& params() const { return p_; }
-  // The cells compactions evicted (ContextParams::archive), with what its cap dropped.
+  // The cells compactions evicted (AfterCompaction::archive), with what its cap dropped.
   const Archive& archive() const { return archive_; }
 
  private:
-  // One compaction's parameters: the settings, this budget and the capture.
-  static CompressParams compress_params(const ContextParams& p, Budget budget) {
-    CompressParams c;
-    static_cast<CompactionSettings&>(c) = p.compress;
-    c.budget = budget;
-    c.queries = p.queries;
-    return c;
-  }
-
   // AtMaxPos::restart: a compaction with renumbering and no archive; once it
   // succeeded, the archive (whose positions it made wrong) is dropped, counted.
   Status restart_positions(std::int64_t have, std::int64_t n_new, RoomEvent* ev) {
     std::vector<llama_pos> recalled;  // their positions move too; they stay only by their scores
     recalled.swap(recalled_);
-    if (Status s = compact(have, n_new, ev, /*renumber=*/true, /*to_archive=*/false); !s.ok()) {
+    if (Status s = compact(have, n_new, ev, AfterCompaction::renumber); !s.ok()) {
       recalled_.swap(recalled);  // a refusal changes nothing
       return s;
     }
@@ -384,14 +222,15 @@ class ContextManager {
     if (s.pos.empty() || when_full == WhenFull::flashcache || when_full == WhenFull::none) return Status::success();
     const auto [lo, hi] = std::minmax_element(s.pos.begin(), s.pos.end());
     if (*hi - *lo + 1 != static_cast<std::int64_t>(s.cell_count))
-      return make_error(Errc::invalid_shape, "llama: sequence ", seq, " holds ", s.cell_count, " cells over positions [",
-                        *lo, ", ", *hi, "] with gaps: ", to_string(when_full), " needs consecutive ones");
+      return make_error(Errc::invalid_shape, "llama: sequence ", seq, " holds ", s.cell_count,
+                        " cells over positions [", *lo, ", ", *hi, "] with gaps: ", to_string(when_full),
+                        " needs consecutive ones");
     return Status::success();
   }
 
   // flashcache: compact to the target, the first n_keep and the newest turn kept;
-  // the evicted cells to the archive when to_archive, the kept renumbered when renumber.
-  Status compact(std::int64_t have, std::int64_t n_new, RoomEvent* ev, bool renumber, bool to_archive) {
+  // the evicted cells to the archive or dropped, the kept renumbered or not, as `after` says.
+  Status compact(std::int64_t have, std::int64_t n_new, RoomEvent* ev, AfterCompaction after) {
     llama_memory_t mem = llama_get_memory(ctx_);
     const llama_pos lo = llama_memory_seq_pos_min(mem, seq_), hi = llama_memory_seq_pos_max(mem, seq_);
     // (A sliding-window model's memory reports the sliding cache's lowest position: not a bound here.)
@@ -406,8 +245,8 @@ class ContextManager {
                         " and the ", recalled, " recalled leave no room for ", n_new, " new cells in ", cap_,
                         " (protect_from a later position)");
     keep = std::min(std::max(keep, kept_anyway), have);  // (a restart may find fewer cells than the target)
-    CompressParams c = compress_params(p_, Budget::tokens(keep));
-    if (to_archive) {
+    CompressParams c = compaction_params(p_, Budget::tokens(keep));
+    if (after == AfterCompaction::archive) {
       c.archive = &archive_;
       c.archive_options = p_.archive_options;
     }
@@ -417,7 +256,7 @@ class ContextManager {
     c.options.select.window = std::max(c.options.select.window, turn);
     FLASHCACHE_RETURN_IF_ERROR(compressor_.compress(ctx_, seq_, c, &ev->compaction));
     ev->cells_after = ev->compaction.cells_after;
-    if (!renumber) return Status::success();  // (query tails need renumbering: init says so)
+    if (after != AfterCompaction::renumber) return Status::success();  // (query tails need it: init says so)
     // Runs of consecutive kept positions, each moved down to follow the last, in
     // ascending order: a run's new positions are below every later run's old ones.
     const std::vector<llama_pos>& kept = compressor_.kept_positions();

@@ -1,6 +1,6 @@
 #pragma once
 // Recall at a new turn: the cells a running context evicted (an Archive, kept
-// by ContextManager with ContextParams::archive) are scored with the new turn's
+// by ContextManager with AfterCompaction::archive) are scored with the new turn's
 // own queries, and the blocks it needs come back before the reply is generated.
 //
 // A compaction decides before the question is known; a question is the first
@@ -33,8 +33,9 @@
 #include "flashcache/error.hpp"
 #include "flashcache/llama/checks.hpp"
 #include "flashcache/llama/queries.hpp"
-#include "flashcache/llama/rows.hpp"
+#include "flashcache/llama/recall_params.hpp"
 #include "flashcache/llama/sequence.hpp"
+#include "flashcache/llama/state/rows.hpp"
 #include "flashcache/parallel.hpp"
 #include "flashcache/recall.hpp"
 #include "flashcache/view.hpp"
@@ -42,69 +43,24 @@
 namespace flashcache {
 namespace llama {
 
-// What is decoded again once recalled cells are in.
-enum class RecallRedo {
-  last_token,  // the turn's last token: its logits see the recalled cells in every layer
-  turn,        // the whole turn: its own cells are recomputed with the recalled ones (only the last
-               // token when the cell before the turn is gone: llama.cpp decodes after the last position)
-};
-
-inline const char* to_string(RecallRedo r) { return r == RecallRedo::turn ? "turn" : "last_token"; }
-
-struct RecallSettings {
-  // Cells a new turn may bring back; 0: no recall. At most cap - 1 - n_keep - the turn -
-  // cap / 4: a quarter of the cap stays outside the protected set for the reply.
-  std::int64_t budget = 0;
-  RecallRedo redo = RecallRedo::turn;
-  std::int64_t queries = 256;              // the turn's last queries that score
-  RecallScore score = RecallScore::exact;  // each block's best token, or Quest's digest bound (recall.hpp)
-  // The QueryCapture on the context's cb_eval that takes the turn's queries
-  // (ContextManager::begin_turn starts it; it pauses after the recall).
-  QueryCapture* capture = nullptr;
-};
-
-inline Status check_recall_settings(const RecallSettings& r) {
-  if (r.budget < 0) return make_error(Errc::invalid_budget, "llama recall: budget ", r.budget, " is negative");
-  if (r.budget == 0) return Status::success();
-  if (r.redo != RecallRedo::turn && r.redo != RecallRedo::last_token)
-    return make_error(Errc::invalid_option, "llama recall: unknown redo");
-  if (r.score != RecallScore::exact && r.score != RecallScore::digest)
-    return make_error(Errc::invalid_option, "llama recall: unknown score");
-  if (r.queries < 1) return make_error(Errc::invalid_option, "llama recall: ", r.queries, " queries (at least 1)");
-  if (r.capture == nullptr)
-    return make_error(Errc::invalid_option,
-                      "llama recall: RecallSettings::capture is null (a QueryCapture on the context's cb_eval "
-                      "takes the turn's queries)");
-  return Status::success();
-}
-
-// What one recall did.
-struct RecallStats {
-  std::int64_t archive_tokens = 0;                 // scored
-  std::int64_t queries = 0;                        // the turn's queries that scored them
-  std::int64_t recalled = 0;                       // cells brought back
-  std::int64_t displaced = 0;                      // resident cells moved to the archive to make room
-  std::int64_t redecoded = 0;                      // tokens decoded again
-  std::int64_t archive_dropped = 0;                // cells the archive's cap dropped when the displaced went in
-  std::int64_t cells_before = 0, cells_after = 0;  // the sequence's (0 when nothing was read)
-  double score_ms = 0, write_ms = 0, redo_ms = 0, ms = 0;
-};
-
 class TurnRecaller {
  public:
-  // The turn `turn[0..n)` was just decoded as the sequence's last n positions,
-  // with `capture` following it. Recalls into a sequence of at most `cap` cells
-  // whose first n_keep positions stay. threads: the scoring threads.
-  Status recall(llama_context* ctx, llama_seq_id seq, QueryCapture* capture, const llama_token* turn, std::int64_t n,
-                Archive* archive, std::int64_t cap, std::int64_t n_keep, const RecallSettings& r, int threads,
-                RecallStats* stats) {
+  Status recall(llama_context* ctx, llama_seq_id seq, const RecallRequest& req, RecallStats* stats) {
     const auto t0 = clock::now();
     RecallStats st;
     recalled_pos_.clear();
     FLASHCACHE_RETURN_IF_ERROR(check_supported(ctx, seq));
+    const RecallSettings& r = req.settings;
     FLASHCACHE_RETURN_IF_ERROR(check_recall_settings(r));
+    QueryCapture* capture = r.capture;
+    Archive* archive = req.archive;
+    const llama_token* turn = req.turn;
+    const std::int64_t n = req.n, cap = req.cap, n_keep = req.n_keep;
     if (archive == nullptr || capture == nullptr || turn == nullptr || n < 1)
       return make_error(Errc::invalid_option, "llama recall: null archive, capture or turn, or ", n, " turn tokens");
+    if (cap < 2 || n_keep < 0 || req.threads < 1)
+      return make_error(Errc::invalid_option, "llama recall: cap ", cap, ", n_keep ", n_keep, ", ", req.threads,
+                        " threads");
     if (r.budget == 0 || archive->tokens() == 0) {  // nothing to bring back: nothing read
       capture->pause();
       if (stats != nullptr) *stats = st;
@@ -117,7 +73,7 @@ class TurnRecaller {
     const std::int64_t heads = state_.kv_heads();
     FLASHCACHE_RETURN_IF_ERROR(check_turn(ctx, heads, *capture, *archive, n));
     st.cells_before = st.cells_after = s.cell_count;
-    FLASHCACHE_RETURN_IF_ERROR(score(heads, *capture, *archive, r.score, threads, &st));
+    FLASHCACHE_RETURN_IF_ERROR(score(heads, *capture, *archive, r.score, req.threads, &st));
     capture->pause();  // the turn's queries are used; a decode again must not count as new tokens
     const auto t1 = clock::now();
     st.score_ms = ms(t0, t1);
@@ -131,8 +87,8 @@ class TurnRecaller {
     // A quarter of the cap stays free of the protected set (n_keep, the turn, the recalled)
     // for the reply, which the next compactions must find room for.
     const std::int64_t budget = std::min(r.budget, std::max<std::int64_t>(0, cap - 1 - n_keep - n - cap / 4));
-    choose(*archive, cap, n_keep, whole_turn ? n + 1 : n, budget);
-    if (chosen_.empty()) {
+    FLASHCACHE_RETURN_IF_ERROR(choose(*archive, cap, n_keep, whole_turn ? n + 1 : n, budget));
+    if (room_.blocks.empty()) {
       st.ms = ms(t0, clock::now());
       if (stats != nullptr) *stats = st;
       return Status::success();
@@ -142,7 +98,7 @@ class TurnRecaller {
     merged_.clear();
     for (std::int64_t i = 0; i < cells - redo; ++i)
       if (!displaced_mask_[static_cast<std::size_t>(i)]) merged_.push_back({order[static_cast<std::size_t>(i)], -1});
-    for (const std::int64_t b : chosen_)
+    for (const std::int64_t b : room_.blocks)
       for (std::int64_t t = archive->block_first(b); t < archive->block_first(b) + archive->block_tokens(b); ++t)
         merged_.push_back({-1, t});
     std::sort(merged_.begin(), merged_.end(),
@@ -150,13 +106,13 @@ class TurnRecaller {
     for (const Merged& m : merged_)
       if (m.cell < 0) recalled_pos_.push_back(archive->positions()[m.token]);
     FLASHCACHE_RETURN_IF_ERROR(state_.write(static_cast<std::uint32_t>(merged_.size()),
-                                          MergedCells{state_.blob(), s, *archive, merged_.data()}));
+                                            MergedCells{state_.blob(), s, *archive, merged_.data()}));
     const auto t2 = clock::now();
     FLASHCACHE_RETURN_IF_ERROR(replace_and_redo(ctx, seq, turn + (n - redo), redo));
     const auto t3 = clock::now();
     // Committed: the recalled blocks leave the archive, the displaced residents enter it.
     const std::int64_t dropped = archive->dropped_tokens();
-    FLASHCACHE_RETURN_IF_ERROR(archive->erase(chosen_.data(), static_cast<std::int64_t>(chosen_.size())));
+    FLASHCACHE_RETURN_IF_ERROR(archive->erase(room_.blocks.data(), static_cast<std::int64_t>(room_.blocks.size())));
     FLASHCACHE_RETURN_IF_ERROR(
         state_.archive_cells(displaced_.data(), static_cast<std::int64_t>(displaced_.size()), archive));
     st.archive_dropped = archive->dropped_tokens() - dropped;
@@ -273,10 +229,9 @@ class TurnRecaller {
       layer_to_float(state_.blob(), s, static_cast<std::size_t>(l), Part::k, state_.order().data(),
                      static_cast<std::uint32_t>(cells), x.keys.data());
       const float* k = x.keys.data();
-      x.status = x.scorer.add_layer<float>(static_cast<int>(l),
-                                           in_order(q.window(model_layer[static_cast<std::size_t>(l)]), &x.queries),
-                                           nhd(k, Tokens(r), Heads(heads), HeadDim(dim)),
-                                           nhd(k + r * embd, Tokens(m), Heads(heads), HeadDim(dim)));
+      x.status = x.scorer.add_layer<float>(
+          static_cast<int>(l), in_order(q.window(model_layer[static_cast<std::size_t>(l)]), &x.queries),
+          nhd(k, Tokens(r), Heads(heads), HeadDim(dim)), nhd(k + r * embd, Tokens(m), Heads(heads), HeadDim(dim)));
     };
     pool_.run(layers, one_layer);
     block_score_.assign(static_cast<std::size_t>(a.blocks()), 0.0f);
@@ -297,53 +252,22 @@ class TurnRecaller {
     return Status::success();
   }
 
-  // The blocks to bring back, best first, each only where it fits the budget and
-  // there is room or it beats every resident it displaces (the lowest-scoring
-  // ones, outside the first n_keep and the last `turn` cells). Fills chosen_ (ascending),
-  // displaced_ (blob indices) and displaced_mask_ (by position order).
-  void choose(const Archive& a, std::int64_t cap, std::int64_t n_keep, std::int64_t turn, std::int64_t budget) {
+  // The blocks to bring back and the residents they displace (choose_recall): the
+  // first n_keep and the last `turn` cells stay. Fills room_, displaced_ (blob
+  // indices) and displaced_mask_ (by position order).
+  Status choose(const Archive& a, std::int64_t cap, std::int64_t n_keep, std::int64_t turn, std::int64_t budget) {
     const std::vector<std::int32_t>& order = state_.order();
     const std::int64_t cells = static_cast<std::int64_t>(order.size());
-    chosen_.clear();
+    const std::int64_t first = std::min(n_keep, cells), end = std::max(first, cells - turn);
+    FLASHCACHE_RETURN_IF_ERROR(choose_recall(a, block_score_.data(), resident_score_.data(), first, end,
+                                             std::max<std::int64_t>(0, cap - cells), budget, &room_));
     displaced_.clear();
     displaced_mask_.assign(static_cast<std::size_t>(cells), 0);
-    std::vector<std::int64_t>& blocks = scratch_;
-    blocks.clear();
-    for (std::int64_t b = 0; b < a.blocks(); ++b)
-      if (block_score_[static_cast<std::size_t>(b)] > 0) blocks.push_back(b);
-    const auto& bs = block_score_;
-    std::sort(blocks.begin(), blocks.end(), [&](std::int64_t x, std::int64_t y) {
-      return bs[static_cast<std::size_t>(x)] > bs[static_cast<std::size_t>(y)] ||
-             (bs[static_cast<std::size_t>(x)] == bs[static_cast<std::size_t>(y)] && x < y);
-    });
-    // Residents that may make room, lowest score first (ties: the older).
-    victims_.clear();
-    for (std::int64_t i = std::min(n_keep, cells); i < cells - turn; ++i) victims_.push_back(i);
-    const auto& rs = resident_score_;
-    std::sort(victims_.begin(), victims_.end(), [&](std::int64_t x, std::int64_t y) {
-      return rs[static_cast<std::size_t>(x)] < rs[static_cast<std::size_t>(y)] ||
-             (rs[static_cast<std::size_t>(x)] == rs[static_cast<std::size_t>(y)] && x < y);
-    });
-    std::int64_t used = 0, out = 0;
-    const std::int64_t room = std::max<std::int64_t>(0, cap - cells);
-    for (const std::int64_t b : blocks) {
-      const std::int64_t size = a.block_tokens(b);
-      if (used + size > budget) continue;
-      const std::int64_t need = std::max<std::int64_t>(0, used + size - room);  // residents out in all
-      if (need > static_cast<std::int64_t>(victims_.size())) continue;
-      bool beats = true;
-      for (std::int64_t v = out; v < need && beats; ++v)
-        beats = bs[static_cast<std::size_t>(b)] > rs[static_cast<std::size_t>(victims_[static_cast<std::size_t>(v)])];
-      if (!beats) continue;
-      chosen_.push_back(b);
-      used += size;
-      out = std::max(out, need);
+    for (const std::int64_t i : room_.displaced) {
+      displaced_mask_[static_cast<std::size_t>(i)] = 1;
+      displaced_.push_back(order[static_cast<std::size_t>(i)]);
     }
-    std::sort(chosen_.begin(), chosen_.end());
-    for (std::int64_t v = 0; v < out; ++v)
-      displaced_mask_[static_cast<std::size_t>(victims_[static_cast<std::size_t>(v)])] = 1;
-    for (std::int64_t i = 0; i < cells; ++i)
-      if (displaced_mask_[static_cast<std::size_t>(i)]) displaced_.push_back(order[static_cast<std::size_t>(i)]);
+    return Status::success();
   }
 
   // Replaces the sequence by the merged cells and decodes `redo` tokens again after it;
@@ -431,7 +355,7 @@ class TurnRecaller {
   std::vector<std::int32_t> displaced_;
   std::vector<std::uint8_t> displaced_mask_;
   std::vector<float> block_score_, resident_score_, part_;
-  std::vector<std::int64_t> chosen_, scratch_, victims_;
+  RecallRoom room_;
   std::vector<Merged> merged_;
   std::vector<llama_pos> recalled_pos_;
   // The batch decoded again.

@@ -1,6 +1,6 @@
 #pragma once
 // One sequence's state as a transaction: the level between the state's bytes
-// (llama/format.hpp parses them, rows.hpp reads rows, write.hpp writes cells)
+// (llama/state/format.hpp parses them, rows.hpp reads rows, write.hpp writes cells)
 // and the operations on a sequence (compress.hpp, recall.hpp).
 //
 //   read    the blob once (llama_state_seq_get_data, or the caller's copy),
@@ -26,12 +26,39 @@
 #include "flashcache/archive.hpp"
 #include "flashcache/error.hpp"
 #include "flashcache/llama/checks.hpp"
-#include "flashcache/llama/evict.hpp"
 #include "flashcache/llama/state.hpp"
-#include "flashcache/llama/state_io.hpp"
+#include "flashcache/llama/state/evict.hpp"
 
 namespace flashcache {
 namespace llama {
+namespace detail {
+
+// Sequence `seq`'s state as llama_state_seq_get_data writes it, into *blob.
+inline Status read_state_blob(llama_context* ctx, llama_seq_id seq, std::vector<std::uint8_t>* blob) {
+  const std::size_t size = llama_state_seq_get_size(ctx, seq);
+  if (size == 0) return make_error(Errc::unsupported, "llama: llama_state_seq_get_size failed for sequence ", seq);
+  blob->resize(size);
+  const std::size_t got = llama_state_seq_get_data(ctx, blob->data(), blob->size(), seq);
+  if (got != size)
+    return make_error(Errc::unsupported, "llama: llama_state_seq_get_data wrote ", got, " of ", size, " bytes");
+  return Status::success();
+}
+
+// After `failed` struck past the sequence's removal: puts `blob` (its state
+// before, whose last position is pos_max) back, and returns `failed` saying
+// what became of the sequence (`also` follows "the original state is restored").
+inline Status restore_state(llama_context* ctx, llama_seq_id seq, const std::vector<std::uint8_t>& blob,
+                            llama_pos pos_max, const Status& failed, const char* also = "") {
+  llama_memory_t mem = llama_get_memory(ctx);
+  llama_memory_seq_rm(mem, seq, -1, -1);
+  const std::size_t back = llama_state_seq_set_data(ctx, blob.data(), blob.size(), seq);
+  if (back != blob.size() || llama_memory_seq_pos_max(mem, seq) != pos_max)
+    return make_error(Errc::unsupported, failed.message(), "; restoring the original state failed too (", back, " of ",
+                      blob.size(), " bytes): sequence ", seq, " is lost");
+  return make_error(failed.code(), failed.message(), "; the original state is restored", also);
+}
+
+}  // namespace detail
 
 class SequenceState {
  public:
@@ -108,7 +135,9 @@ class SequenceState {
   }
 
   // The new state: the cells `cells[0..n)` (blob indices, in the order they are written).
-  Status write_cells(const std::int32_t* cells, std::uint32_t n) { return write_seq_state(blob_.data(), s_, cells, n, &out_); }
+  Status write_cells(const std::int32_t* cells, std::uint32_t n) {
+    return write_seq_state(blob_.data(), s_, cells, n, &out_);
+  }
   // Or any source of cells (detail::write_cells: a merge of residents and archived rows).
   template <class Cells>
   Status write(std::uint32_t n, const Cells& cells) {
@@ -125,10 +154,9 @@ class SequenceState {
     if (!llama_memory_seq_rm(mem, seq_, -1, -1))
       return make_error(Errc::unsupported, who, ": llama_memory_seq_rm refused to remove sequence ", seq_);
     const std::size_t set = llama_state_seq_set_data(ctx_, out_.data(), out_.size(), seq_);
-    const Status failed =
-        set != out_.size()
-            ? make_error(Errc::unsupported, who, ": llama_state_seq_set_data read ", set, " of ", out_.size(), " bytes")
-            : after();
+    const Status failed = set != out_.size() ? make_error(Errc::unsupported, who, ": llama_state_seq_set_data read ",
+                                                          set, " of ", out_.size(), " bytes")
+                                             : after();
     return failed.ok() ? failed : detail::restore_state(ctx_, seq_, blob_, mem_max_, failed, also);
   }
 

@@ -27,36 +27,25 @@ namespace flashcache::policies {
 
 enum class Policy { flashcache, streaming, knorm, keydiff, random, snapkv, h2o };
 
-inline const char* to_string(Policy p) {
-  switch (p) {
-    case Policy::flashcache:
-      return "flashcache";
-    case Policy::streaming:
-      return "streaming";
-    case Policy::knorm:
-      return "knorm";
-    case Policy::keydiff:
-      return "keydiff";
-    case Policy::random:
-      return "random";
-    case Policy::snapkv:
-      return "snapkv";
-    case Policy::h2o:
-      return "h2o";
-  }
-  return "unknown";
-}
+}  // namespace flashcache::policies
 
-inline Status parse_policy(const std::string& name, Policy* out) {
-  for (Policy p : {Policy::flashcache, Policy::streaming, Policy::knorm, Policy::keydiff, Policy::random,
-                   Policy::snapkv, Policy::h2o})
-    if (name == to_string(p)) {
-      *out = p;
-      return Status::success();
-    }
-  return make_error(Errc::invalid_option, "unknown policy '", name,
-                    "' (flashcache, streaming, knorm, keydiff, random, snapkv, h2o)");
-}
+namespace flashcache {
+template <>
+struct EnumNames<policies::Policy> {
+  static constexpr EnumName<policies::Policy> table[] = {{policies::Policy::flashcache, "flashcache"},
+                                                         {policies::Policy::streaming, "streaming"},
+                                                         {policies::Policy::knorm, "knorm"},
+                                                         {policies::Policy::keydiff, "keydiff"},
+                                                         {policies::Policy::random, "random"},
+                                                         {policies::Policy::snapkv, "snapkv"},
+                                                         {policies::Policy::h2o, "h2o"}};
+};
+}  // namespace flashcache
+
+namespace flashcache::policies {
+
+inline const char* to_string(Policy p) { return enum_name(p); }
+inline Status parse_policy(const std::string& name, Policy* out) { return parse_enum(name, out, "policy"); }
 
 inline bool needs_queries(Policy p) { return p == Policy::snapkv || p == Policy::h2o; }
 // FlashCache reads queries when its options say so (ScoreOptions::query).
@@ -271,8 +260,8 @@ CompressedModel<std::remove_const_t<T>> compress_model(Policy p, const std::vect
         score_with_policy<Real, E>(p, ql, kc[l], vc[l], opt.score, po, &scores[l], spans), 1, 0, static_cast<int>(l)));
   }
   CompressedModel<E> model;
-  throw_if_error(flashcache::compress_scored_model<E>(kc, vc, std::move(scores), budget, opt, kKeepPerHead, masks,
-                                                     spans, &model));
+  throw_if_error(
+      flashcache::compress_scored_model<E>(kc, vc, std::move(scores), budget, opt, kKeepPerHead, masks, spans, &model));
   return model;
 }
 #endif  // FLASHCACHE_EXCEPTIONS

@@ -9,7 +9,7 @@
 #include <emmintrin.h>
 #endif
 
-#include "flashcache/llama/format.hpp"
+#include "flashcache/llama/state/format.hpp"
 #include "flashcache/types.hpp"
 
 namespace flashcache {

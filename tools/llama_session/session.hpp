@@ -1,5 +1,5 @@
 #pragma once
-// A small llama.cpp session for the measuring programs here, the adapter's tests
+// A small llama.cpp session for the measuring programs (bench/llama_cpp), the adapter's tests
 // (tests/llama) and tools/hops, public API only:
 // load a model, make a context, tokenize, prefill one sequence, decode one token
 // at a time, and watch n_kv (the cells a decode step attends to).

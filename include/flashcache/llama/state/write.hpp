@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "flashcache/error.hpp"
-#include "flashcache/llama/format.hpp"
+#include "flashcache/llama/state/format.hpp"
 
 namespace flashcache {
 namespace llama {
