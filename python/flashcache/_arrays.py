@@ -34,7 +34,9 @@ def on_cuda(x: Any) -> bool:
 
 def layout(value: str) -> _core.Layout:
     if value not in ("hnd", "nhd"):
-        raise ValueError(f"layout {value!r} is not 'hnd' ([heads, tokens, head_dim]) or 'nhd' ([tokens, heads, head_dim])")
+        raise ValueError(
+            f"layout {value!r} is not 'hnd' ([heads, tokens, head_dim]) or 'nhd' ([tokens, heads, head_dim])"
+        )
     return _core.Layout.hnd if value == "hnd" else _core.Layout.nhd
 
 

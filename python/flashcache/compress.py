@@ -157,7 +157,9 @@ def compress_model(
         extras = {"shared": shared, "masks": masks, "spans": spans, "tails": tails}
         given = [name for name, value in extras.items() if value]
         if given:
-            raise ValueError(f"CUDA tensors: the GPU door takes no {', '.join(given)} yet (pass .cpu() tensors for them)")
+            raise ValueError(
+                f"CUDA tensors: the GPU door takes no {', '.join(given)} yet (pass .cpu() tensors for them)"
+            )
         from . import cuda
 
         return cuda.compress_model(k, v, keep, options, layout=layout)

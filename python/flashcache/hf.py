@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from .compress import compress_model
 from ._core import Allocation
+from .compress import compress_model
 from .options import Options, SharedKeepOptions
 
 # No "flash" in the name: transformers takes any such name for a flash-attention kernel.
@@ -95,13 +95,17 @@ def kept_sets(
     batch, _, tokens, _ = keys[0].shape
     for i, k in zip(chosen, keys):
         if k.shape[0] != batch or k.shape[2] != tokens:
-            raise ValueError(f"{who}: layer {i} holds {tuple(k.shape)}, layer {chosen[0]} {tuple(keys[0].shape)}"
-                             " (every compressed layer needs the same batch and tokens)")
+            raise ValueError(
+                f"{who}: layer {i} holds {tuple(k.shape)}, layer {chosen[0]} {tuple(keys[0].shape)}"
+                " (every compressed layer needs the same batch and tokens)"
+            )
         if k.device.type != "cpu":
             raise ValueError(f"{who}: layer {i} is on {k.device}; this helper compresses CPU caches")
     if one_length and batch > 1 and options.allocate.mode == Allocation.dynamic:
-        raise ValueError(f"{who}: a batch of {batch} sequences with dynamic allocation would give each "
-                         "sequence its own layer lengths; use Options(allocate=AllocateOptions(mode='uniform'))")
+        raise ValueError(
+            f"{who}: a batch of {batch} sequences with dynamic allocation would give each "
+            "sequence its own layer lengths; use Options(allocate=AllocateOptions(mode='uniform'))"
+        )
     kept: list[list[torch.Tensor]] = [[] for _ in chosen]
     for b in range(batch):
         result = compress_model([k[b] for k in keys], [v[b] for v in values], keep, options, shared=shared)
@@ -143,8 +147,14 @@ def compress_cache(
     return CacheCompression(chosen, kept_out, tokens, before, after)
 
 
-def _ragged_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 attention_mask: torch.Tensor | None, **kwargs: Any):
+def _ragged_sdpa(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+):
     """sdpa with the mask fitted to this layer's keys: the past ones all visible, the new ones causal."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -173,8 +183,14 @@ def ragged_attention(model: Any) -> None:
 
 
 @torch.no_grad()
-def generate(model: Any, cache: Any, input_ids: torch.Tensor, position: int, max_new_tokens: int,
-             eos_token_id: int | Sequence[int] | None = None) -> torch.Tensor:
+def generate(
+    model: Any,
+    cache: Any,
+    input_ids: torch.Tensor,
+    position: int,
+    max_new_tokens: int,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> torch.Tensor:
     """Greedy tokens after ``input_ids`` over a (compressed) cache, the first at ``position``.
 
     The prompt goes in one forward with its positions given explicitly, then one token at a

@@ -31,8 +31,8 @@ from kvpress import BasePress, ScorerPress
 from kvpress.utils import compute_n_kept
 
 from . import hf
-from .compress import compress
 from ._core import QueryInput
+from .compress import compress
 from .options import Options, _enum
 from .tails import query_tails
 
@@ -78,8 +78,15 @@ class FlashCachePress(ScorerPress):
     options: Options = field(default_factory=Options)
 
     @torch.no_grad()
-    def score(self, module: Any, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-              attentions: Any, kwargs: dict) -> torch.Tensor:
+    def score(
+        self,
+        module: Any,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attentions: Any,
+        kwargs: dict,
+    ) -> torch.Tensor:
         batch, _, tokens, _ = keys.shape
         n_kept = compute_n_kept(tokens, self.compression_ratio)
         with_tails = _enum(QueryInput, self.options.score.query, "ScoreOptions.query") is QueryInput.tail
@@ -104,8 +111,9 @@ class AfterPrefillPress(BasePress):
         if not 0.0 <= self.compression_ratio < 1.0:
             raise ValueError(f"compression_ratio {self.compression_ratio} is outside [0, 1)")
 
-    def compress(self, module: Any, hidden_states: Any, keys: torch.Tensor, values: torch.Tensor,
-                 attentions: Any, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def compress(
+        self, module: Any, hidden_states: Any, keys: torch.Tensor, values: torch.Tensor, attentions: Any, kwargs: dict
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return keys, values  # nothing per layer: the whole prefill is needed first
 
     @contextmanager
@@ -142,8 +150,9 @@ class FlashCacheModelPress(AfterPrefillPress):
     @torch.no_grad()
     def _mask(self, model: Any, cache: Any) -> None:
         """kvpress's way: every layer's evicted (batch, head, token) go to its masked_key_indices."""
-        chosen, kept = hf.kept_sets(cache, 1.0 - self.compression_ratio, self.options, model=model,
-                                    who="FlashCacheModelPress")
+        chosen, kept = hf.kept_sets(
+            cache, 1.0 - self.compression_ratio, self.options, model=model, who="FlashCacheModelPress"
+        )
         modules = attention_modules(model)
         for i, per_seq in zip(chosen, kept):
             keys = cache.layers[i].keys

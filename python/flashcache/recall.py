@@ -27,8 +27,9 @@ class Archive:
     def __init__(
         self, layers: int, kv_heads: int, head_dim: int, dtype: str = "float16", options: ArchiveOptions | None = None
     ) -> None:
-        self._a = _core.Archive(layers, kv_heads, head_dim, str(dtype).replace("torch.", ""),
-                                (options or ArchiveOptions())._to_core())
+        self._a = _core.Archive(
+            layers, kv_heads, head_dim, str(dtype).replace("torch.", ""), (options or ArchiveOptions())._to_core()
+        )
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
 
     def append(self, positions: Array, k: Sequence[Array], v: Sequence[Array]) -> None:

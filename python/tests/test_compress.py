@@ -3,11 +3,10 @@
 import json
 import subprocess
 
+import flashcache as fc
 import numpy as np
 import pytest
 from conftest import random_kv
-
-import flashcache as fc
 
 
 def run_cli(cli, tmp_path, k, v, *args):
@@ -30,7 +29,10 @@ def run_cli(cli, tmp_path, k, v, *args):
 CASES = {
     "defaults": ([], fc.Options()),
     "paper": (["--paper"], fc.Options.paper()),
-    "blocked": (["--transform", "blocked", "--block", "48"], fc.Options(score=fc.ScoreOptions(transform="blocked", block_size=48))),
+    "blocked": (
+        ["--transform", "blocked", "--block", "48"],
+        fc.Options(score=fc.ScoreOptions(transform="blocked", block_size=48)),
+    ),
     "uniform": (["--no-allocate"], fc.Options(allocate=fc.AllocateOptions(mode="uniform"))),
 }
 
@@ -40,7 +42,7 @@ CASES = {
 def test_compress_model_equals_the_cli(cli, tmp_path, rng, case, dtype):
     layers = [random_kv(rng, heads=3, tokens=157, dim=40, dtype=dtype) for _ in range(4)]
     for i, (k, _) in enumerate(layers):  # layers of different roughness, so that the allocation moves budget
-        k[:, 1::(i + 2)] *= (3 + i)
+        k[:, 1 :: (i + 2)] *= 3 + i
     k = np.stack([kv[0] for kv in layers])
     v = np.stack([kv[1] for kv in layers])
     args, options = CASES[case]
@@ -124,8 +126,9 @@ def test_masks_spans_and_nonfinite_rows(rng):
 
 def test_shared_keep_sets(rng):
     layers = [random_kv(rng, tokens=128) for _ in range(3)]
-    model = fc.compress_model([x[0] for x in layers], [x[1] for x in layers], 0.25,
-                              shared=fc.SharedKeepOptions(keep_set="per_sequence"))
+    model = fc.compress_model(
+        [x[0] for x in layers], [x[1] for x in layers], 0.25, shared=fc.SharedKeepOptions(keep_set="per_sequence")
+    )
     for layer in model.layers:
         assert (layer.kept == model.layers[0].kept[0]).all()
 

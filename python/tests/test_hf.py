@@ -8,10 +8,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: the transformers cache tests skip")
 pytest.importorskip("transformers", reason="transformers is not installed: the transformers cache tests skip")
 
-from tiny_model import prefill, tiny_llama  # noqa: E402
-
 import flashcache as fc  # noqa: E402
 import flashcache.hf as fh  # noqa: E402
+from tiny_model import prefill, tiny_llama  # noqa: E402
 
 
 def masked_attention(evicted):

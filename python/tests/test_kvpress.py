@@ -5,11 +5,10 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: the kvpress tests skip")
 pytest.importorskip("kvpress", reason="kvpress is not installed: the kvpress tests skip")
 
-from tiny_model import prefill, tiny_llama  # noqa: E402
-
 import flashcache as fc  # noqa: E402
 import flashcache.hf as fh  # noqa: E402
 from flashcache.kvpress import FlashCacheModelPress, FlashCachePress  # noqa: E402
+from tiny_model import prefill, tiny_llama  # noqa: E402
 
 
 def test_the_press_keeps_exactly_the_librarys_choice():

@@ -4,10 +4,9 @@ import gc
 import sys
 import weakref
 
+import flashcache as fc
 import numpy as np
 from conftest import random_kv
-
-import flashcache as fc
 
 
 def test_results_outlive_their_inputs(rng):

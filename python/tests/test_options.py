@@ -2,9 +2,8 @@
 
 import dataclasses
 
-import pytest
-
 import flashcache as fc
+import pytest
 from flashcache import _core
 
 

@@ -1,10 +1,9 @@
 """Query tails in chunks and the archive's recall, against naive numpy references."""
 
+import flashcache as fc
 import numpy as np
 import pytest
 from conftest import random_kv
-
-import flashcache as fc
 
 
 def naive_tails(q, k, min_distance, scale=None):
