@@ -92,6 +92,28 @@ def per_task(records: list[dict]) -> list[str]:
     return lines
 
 
+def candidates(records: list[dict]) -> list[str]:
+    """The dev candidates (rows named base@option=value) beside their base row, on the samples and
+    ratios both ran, as bench/ruler/choose.py compares them."""
+    names = sorted({r["row"] for r in records if "@" in r["row"]})
+    if not names:
+        return []
+    score = {(r["row"], r["task"], r["seed"], r["length"], r["ratio"]): r["score"] for r in records}
+    lines = ["Dev candidates (bench/ruler/candidates.json), each beside its row's setting of that run on the "
+             "samples and ratios both ran (split.json's rule: bench/ruler/choose.py). The table above shows each "
+             "row as it ran; a candidate that the rule chose is the setting users get from then on.", "",
+             "| candidate | its mean | the row's mean | gain | runs |", "| --- | ---: | ---: | ---: | ---: |"]
+    for name in names:
+        base = name.split("@")[0]
+        keys = [k[1:] for k in score if k[0] == name and (base,) + k[1:] in score]
+        if not keys:
+            continue
+        a = mean([score[(name,) + k] for k in keys])
+        b = mean([score[(base,) + k] for k in keys])
+        lines.append(f"| `{name}` | {a:.1f} | {b:.1f} | {a - b:+.1f} | {len(keys)} |")
+    return lines + [""]
+
+
 def render(folder: str) -> str:
     parts = ["## RULER-style tasks beside kvpress's presses", "",
              "Tasks generated locally from the RULER paper's definitions (bench/ruler, its README), every row "
@@ -113,6 +135,7 @@ def render(folder: str) -> str:
                   f"git {head.get('git')}; kvpress {head.get('versions', {}).get('kvpress')}, "
                   f"transformers {head.get('versions', {}).get('transformers')}).", ""]
         parts += table(records) + ["", "Per task, mean over the ratios:", ""] + per_task(records) + [""]
+        parts += candidates(records)
     return "\n".join(parts)
 
 
