@@ -101,7 +101,8 @@ def candidates(records: list[dict]) -> list[str]:
     score = {(r["row"], r["task"], r["seed"], r["length"], r["ratio"]): r["score"] for r in records}
     lines = ["Dev candidates (bench/ruler/candidates.json), each beside its row's setting of that run on the "
              "samples and ratios both ran (split.json's rule: bench/ruler/choose.py). The table above shows each "
-             "row as it ran; a candidate that the rule chose is the setting users get from then on.", "",
+             "row as it ran (the recall row before 2026-12-05: recall_share 0.5); a candidate that the rule chose "
+             "is the setting users get from then on (recall_share 0.25 since 2026-12-05).", "",
              "| candidate | its mean | the row's mean | gain | runs |", "| --- | ---: | ---: | ---: | ---: |"]
     for name in names:
         base = name.split("@")[0]
