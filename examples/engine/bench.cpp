@@ -12,8 +12,8 @@
 
 #include "compress_cache.hpp"
 #include "find_model/find_model.hpp"
-#include "runtime/generate.hpp"
-#include "runtime/tokenizer.hpp"
+#include "engine_runtime/generate.hpp"
+#include "engine_runtime/tokenizer.hpp"
 
 namespace {
 using Clock = std::chrono::steady_clock;

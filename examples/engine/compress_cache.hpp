@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/model.hpp"
+#include "engine_runtime/model.hpp"
 
 namespace engine {
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Writes runtime/unicode_ranges.hpp: the code point ranges of \\p{L}, \\p{N} and \\s as the
+"""Writes tools/engine_runtime/unicode_ranges.hpp: the code point ranges of \\p{L}, \\p{N} and \\s as the
 `regex` module (which the tokenizer of tools/smollm2 uses) defines them.
 
 The classes come from `regex` itself, not `unicodedata`: the two ship different
 Unicode versions (here regex's matched ~14,000 more letters than unicodedata 14.0), and
 the C++ tokenizer must split text exactly as the Python one does.
 
-    python3 examples/engine/gen_unicode_ranges.py > examples/engine/runtime/unicode_ranges.hpp
+    python3 examples/engine/gen_unicode_ranges.py > tools/engine_runtime/unicode_ranges.hpp
 """
 import regex
 

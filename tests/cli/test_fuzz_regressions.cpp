@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "flashcache/flashcache.hpp"
-#include "runtime/gguf.hpp"
-#include "runtime/tokenizer.hpp"
+#include "engine_runtime/gguf.hpp"
+#include "engine_runtime/tokenizer.hpp"
 
 namespace {
 

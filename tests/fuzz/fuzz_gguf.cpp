@@ -1,4 +1,4 @@
-// fuzz_gguf: the engine's GGUF reader (examples/engine/runtime/gguf.hpp) and its
+// fuzz_gguf: the engine's GGUF reader (tools/engine_runtime/gguf.hpp) and its
 // byte-level BPE tokenizer (tokenizer.hpp) on arbitrary bytes. parse_gguf()
 // must refuse a bad file with a GgufError, or return tensors that lie inside
 // the bytes (every one is dequantised here, so ASan sees any read past them);
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "fuzz_util.hpp"
-#include "runtime/gguf.hpp"
-#include "runtime/tokenizer.hpp"
+#include "engine_runtime/gguf.hpp"
+#include "engine_runtime/tokenizer.hpp"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/gguf.hpp"
+#include "engine_runtime/gguf.hpp"
 
 namespace {
 

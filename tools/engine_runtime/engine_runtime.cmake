@@ -1,16 +1,16 @@
-# flashcache_engine_runtime: the engine's runtime (examples/engine/runtime/, headers only,
+# flashcache_engine_runtime: the engine's runtime (tools/engine_runtime/, headers only,
 # namespace engine): GGUF reader, BPE tokenizer, Llama decoder, greedy generation, and the
 # model finder (tools/find_model, target flashcache_find_model).
 # Included, not added as a subdirectory, by every build that uses it (the engine, the fuzz
 # target, the CLI's fuzz regression test), whichever comes first:
-#   include(${PROJECT_SOURCE_DIR}/examples/engine/runtime/runtime.cmake)
-# Consumers include the headers as "runtime/gguf.hpp", "runtime/model.hpp", ...
+#   include(${PROJECT_SOURCE_DIR}/tools/engine_runtime/engine_runtime.cmake)
+# Consumers include the headers as "engine_runtime/gguf.hpp", "engine_runtime/model.hpp", ...
 include_guard(GLOBAL)
-include(${CMAKE_CURRENT_LIST_DIR}/../../../tools/find_model/find_model.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/../find_model/find_model.cmake)
 
-get_filename_component(_fc_engine_dir ${CMAKE_CURRENT_LIST_DIR} DIRECTORY)  # examples/engine
+get_filename_component(_fc_tools_dir ${CMAKE_CURRENT_LIST_DIR} DIRECTORY)  # tools
 add_library(flashcache_engine_runtime INTERFACE)
-target_include_directories(flashcache_engine_runtime INTERFACE ${_fc_engine_dir})
+target_include_directories(flashcache_engine_runtime INTERFACE ${_fc_tools_dir})
 target_compile_features(flashcache_engine_runtime INTERFACE cxx_std_17)
 target_link_libraries(flashcache_engine_runtime INTERFACE Eigen3::Eigen flashcache_find_model)
 # model.hpp runs its loops on OpenMP threads; gguf.hpp and tokenizer.hpp need
