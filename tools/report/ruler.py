@@ -32,6 +32,7 @@ LABEL = {
     "random": "random",
 }
 MODEL = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "Gemma 3 270M"}
+TASK_COUNT = 11  # bench/ruler/tasks.py's TASKS
 
 
 def load(path: str) -> tuple[dict, list[dict]]:
@@ -130,11 +131,21 @@ def render(folder: str) -> str:
             continue
         name = MODEL.get(head.get("model"), head.get("model"))
         lengths = sorted({r["length"] for r in records})
+        # A task is complete when it has every (row, ratio) the file has for any task.
+        pairs = {(r["row"], r["ratio"]) for r in records if "@" not in r["row"]}
+        have = defaultdict(set)
+        for r in records:
+            have[r["task"]].add((r["row"], r["ratio"]))
+        done = {t for t, p in have.items() if pairs <= p}
         parts += [f"### {name}, {head.get('protocol')}, {head.get('split')} samples, "
                   f"{'/'.join(str(n) for n in lengths)} tokens", "",
                   f"`{head.get('command')}` ({head.get('date')}, {head.get('cpus')} CPUs, {head.get('machine')}, "
                   f"git {head.get('git')}; kvpress {head.get('versions', {}).get('kvpress')}, "
                   f"transformers {head.get('versions', {}).get('transformers')}).", ""]
+        if len(done) < TASK_COUNT:  # a run that stopped part way (it resumes from its lines)
+            parts += [f"**In progress: {len(done)} of the {TASK_COUNT} tasks have every row; the means below are "
+                      "over those tasks only, not comparable with a complete table.**", ""]
+            records = [r for r in records if r["task"] in done]
         parts += table(records) + ["", "Per task, mean over the ratios:", ""] + per_task(records) + [""]
         parts += candidates(records)
     return "\n".join(parts)
