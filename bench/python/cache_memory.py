@@ -16,9 +16,8 @@ import pathlib
 import sys
 import weakref
 
-import torch
-
 import flashcache.hf as fh
+import torch
 
 
 def rss_mib():

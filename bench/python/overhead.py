@@ -11,9 +11,8 @@ import json
 import platform
 import time
 
-import numpy as np
-
 import flashcache as fc
+import numpy as np
 from flashcache import _arrays, _core
 
 ROUNDS = 15  # best of: the other core's load moves single rounds by tens of microseconds

@@ -42,9 +42,8 @@ import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Dict, List, Optional, Sequence, Tuple  # noqa: E402
 
-import numpy as np  # noqa: E402
-
 import long_eval as le  # noqa: E402
+import numpy as np  # noqa: E402
 from smollm2 import KVCache  # noqa: E402
 
 RULE_FILE = "bench/quality/study/ASKED_RULE.md"

@@ -47,9 +47,8 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Dict, List, Optional, Sequence, Tuple  # noqa: E402
 
-import numpy as np  # noqa: E402
-
 import _paths  # noqa: E402,F401  (tools/ on sys.path: the smollm2 package)
+import numpy as np  # noqa: E402
 from smollm2 import KVCache, SmolLM2, log_softmax  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))

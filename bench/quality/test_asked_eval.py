@@ -132,9 +132,9 @@ def main(argv) -> int:
         if importlib.util.find_spec(module) is None:
             print(f"SKIP: {module} is not installed")
             return SKIP
-    import numpy as np
     import asked_eval as ae
     import long_eval as le
+    import numpy as np
     checks = [("kvzip score, protected selection, row labels", lambda: check_pure(ae, np))]
     try:
         le.model()

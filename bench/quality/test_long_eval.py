@@ -206,8 +206,8 @@ def main(argv) -> int:
         if importlib.util.find_spec(module) is None:
             print(f"SKIP: {module} is not installed")
             return SKIP
-    import numpy as np
     import long_eval
+    import numpy as np
 
     rng = np.random.default_rng(3)
     layers, hkv, group, n, d, p = 2, 3, 2, 29, 6, 21

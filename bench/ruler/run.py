@@ -78,7 +78,6 @@ def load_model(name: str) -> tuple[Any, Any]:
 def row_factories() -> dict[str, Callable[[float], Any]]:
     """Each row's press at a compression ratio (None: the full cache)."""
     import kvpress as kp
-
     from flashcache import Options
     from flashcache.kvpress import FlashCacheModelPress, FlashCachePress
     from flashcache.kvpress_recall import FlashCacheRecallPress

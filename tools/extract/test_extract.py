@@ -285,6 +285,7 @@ def test_e2e_forward_batch_matches_forward():
 def test_e2e_records_merge_and_report_renders():
     _need("numpy", "regex")
     import tempfile
+
     import eval_end_to_end as e2e
     quality = _report_module("quality")
     att = {"part": "attention", "model": "m", "policy": "flashcache", "keep_ratio": 0.2,

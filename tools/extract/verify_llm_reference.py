@@ -33,9 +33,8 @@ import tempfile
 import types
 from typing import Dict, List
 
-import numpy as np
-
 import _paths  # noqa: F401  (tools/ on sys.path: the smollm2 package)
+import numpy as np
 import smollm2
 from smollm2 import SmolLM2, find_gguf, greedy_generate, log_softmax
 
@@ -171,7 +170,7 @@ def compare_with_llamacpp(model: SmolLM2, n_greedy: int = 24) -> Dict:
 
 def hf_tokenizer_from_gguf(model: SmolLM2):
     """A ``tokenizers.Tokenizer`` built from the GGUF vocabulary (independent BPE code)."""
-    from tokenizers import Tokenizer, AddedToken, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     tok = model.tokenizer
     merges = sorted(tok.ranks, key=tok.ranks.get)   # (left, right) pairs in rank order

@@ -300,7 +300,7 @@ def render(doc) -> str:
         lines += ["**Closing note** (generated from the verdicts above): FlashCache global with dynamic "
                   "allocation, against"]
         kinds = []
-        for kind, m, r in columns:
+        for kind, m, _r in columns:
             if (kind, m) not in kinds:
                 kinds.append((kind, m))
         kind_name = {"att": "attention error", "nll": "NLL", "needle_accuracy": "needle"}

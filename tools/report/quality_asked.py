@@ -38,7 +38,7 @@ def _table(doc, labels):
         if label == "full":
             cells = [str(hits[("full", t, 1.0)]) for t in templates]
             total = sum(hits[("full", t, 1.0)] for t in templates)
-            lines.append(f"| full | " + " | ".join(cells) + " | " + " | ".join(
+            lines.append("| full | " + " | ".join(cells) + " | " + " | ".join(
                 f"{total} of {n * len(templates)}" for _ in ratios) + " | 1 |")
             continue
         cells = [" / ".join(str(hits[(label, t, x)]) for x in ratios) for t in templates]

@@ -80,7 +80,7 @@ def render_heldout() -> List[str]:
         for label in labels:
             if label == "full":
                 cells = [f"{by_t[(label, 1.0, t)]}" for t in templates]
-                out.append(f"| full cache | " + " | ".join(cells) + f" | {hits[(label, 1.0)]}/{total} | |")
+                out.append("| full cache | " + " | ".join(cells) + f" | {hits[(label, 1.0)]}/{total} | |")
                 continue
             cells = [f"{by_t[(label, 0.1, t)]} / {by_t[(label, 0.2, t)]}" for t in templates]
             out.append(f"| `{label}` | " + " | ".join(cells) + f" | {hits[(label, 0.1)]}/{total} | "

@@ -45,8 +45,7 @@ from .capture import Extraction, build_meta, extract
 from .checks import DEMO_PROMPT, verify
 from .decode import continuation_nll, greedy_decode, greedy_generate, log_softmax
 from .kv import KVCache
-from .model import (GGUF_FILE_NAME, MODEL_NAME, ForwardResult, SmolLM2, find_gguf, rms_norm,
-                    silu, softmax)
+from .model import GGUF_FILE_NAME, MODEL_NAME, ForwardResult, SmolLM2, find_gguf, rms_norm, silu, softmax
 from .packages import package_file
 from .prompts import FILLER_SENTENCES, NEEDLE, NEEDLE_QUESTION, find_text_range, needle_prompt
 from .tokenizer import DEFAULT_SYSTEM, BPETokenizer, byte_to_unicode

@@ -11,7 +11,6 @@ logits (checked by tools/extract/test_extract.py), since attention only sees q.k
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
