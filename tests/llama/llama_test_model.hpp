@@ -20,6 +20,11 @@
 #include "find_model/find_model.hpp"
 #include "llama_session/session.hpp"
 
+// The names every llama test file uses.
+namespace fc = flashcache;
+namespace fl = flashcache::llama;
+namespace ls = llama_session;
+
 namespace llama_test {
 
 inline llama_model* g_model = nullptr;
@@ -59,7 +64,8 @@ using Rows = std::map<std::int32_t, std::vector<std::uint8_t>>;
 // An archive's rows by position.
 inline Rows archived_rows(const flashcache::Archive& a) {
   Rows out;
-  const auto k = static_cast<std::size_t>(a.shape().k_row_bytes()), v = static_cast<std::size_t>(a.shape().v_row_bytes());
+  const auto k = static_cast<std::size_t>(a.shape().k_row_bytes()),
+             v = static_cast<std::size_t>(a.shape().v_row_bytes());
   for (std::int64_t t = 0; t < a.tokens(); ++t) {
     std::vector<std::uint8_t>& r = out[a.positions()[t]];
     for (int l = 0; l < a.shape().layers; ++l) {

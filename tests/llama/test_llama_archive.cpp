@@ -11,19 +11,11 @@ TEST(LlamaArchive, NeedsLlamaCpp) { GTEST_SKIP() << FLASHCACHE_LLAMA_INSTALL_HIN
 
 #else
 
-#include <flashcache/llama.hpp>
-
 #include <algorithm>
 #include <cstring>
 #include <set>
 #include <string>
 #include <vector>
-
-#include "llama_session/session.hpp"
-
-namespace fc = flashcache;
-namespace fl = flashcache::llama;
-namespace ls = llama_session;
 
 namespace {
 

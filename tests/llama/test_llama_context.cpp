@@ -9,19 +9,11 @@ TEST(LlamaContext, NeedsLlamaCpp) { GTEST_SKIP() << FLASHCACHE_LLAMA_INSTALL_HIN
 
 #else
 
-#include <flashcache/llama.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include "llama_session/session.hpp"
-
-namespace fc = flashcache;
-namespace fl = flashcache::llama;
-namespace ls = llama_session;
 
 namespace {
 

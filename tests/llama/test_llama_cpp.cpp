@@ -10,20 +10,12 @@ TEST(LlamaCpp, NeedsLlamaCpp) { GTEST_SKIP() << FLASHCACHE_LLAMA_INSTALL_HINT; }
 
 #else
 
-#include <flashcache/llama.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include "llama_session/session.hpp"
-
-namespace fc = flashcache;
-namespace fl = flashcache::llama;
-namespace ls = llama_session;
 
 namespace {
 

@@ -12,19 +12,11 @@ TEST(LlamaRecall, NeedsLlamaCpp) { GTEST_SKIP() << FLASHCACHE_LLAMA_INSTALL_HINT
 
 #else
 
-#include <flashcache/llama.hpp>
-
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
 #include <vector>
-
-#include "llama_session/session.hpp"
-
-namespace fc = flashcache;
-namespace fl = flashcache::llama;
-namespace ls = llama_session;
 
 namespace {
 

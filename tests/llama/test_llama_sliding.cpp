@@ -9,16 +9,11 @@
 #include "llama_test_model.hpp"
 
 #if FLASHCACHE_HAVE_LLAMA
-#include <flashcache/llama.hpp>
-
 #include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
-
-namespace fc = flashcache;
-namespace fl = flashcache::llama;
 
 namespace {
 
