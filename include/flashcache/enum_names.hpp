@@ -23,20 +23,25 @@ struct EnumName {
 template <class E>
 struct EnumNames;  // specialized next to each enum
 
-// The enumerator's name; "unknown" for a value outside the table (a cast integer).
+// e's entry in its table; null for a value outside it (a cast integer).
+template <class E>
+constexpr const EnumName<E>* find_enum(E e) {
+  for (const EnumName<E>& n : EnumNames<E>::table)
+    if (n.value == e) return &n;
+  return nullptr;
+}
+
+// The enumerator's name; "unknown" for a value outside the table.
 template <class E>
 constexpr const char* enum_name(E e) {
-  for (const EnumName<E>& n : EnumNames<E>::table)
-    if (n.value == e) return n.name;
-  return "unknown";
+  const EnumName<E>* n = find_enum(e);
+  return n != nullptr ? n->name : "unknown";
 }
 
 // Whether e is one of the table's values (what option checks refuse otherwise).
 template <class E>
 constexpr bool is_known(E e) {
-  for (const EnumName<E>& n : EnumNames<E>::table)
-    if (n.value == e) return true;
-  return false;
+  return find_enum(e) != nullptr;
 }
 
 // Every name, "a, b or c": what an error lists as the choices.

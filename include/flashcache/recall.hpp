@@ -287,6 +287,22 @@ class RecallScorer {
   TailAccumulator tails_acc_;
 };
 
+namespace detail {
+
+// The blocks with a score above 0 (a NaN score never comes back) into *order,
+// highest score first, ties to the lower block: the order both recalls take them in.
+inline void rank_blocks(std::int64_t blocks, const float* scores, std::vector<std::int64_t>* order) {
+  order->clear();
+  for (std::int64_t b = 0; b < blocks; ++b)
+    if (scores[b] > 0) order->push_back(b);
+  // Score descending, then block ascending: std::sort with a total order (a
+  // stable sort would take a buffer from the heap).
+  std::sort(order->begin(), order->end(),
+            [&](std::int64_t x, std::int64_t y) { return scores[x] > scores[y] || (scores[x] == scores[y] && x < y); });
+}
+
+}  // namespace detail
+
 // The blocks to bring back: highest score first (ties to the lower block),
 // whole blocks while their tokens fit `budget`, only blocks with a score above
 // 0 (a NaN score never comes back). *chosen: the blocks, ascending; `order` is
@@ -299,13 +315,7 @@ inline Status select_recall(const Archive& archive, const float* scores, std::in
   const std::int64_t blocks = archive.blocks();
   if (blocks == 0) return Status::success();
   if (scores == nullptr) return make_error(Errc::invalid_shape, "select_recall: null scores");
-  order->clear();
-  for (std::int64_t b = 0; b < blocks; ++b)
-    if (scores[b] > 0) order->push_back(b);
-  // Score descending, then block ascending: std::sort with a total order (a
-  // stable sort would take a buffer from the heap).
-  std::sort(order->begin(), order->end(),
-            [&](std::int64_t x, std::int64_t y) { return scores[x] > scores[y] || (scores[x] == scores[y] && x < y); });
+  detail::rank_blocks(blocks, scores, order);
   std::int64_t used = 0;
   for (const std::int64_t b : *order) {
     const std::int64_t n = archive.block_tokens(b);
@@ -349,15 +359,10 @@ inline Status choose_recall(const Archive& archive, const float* block_scores, c
   const float* rs = resident_scores;
   std::sort(victims.begin(), victims.end(),
             [&](std::int64_t x, std::int64_t y) { return rs[x] < rs[y] || (rs[x] == rs[y] && x < y); });
-  std::vector<std::int64_t>& blocks = out->order;
-  blocks.clear();
-  for (std::int64_t b = 0; b < archive.blocks(); ++b)
-    if (block_scores[b] > 0) blocks.push_back(b);
+  detail::rank_blocks(archive.blocks(), block_scores, &out->order);
   const float* bs = block_scores;
-  std::sort(blocks.begin(), blocks.end(),
-            [&](std::int64_t x, std::int64_t y) { return bs[x] > bs[y] || (bs[x] == bs[y] && x < y); });
   std::int64_t used = 0, out_count = 0;  // tokens brought back; residents displaced (the lowest first)
-  for (const std::int64_t b : blocks) {
+  for (const std::int64_t b : out->order) {
     const std::int64_t size = archive.block_tokens(b);
     if (used + size > budget) continue;
     const std::int64_t need = std::max<std::int64_t>(0, used + size - room);  // residents out in all

@@ -33,26 +33,20 @@ CLI::IsMember names_of() {
   return CLI::IsMember(names);
 }
 
-// A flag whose value sets the enum *field (checked against its names first).
-template <class E>
-void set_by_name(const std::string& name, E* field) {
-  (void)flashcache::parse_enum(name, field, "value");  // cannot fail: names_of<E>() checked it
-}
-
 void add_transform_options(CLI::App* cmd, cli::TransformArgs* t) {
   cmd->add_option("--gamma", t->gamma,
                   "Base ratio in (0, 1]: ceil(gamma * N) frequencies form the base (which ones: --base)")
       ->capture_default_str();
   cmd->add_option("--transform", "DCT over the whole sequence (global) or over blocks of --block tokens (blocked)")
       ->check(names_of<Transform>())
-      ->each([t](const std::string& s) { set_by_name(s, &t->transform); })
+      ->each([t](const std::string& s) { t->transform = cli::enum_flag<Transform>("--transform", s); })
       ->default_str(to_string(t->transform));  // the library default (blocked)
   cmd->add_option("--block", t->block, "Tokens per block with --transform blocked")->capture_default_str();
   cmd->add_option("--base",
                   "Which ceil(gamma * N) frequencies form the base: the lowest (lowpass, the paper's), those of most "
                   "energy (peak), or half of each (mixed)")
       ->check(names_of<flashcache::Base>())
-      ->each([t](const std::string& s) { set_by_name(s, &t->base); })
+      ->each([t](const std::string& s) { t->base = cli::enum_flag<flashcache::Base>("--base", s); })
       ->default_str(to_string(t->base));  // the library default
 }
 
