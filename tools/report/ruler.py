@@ -9,6 +9,7 @@ samples (the recall row adds the question's extra pass and the archive's scoring
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
 from collections import defaultdict
@@ -32,7 +33,15 @@ LABEL = {
     "random": "random",
 }
 MODEL = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "Gemma 3 270M"}
-TASK_COUNT = 11  # bench/ruler/tasks.py's TASKS
+TASKS_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "ruler", "tasks.py")
+
+
+def task_count() -> int:
+    """How many tasks bench/ruler/tasks.py defines (imported from its path): a complete run has them all."""
+    spec = importlib.util.spec_from_file_location("flashcache_ruler_tasks", TASKS_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return len(module.TASKS)
 
 
 def load(path: str) -> tuple[dict, list[dict]]:
@@ -125,6 +134,7 @@ def render(folder: str) -> str:
              "compression and brings back up to the difference, so it never holds more than the others at the "
              "answer. Cost: the row's prefill and compression time (and, for recall, the question's extra pass "
              "and the archive's scoring) over the full cache's prefill, on this CPU.", ""]
+    tasks = task_count()
     for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
         head, records = load(path)
         if not records:
@@ -142,8 +152,8 @@ def render(folder: str) -> str:
                   f"`{head.get('command')}` ({head.get('date')}, {head.get('cpus')} CPUs, {head.get('machine')}, "
                   f"git {head.get('git')}; kvpress {head.get('versions', {}).get('kvpress')}, "
                   f"transformers {head.get('versions', {}).get('transformers')}).", ""]
-        if len(done) < TASK_COUNT:  # a run that stopped part way (it resumes from its lines)
-            parts += [f"**In progress: {len(done)} of the {TASK_COUNT} tasks have every row; the means below are "
+        if len(done) < tasks:  # a run that stopped part way (it resumes from its lines)
+            parts += [f"**In progress: {len(done)} of the {tasks} tasks have every row; the means below are "
                       "over those tasks only, not comparable with a complete table.**", ""]
             records = [r for r in records if r["task"] in done]
         parts += table(records) + ["", "Per task, mean over the ratios:", ""] + per_task(records) + [""]
