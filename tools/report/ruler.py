@@ -12,6 +12,7 @@ import glob
 import importlib.util
 import json
 import os
+import sys
 from collections import defaultdict
 
 ORDER = ["flashcache", "flashcache_recall", "flashcache_tails", "flashcache_model", "flashcache_paper", "kvzip", "expected_attention",
@@ -40,6 +41,7 @@ def task_count() -> int:
     """How many tasks bench/ruler/tasks.py defines (imported from its path): a complete run has them all."""
     spec = importlib.util.spec_from_file_location("flashcache_ruler_tasks", TASKS_PY)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return len(module.TASKS)
 
@@ -162,7 +164,5 @@ def render(folder: str) -> str:
 
 
 if __name__ == "__main__":
-    import sys
-
     print(render(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..",
                                                                       "bench", "results", "ruler")))
