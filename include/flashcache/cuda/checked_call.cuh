@@ -8,8 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "flashcache/cuda/kernels/score_blocked.cuh"  // BlockedSmem
-#include "flashcache/cuda/kernels/score_grid.cuh"     // GridSmem, GridSpans
+#include "flashcache/cuda/kernels/smem_layout.cuh"  // BlockedSmem, GridSmem (and common.cuh's GridSpans)
 #include "flashcache/cuda/limits.cuh"
 #include "flashcache/error.hpp"
 #include "flashcache/grid.hpp"

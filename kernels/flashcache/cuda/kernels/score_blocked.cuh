@@ -31,46 +31,10 @@
 #include <cstdint>
 
 #include "flashcache/cuda/kernels/common.cuh"
+#include "flashcache/cuda/kernels/smem_layout.cuh"
 #include "flashcache/rules.hpp"
 
 namespace flashcache::gpu::kernels {
-
-// Threads per CTA: one per column for the compiled head dims, kBlockedGenericThreads
-// for the generic kernel (head dim 0).
-inline constexpr int kBlockedGenericThreads = 128;
-template <int kHeadDim>
-inline constexpr int blocked_threads() {
-  return kHeadDim > 0 ? kHeadDim : kBlockedGenericThreads;
-}
-
-// Shared-memory carve-up, computed the same way on host (sizing, checks) and device.
-struct BlockedSmem {
-  std::int64_t tile_bytes, ext_bytes, basis, partk, partv, bad, src, energy, misc, total;
-
-  __host__ __device__ static std::int64_t align16(std::int64_t x) { return (x + 15) / 16 * 16; }
-  __host__ __device__ BlockedSmem(std::int64_t head_dim, std::int64_t elem_bytes, int tile, std::int64_t max_m,
-                                  int threads) {
-    const int warps = threads / 32;
-    tile_bytes = align16(tile * head_dim * elem_bytes);  // one of K, V
-    ext_bytes = align16(head_dim * elem_bytes);          // one of K, V
-    std::int64_t at = 2 * tile_bytes + 2 * ext_bytes;
-    basis = at;
-    at += align16(max_m * tile * 4);
-    partk = at;
-    at += align16(std::int64_t{warps} * tile * 4);
-    partv = at;
-    at += align16(std::int64_t{warps} * tile * 4);
-    bad = at;
-    at += align16(tile * 4);
-    src = at;
-    at += align16(tile * 4);
-    energy = at;
-    at += align16(std::int64_t{threads} * 4 * 4);
-    misc = at;
-    at += 16 * 4;
-    total = at;
-  }
-};
 
 template <class T>
 struct BlockedParams : LayerRows<T> {

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "flashcache/cuda/kernels/common.cuh"
+#include "flashcache/cuda/kernels/radix_select.cuh"
 #include "flashcache/cuda/kernels/score_global.cuh"
 
 namespace flashcache::gpu::kernels {
@@ -170,19 +171,17 @@ struct BaseChooseParams {
   const int* status = nullptr;
 };
 
-inline constexpr int kBaseChooseThreads = 256;  // also the radix: one bin per thread
+inline constexpr int kBaseChooseThreads = kRadixThreads;
 
 // One CTA per (head, K | V) (blockIdx.x, blockIdx.y): the low frequencies, then
-// the `rest` strongest of the others. Four passes of 8 bits find the key of the
-// rest-th strongest and how many frequencies with exactly that key are taken
-// (the lowest ones), as select_kernel does for scores; a last pass in frequency
-// order writes every byte.
+// the `rest` strongest of the others. The radix select (radix_select.cuh) finds
+// the key of the rest-th strongest and how many frequencies with exactly that
+// key are taken (the lowest ones); a last pass in frequency order writes every byte.
 template <int kOneDefinition = 0>
 __global__ void __launch_bounds__(kBaseChooseThreads) base_choose_kernel(BaseChooseParams p) {
-  using Scan = cub::BlockScan<int, kBaseChooseThreads>;
+  using Scan = RadixScan;
   __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int hist[256];
-  __shared__ int chosen_bin, still_needed;
+  __shared__ RadixShared radix;
   const int tid = static_cast<int>(threadIdx.x);
   if (stop_requested(p.status)) return;
   const int heads = static_cast<int>(gridDim.x);
@@ -195,45 +194,16 @@ __global__ void __launch_bounds__(kBaseChooseThreads) base_choose_kernel(BaseCho
   enum { kNone, kAll, kThreshold };
   const int mode = count.rest <= 0 ? kNone : (count.rest >= candidates ? kAll : kThreshold);
 
-  std::uint32_t prefix = 0, prefix_mask = 0;
-  int need = static_cast<int>(count.rest);
+  RadixThreshold top;
   if (mode == kThreshold) {
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      hist[tid] = 0;
-      __syncthreads();
-      for (std::int64_t base = count.low; base < n; base += kBaseChooseThreads) {  // one trip count for the warp
-        const std::int64_t k = base + tid;
-        std::uint32_t key = 0;
-        bool counted = k < n;
-        if (counted) {
-          key = energy_key(energy[k]);
-          counted = (key & prefix_mask) == prefix;
-        }
-        const unsigned voters = __ballot_sync(0xffffffffu, counted);
-        if (counted) {  // lanes of a warp that share a bin add once, through their leader
-          const unsigned bin = (key >> shift) & 255u;
-          const unsigned peers = __match_any_sync(voters, bin);
-          if ((tid & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
-        }
-      }
-      __syncthreads();
-      const int bin = 255 - tid;  // counts from the top bin down
-      const int here = hist[bin];
-      int above = 0;
-      Scan(scan_storage).ExclusiveSum(here, above);
-      if (above < need && above + here >= need) {
-        chosen_bin = bin;
-        still_needed = need - above;
-      }
-      __syncthreads();
-      prefix |= static_cast<std::uint32_t>(chosen_bin) << shift;
-      prefix_mask |= 255u << shift;
-      need = still_needed;
-      __syncthreads();  // chosen_bin / still_needed are rewritten next pass
-    }
+    auto candidate = [&](std::int64_t k, std::uint32_t* key) {
+      *key = energy_key(energy[k]);
+      return true;
+    };
+    top = block_radix_select(count.low, n, static_cast<int>(count.rest), candidate, radix, scan_storage);
   }
-  const std::uint32_t threshold = prefix;
-  const int take_equal = need;
+  const std::uint32_t threshold = top.key;
+  const int take_equal = top.take_equal;
 
   int equal_seen = 0;
   for (std::int64_t base = 0; base < n; base += kBaseChooseThreads) {

@@ -32,50 +32,10 @@
 #include <cstdint>
 
 #include "flashcache/cuda/kernels/common.cuh"
+#include "flashcache/cuda/kernels/smem_layout.cuh"
 #include "flashcache/grid.hpp"
 
 namespace flashcache::gpu::kernels {
-
-inline constexpr int kGridThreads = 256;
-// The host picks the widest column chunk (at most kGridMaxWidth) whose shared
-// memory stays under this, so that several CTAs share an SM without opting in.
-inline constexpr std::int64_t kGridPreferredSmem = kDefaultDynamicSmemBytes;
-inline constexpr int kGridMaxWidth = 64;
-
-// Shared-memory carve-up for the largest tile of a call, computed the same way
-// on host (sizing, checks) and device. Byte offsets, 16-byte aligned.
-struct GridSmem {
-  std::int64_t cr, cc, vlen, src, x, a, y, acc, red, misc, total;
-  int x_stride;  // floats from one token's row of x to the next: odd, so per-token reads miss no bank
-
-  FLASHCACHE_INLINE static std::int64_t align16(std::int64_t n) { return (n + 15) / 16 * 16; }
-  FLASHCACHE_INLINE GridSmem(std::int64_t max_rows, std::int64_t max_cols, std::int64_t max_tokens, std::int64_t max_u,
-                             std::int64_t max_v, int width) {
-    x_stride = width % 2 != 0 ? width : width + 1;
-    std::int64_t at = 0;
-    cr = at;  // [U][tr]: rows of the DCT-II down the columns
-    at += align16(max_u * max_rows * 4);
-    cc = at;  // [V(0)][tc]: rows of the DCT-II along the rows
-    at += align16(max_v * max_cols * 4);
-    vlen = at;  // [tr] ints: V(u)
-    at += align16(max_rows * 4);
-    src = at;  // [tokens] ints: the token each transform row reads, -1 zeros
-    at += align16(max_tokens * 4);
-    x = at;  // [2][tokens][x_stride]: K, V chunk; then squared residuals
-    at += align16(2 * max_tokens * x_stride * 4);
-    a = at;  // [2][U][tc][width]: A, then D
-    at += align16(2 * max_u * max_cols * width * 4);
-    y = at;  // [2][U][V(0)][width]
-    at += align16(2 * max_u * max_v * width * 4);
-    acc = at;  // [2][tokens]: per-token squared residuals of K, V over the chunks
-    at += align16(2 * max_tokens * 4);
-    red = at;  // [2][threads]: energy partials
-    at += align16(2 * kGridThreads * 4);
-    misc = at;  // [0]: unrankable count
-    at += 16 * 4;
-    total = at;
-  }
-};
 
 // C[k][i] = a_k cos(pi (2i + 1) k / (2n)) of the orthonormal
 // DCT-II of length n, the angle reduced mod 2 pi exactly (as dct_basis()).

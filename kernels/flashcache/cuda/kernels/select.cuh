@@ -9,9 +9,8 @@
 //   - the rest are the highest scores, ties to the lower token index;
 //   - the output is ascending.
 // The threshold comes from a radix select over the order-preserving bits of
-// the float scores (4 passes of 8 bits, a 256-bin shared histogram each,
-// aggregated per warp before the shared atomics), so
-// the cost is O(N) per segment whatever the budget. A final pass in token
+// the float scores (radix_select.cuh), so the cost is O(N) per segment
+// whatever the budget. A final pass in token
 // order decides each token (key above the threshold, or equal to it and among
 // the first `take_equal` such tokens) and writes it at its prefix-sum position.
 // The window and the base sample enter the radix select as keys above every
@@ -23,6 +22,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "flashcache/cuda/kernels/common.cuh"
+#include "flashcache/cuda/kernels/radix_select.cuh"
 
 namespace flashcache::gpu::kernels {
 
@@ -82,16 +82,16 @@ struct SelectParams {
   int* status = nullptr;
 };
 
-inline constexpr int kSelectThreads = 256;  // also the radix: one bin per thread
+inline constexpr int kSelectThreads = kRadixThreads;
 
 // A template (never instantiated with another argument) so that the kernel has
 // vague linkage: any number of translation units may include this header.
 template <int kOneDefinition = 0>
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) {
-  using Scan = cub::BlockScan<int, kSelectThreads>;
+  using Scan = RadixScan;
   __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int hist[256];
-  __shared__ int chosen_bin, still_needed, forced_total;
+  __shared__ RadixShared radix;
+  __shared__ int forced_total;
   __shared__ long long picks_start;
   const int tid = static_cast<int>(threadIdx.x);
   if (stop_requested(p.status)) return;
@@ -143,8 +143,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
   // candidates with exactly that key are taken (the lowest-indexed ones).
   enum { kNone, kAll, kThreshold };
   const int mode = rest == 0 ? kNone : (rest >= candidates ? kAll : kThreshold);
-  std::uint32_t prefix = 0, prefix_mask = 0;
-  int need = static_cast<int>(rest);
+  RadixThreshold top;
   if (mode == kThreshold) {
     // The window's picks: its newest `rest` free tokens when it has more (keep_recent).
     auto free_in_window = [&](std::int64_t t) { return t < n && window_pick(t, window_start, p.grids) && !forced(t); };
@@ -169,45 +168,15 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectParams p) 
       __syncthreads();
       picks_from = picks_start;
     }
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      hist[tid] = 0;
-      __syncthreads();
-      // Scores crowd into few bins (the top byte is mostly the exponent), so
-      // the lanes of a warp that share a bin add once, through their leader.
-      for (std::int64_t base = 0; base < n; base += kSelectThreads) {  // one trip count for the warp
-        const std::int64_t t = base + tid;
-        std::uint32_t key = 0;
-        bool counted = t < n && !forced(t);
-        if (counted) {
-          key = key_of(t);
-          counted = (key & prefix_mask) == prefix;
-        }
-        const unsigned voters = __ballot_sync(0xffffffffu, counted);
-        if (counted) {
-          const unsigned bin = (key >> shift) & 255u;
-          const unsigned peers = __match_any_sync(voters, bin);
-          if ((tid & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
-        }
-      }
-      __syncthreads();
-      // Counts from the top bin down; the bin where they reach `need` holds the threshold.
-      const int bin = 255 - tid;
-      const int count = hist[bin];
-      int above = 0;  // candidates in bins above `bin`
-      Scan(scan_storage).ExclusiveSum(count, above);
-      if (above < need && above + count >= need) {
-        chosen_bin = bin;
-        still_needed = need - above;
-      }
-      __syncthreads();
-      prefix |= static_cast<std::uint32_t>(chosen_bin) << shift;
-      prefix_mask |= 255u << shift;
-      need = still_needed;
-      __syncthreads();  // chosen_bin / still_needed are rewritten next pass
-    }
+    auto candidate = [&](std::int64_t t, std::uint32_t* key) {
+      if (forced(t)) return false;
+      *key = key_of(t);
+      return true;
+    };
+    top = block_radix_select(0, n, static_cast<int>(rest), candidate, radix, scan_storage);
   }
-  const std::uint32_t threshold = prefix;
-  const int take_equal = need;
+  const std::uint32_t threshold = top.key;
+  const int take_equal = top.take_equal;
 
   // 3. Emit in token order: ascending indices by construction.
   int written = 0, equal_seen = 0;
