@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs a decode benchmark on the project's own prose and writes its JSON with
 provenance: the machine, its load before and after, the date, the command and
-the wall time. Shared by examples/engine/bench.sh and bench/llama_cpp/bench.sh.
+the wall time. Shared by bench/engine/bench.sh and bench/llama_cpp/bench.sh.
 
   bench/run_prose_bench.py --program BIN --out bench/results/X.json --command "..."
                            [--field KEY=TEXT ...] [-- program options]

@@ -170,13 +170,11 @@ def gguf_file(with_tokenizer=True, version=3):
     for _, write_kv in meta:
         write_kv(g)
     offset = 0
-    offsets = []
     for name, dims, ttype, data in tensors:
-        offsets.append(offset)
         g.str(name).put("I", len(dims)).put("%dQ" % len(dims), *dims).put("I", ttype).put("Q", offset)
         offset += (len(data) + 31) // 32 * 32
     g.align(32)
-    for (_, _, _, data), off in zip(tensors, offsets):
+    for _, _, _, data in tensors:  # at the offsets written above: each padded to 32 bytes
         g.raw(data).align(32)
     return g.b
 

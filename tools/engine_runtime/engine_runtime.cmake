@@ -19,3 +19,14 @@ find_package(OpenMP COMPONENTS CXX QUIET)
 if(OpenMP_CXX_FOUND)
   target_link_libraries(flashcache_engine_runtime INTERFACE OpenMP::OpenMP_CXX)
 endif()
+
+# flashcache_engine_core: the runtime plus its flashcache integration (compress_cache.hpp), what
+# the engine's program (examples/engine), its tests (tests/engine) and its benchmark (bench/engine) link.
+# Decoding is bound by vector loads and FMAs: built for this machine's SIMD unless told otherwise
+# (the project's FLASHCACHE_NATIVE_FLAGS, AVX-512 off: see the top-level CMakeLists).
+add_library(flashcache_engine_core INTERFACE)
+target_link_libraries(flashcache_engine_core INTERFACE flashcache_engine_runtime flashcache::flashcache)
+option(FLASHCACHE_ENGINE_NATIVE "Build the engine's programs and tests with -march=native (AVX-512 off)" ON)
+if(FLASHCACHE_ENGINE_NATIVE AND FLASHCACHE_HAS_NATIVE_FLAGS)
+  target_compile_options(flashcache_engine_core INTERFACE ${FLASHCACHE_NATIVE_FLAGS})
+endif()

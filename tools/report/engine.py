@@ -1,5 +1,5 @@
 """Markdown section for the inference-engine benchmark (bench/results/engine.json,
-written by examples/engine/bench.sh): decode speed over the full and the compressed
+written by bench/engine/bench.sh): decode speed over the full and the compressed
 KV cache, compression time against prefill time, KV memory before and after."""
 
 
@@ -27,7 +27,7 @@ def render(doc):
     lines = [
         "## Inside an engine (SmolLM2-135M, CPU)",
         "",
-        f"`flashcache_engine_bench` (examples/engine): one prefill per prompt length, then the KV cache "
+        f"`flashcache_engine_bench` (bench/engine): one prefill per prompt length, then the KV cache "
         f"compressed by `{doc['policy']}` ({_settings(doc)}) and "
         f"{doc['decode_steps']} greedy decode steps timed. Machine: {m.get('cpus', '?')} x {m.get('cpu', '?')}, "
         f"load average {m.get('loadavg_before', '?')} before and {m.get('loadavg_after', '?')} after (other jobs "

@@ -11,7 +11,7 @@ Each section comes from its own JSON, written by the run that measured it:
   quality_long_asked_choice.json (+ quality_long_asked_dev.json, _heldout.json)  the asked-later study
                                                             -> quality_asked.py
   quality_grid.json  bench/quality/run_grid.sh              -> quality_grid.py
-  engine.json   examples/engine (its benchmark)             -> engine.py
+  engine.json   bench/engine (the engine's benchmark)           -> engine.py
   llama_cpp.json  bench/llama_cpp/bench.sh                -> llama_cpp.py
   llama_cpp_gemma3.json  bench/llama_cpp/bench.sh --model (Gemma 3)  -> llama_cpp.py
   llama_stream.json  bench/stream/run_stream.py           -> llama_stream.py

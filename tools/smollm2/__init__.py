@@ -35,7 +35,7 @@ Command line: ``tools/extract/extract_llm.py`` (fixtures of this model's caches)
 
 Scripts import the package with ``tools/`` on ``sys.path``, which each script folder sets
 in one place (tools/extract/_paths.py, bench/quality/_paths.py, the top of
-examples/engine/tests/make_reference.py).
+tests/engine/make_reference.py).
 
 RoPE layout: Hugging Face ("rotate_half") by default, the GGUF's adjacent pairs with
 ``SmolLM2.load(rope_layout="gguf")``; see ``model``.

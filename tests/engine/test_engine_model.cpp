@@ -10,7 +10,7 @@
 #include <fstream>
 #include <memory>
 
-#include "compress_cache.hpp"
+#include "engine_runtime/compress_cache.hpp"
 #include "find_model/find_model.hpp"
 #include "engine_runtime/generate.hpp"
 #include "engine_runtime/tokenizer.hpp"

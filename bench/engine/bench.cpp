@@ -1,7 +1,7 @@
 // flashcache_engine_bench: decode speed over the full and compressed KV cache.
 // For each prompt length: one prefill, then for the full cache and each keep
 // ratio, compression (timed) and greedy decoding at each thread count. One JSON
-// object on stdout; examples/engine/bench.sh writes bench/results/engine.json.
+// object on stdout; bench/engine/bench.sh writes bench/results/engine.json.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -10,7 +10,7 @@
 #include <iostream>
 #include <sstream>
 
-#include "compress_cache.hpp"
+#include "engine_runtime/compress_cache.hpp"
 #include "find_model/find_model.hpp"
 #include "engine_runtime/generate.hpp"
 #include "engine_runtime/tokenizer.hpp"

@@ -6,7 +6,7 @@ The classes come from `regex` itself, not `unicodedata`: the two ship different
 Unicode versions (here regex's matched ~14,000 more letters than unicodedata 14.0), and
 the C++ tokenizer must split text exactly as the Python one does.
 
-    python3 examples/engine/gen_unicode_ranges.py > tools/engine_runtime/unicode_ranges.hpp
+    python3 tools/engine_runtime/gen_unicode_ranges.py > tools/engine_runtime/unicode_ranges.hpp
 """
 import regex
 
