@@ -32,11 +32,10 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import tasks  # noqa: E402
+import tasks  # noqa: E402  (this folder is sys.path[0] for a script)
 
 MODELS = {
     # name: (pip package holding the GGUF, file, how to find it)
