@@ -274,4 +274,61 @@ TEST_F(LlamaArchive, ARestartAtTheLimitRenumbersAndCountsWhatItDrops) {
   EXPECT_EQ(cm.cells() + cm.archive().tokens() + restart_dropped, 700);
 }
 
+// forget_from: an edited conversation drops the sequence from a position on. The cells
+// there leave the memory and the archive's blocks there leave the archive, counted; the
+// positions below stay resident or archived (but for a straddling block's), and the stream goes on.
+TEST_F(LlamaArchive, ForgetFromDropsTheCellsAndArchiveFromAPosition) {
+  Ctx c;
+  make_ctx(&c, GGML_TYPE_F16, LLAMA_FLASH_ATTN_TYPE_ENABLED, 512);
+  fl::ContextManager cm;
+  ASSERT_TRUE(cm.init(c.ctx, 0, archiving(256)).ok());
+  const std::vector<llama_token> text = ledger_tokens(40);
+  auto stream = [&](std::size_t from, std::size_t to) {
+    for (std::size_t i = from; i < to; i += 50) {
+      llama_pos pos = -1;
+      const fc::Status s = cm.make_room(50, &pos);
+      ASSERT_TRUE(s.ok()) << s.message();
+      ASSERT_EQ(ls::decode(c.ctx, text.data() + i, 50, pos, 0, false), 0);
+    }
+  };
+  stream(0, 700);
+  ASSERT_GT(cm.events(), 1);
+  auto resident_below = [&](llama_pos p) {
+    fl::SeqState st;
+    const std::vector<std::uint8_t> blob = state_of(c);
+    EXPECT_TRUE(fl::parse_seq_state(blob.data(), blob.size(), &st).ok());
+    return std::count_if(st.pos.begin(), st.pos.end(), [p](llama_pos q) { return q < p; });
+  };
+
+  // After the last compaction: only the newest cells go, the archive stays.
+  const std::int64_t archived = cm.archive().tokens(), cells = cm.cells();
+  std::int64_t dropped = -1;
+  ASSERT_TRUE(cm.forget_from(680, &dropped).ok());
+  EXPECT_EQ(dropped, 0);
+  EXPECT_EQ(cm.archive().tokens(), archived);
+  EXPECT_EQ(cm.cells(), cells - 20);
+  EXPECT_EQ(llama_memory_seq_pos_max(c.mem(), 0), 679);
+
+  // Inside the compacted part: the archive loses its blocks from there on, counted.
+  const fc::Status forgot = cm.forget_from(300, &dropped);
+  ASSERT_TRUE(forgot.ok()) << forgot.message();
+  EXPECT_GT(dropped, 0);
+  EXPECT_EQ(cm.cells(), resident_below(300));
+  EXPECT_EQ(cm.archive().tokens() + dropped, archived);  // whole blocks leave, counted
+  // The archive's blocks follow positions, so one block at most straddles 300: the positions
+  // below it are resident or archived, but for fewer than a block of them.
+  EXPECT_LE(cm.cells() + cm.archive().tokens(), 300);
+  EXPECT_GT(cm.cells() + cm.archive().tokens(), 300 - cm.archive().options().block_size);
+  for (std::int64_t t = 0; t < cm.archive().tokens(); ++t) EXPECT_LT(cm.archive().positions()[t], 300);
+  EXPECT_LT(llama_memory_seq_pos_max(c.mem(), 0), 300);
+
+  // The stream goes on from there (new tokens after the last kept position), compacting again.
+  const std::int64_t before = cm.events();
+  stream(300, 700);
+  EXPECT_GT(cm.events(), before);
+  EXPECT_LE(cm.cells(), 256);
+  const fc::Status refused = cm.forget_from(-1);
+  EXPECT_NE(refused.message().find("forget_from(-1)"), std::string::npos) << refused.message();
+}
+
 #endif

@@ -179,6 +179,53 @@ class ContextManager {
     return Status::success();
   }
 
+  // Forgets the sequence from position `pos` on (a conversation edited there, or a reply
+  // thrown away): its cells at pos and after leave the memory, the archive's blocks that
+  // hold such positions leave the archive (*archive_dropped: their tokens, earlier ones in
+  // a shared block included), the turn's protection and recall end. Cells before pos stay
+  // as they are. A refusal or failure changes nothing.
+  Status forget_from(llama_pos pos, std::int64_t* archive_dropped = nullptr) {
+    if (ctx_ == nullptr) return make_error(Errc::invalid_option, "llama: ContextManager used before a successful init");
+    if (pos < 0) return make_error(Errc::invalid_option, "llama: forget_from(", pos, "): a position is at least 0");
+    llama_memory_t mem = llama_get_memory(ctx_);
+    const llama_pos hi = llama_memory_seq_pos_max(mem, seq_);
+    if (pending_ && hi != base_pos_max_) pending_ = false;  // a decode since: the renumbering is applied
+    if (pending_)
+      return make_error(Errc::invalid_option, "llama: forget_from: sequence ", seq_,
+                        "'s positions were renumbered by the last make_room; decode first");
+    std::vector<std::int64_t> blocks;  // the archive's blocks with a position at or after pos
+    std::int64_t dropped = 0;
+    for (std::int64_t b = 0; b < archive_.blocks(); ++b) {
+      const std::int32_t* at = archive_.positions() + archive_.block_first(b);
+      if (std::any_of(at, at + archive_.block_tokens(b), [pos](std::int32_t q) { return q >= pos; })) {
+        blocks.push_back(b);
+        dropped += archive_.block_tokens(b);
+      }
+    }
+    std::int64_t cells_left = base_cells_;  // the cells below pos, known before anything changes
+    if (pos <= base_pos_max_) {             // inside what the last event left: count in the state
+      SequenceState state;
+      FLASHCACHE_RETURN_IF_ERROR(
+          state.read_unchecked(ctx_, seq_, detail::state_sections(llama_get_model(ctx_))));
+      const std::vector<llama_pos>& cell_pos = state.state().pos;
+      cells_left = std::count_if(cell_pos.begin(), cell_pos.end(), [pos](llama_pos q) { return q < pos; });
+    }
+    if (hi >= pos && !llama_memory_seq_rm(mem, seq_, pos, -1))
+      return make_error(Errc::unsupported, "llama: the memory refused to remove sequence ", seq_,
+                        "'s cells from position ", pos);
+    if (!blocks.empty()) FLASHCACHE_RETURN_IF_ERROR(archive_.erase(blocks.data(), static_cast<std::int64_t>(blocks.size())));
+    if (pos <= base_pos_max_) {
+      base_cells_ = cells_left;
+      base_pos_max_ = llama_memory_seq_pos_max(mem, seq_);
+    }
+    protect_from_ = -1;
+    recalled_.erase(std::remove_if(recalled_.begin(), recalled_.end(), [pos](llama_pos q) { return q >= pos; }),
+                    recalled_.end());
+    if (p_.queries != nullptr) p_.queries->follow(llama_memory_seq_pos_max(mem, seq_) + 1);
+    if (archive_dropped != nullptr) *archive_dropped = dropped;
+    return Status::success();
+  }
+
   // The sequence's cells now: those after the last event, plus one per position since.
   std::int64_t cells() const {
     if (ctx_ == nullptr) return 0;
