@@ -22,6 +22,7 @@ Not supported here, refused by name: ``logits_all`` (logprobs), ``set_cache`` / 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -117,6 +118,7 @@ class Llama(llama_cpp.Llama):
         threads: int = 0,
         **kwargs: Any,
     ) -> None:
+        self._stack = contextlib.ExitStack()  # what llama_cpp.Llama.__del__ closes, should a check below refuse
         if when_full not in WHEN_FULL:
             raise ValueError(f"flashcache.llama_cpp: when_full {when_full!r} is not one of {', '.join(WHEN_FULL)}")
         for name in ("logits_all", "lora_path", "draft_model"):
@@ -129,6 +131,12 @@ class Llama(llama_cpp.Llama):
         kwargs.setdefault("n_batch", min(512, n_ctx // 4))
         kwargs.setdefault("n_ubatch", kwargs["n_batch"])
         super().__init__(model_path, n_ctx=n_ctx, **kwargs)
+        n_swa = llama_cpp.llama_model_n_swa(self._model.model)
+        if when_full != "none" and n_swa > 0 and round(target * self.n_ctx()) <= n_swa:
+            raise ValueError(
+                f"flashcache.llama_cpp: this model's sliding-window layers keep their last {n_swa} positions, "
+                f"more than {target} of {self.n_ctx()} cells: use n_ctx above {int(n_swa / target)}"
+            )
         self._session = door.Session()
         self._recall = recall if (when_full == "flashcache" and archive) else 0
         if self._recall > 0:  # the turn's queries come through cb_eval, set when the context is made
@@ -137,7 +145,7 @@ class Llama(llama_cpp.Llama):
         params.when_full, params.n_keep, params.target = when_full, n_keep, target
         params.archive, params.recall, params.threads = archive, self._recall, threads
         self._session.init(ctypes.cast(self._ctx.ctx, ctypes.c_void_p).value, params)
-        self.when_full, self.n_keep = when_full, n_keep
+        self.when_full, self.n_keep, self.recall_cells = when_full, n_keep, self._recall
         self.cells = self._session.cap
         # The conversation has no length limit here; the context's cells are `cells`.
         self._n_ctx = 2**31 - 1
