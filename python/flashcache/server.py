@@ -52,9 +52,14 @@ def _number(body: dict, name: str, kind: type, low: float, high: float | None = 
 def sampling(body: dict) -> dict:
     """The sampling fields a request may set, checked: llama-cpp-python's keyword arguments."""
     out: dict[str, Any] = {}
-    for name, kind, low, high in (("max_tokens", int, 1, None), ("temperature", float, 0.0, 2.0),
-                                  ("top_p", float, 0.0, 1.0), ("seed", int, 0, None),
-                                  ("presence_penalty", float, -2.0, 2.0), ("frequency_penalty", float, -2.0, 2.0)):
+    for name, kind, low, high in (
+        ("max_tokens", int, 1, None),
+        ("temperature", float, 0.0, 2.0),
+        ("top_p", float, 0.0, 1.0),
+        ("seed", int, 0, None),
+        ("presence_penalty", float, -2.0, 2.0),
+        ("frequency_penalty", float, -2.0, 2.0),
+    ):
         value = _number(body, name, kind, low, high)
         if value is not None:
             out[name] = value
@@ -119,9 +124,19 @@ class Service:
 
     def note(self, kind: str, started: float) -> None:
         t = self.llm.last_turn
-        log.info("%s: %d tokens reused, %d decoded, %d forgotten, %d compactions, %d recalled; %d cells resident, "
-                 "%d archived; %.2f s", kind, t.reused, t.decoded, t.forgotten, t.events, t.recalled,
-                 self.llm.resident_cells(), self.llm.archived_cells(), time.perf_counter() - started)
+        log.info(
+            "%s: %d tokens reused, %d decoded, %d forgotten, %d compactions, %d recalled; %d cells resident, "
+            "%d archived; %.2f s",
+            kind,
+            t.reused,
+            t.decoded,
+            t.forgotten,
+            t.events,
+            t.recalled,
+            self.llm.resident_cells(),
+            self.llm.archived_cells(),
+            time.perf_counter() - started,
+        )
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -219,8 +234,9 @@ def make_server(llm: Any, host: str, port: int, model_name: str, max_tokens: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m flashcache.server", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m flashcache.server", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", "-m", required=True, help="the GGUF file")
     p.add_argument("--n-ctx", "-c", type=int, default=1024, help="the context's cells (default 1024)")
     p.add_argument("--when-full", default="flashcache", choices=["flashcache", "shift", "streaming", "none"])
@@ -240,13 +256,30 @@ def main(argv: list[str] | None = None) -> int:
     from flashcache.llama_cpp import Llama
 
     extra = {"n_threads": args.threads} if args.threads else {}
-    llm = Llama(args.model, n_ctx=args.n_ctx, when_full=args.when_full, n_keep=args.n_keep, recall=args.recall,
-                archive=not args.no_archive, chat_format=args.chat_format, seed=args.seed, verbose=False, **extra)
+    llm = Llama(
+        args.model,
+        n_ctx=args.n_ctx,
+        when_full=args.when_full,
+        n_keep=args.n_keep,
+        recall=args.recall,
+        archive=not args.no_archive,
+        chat_format=args.chat_format,
+        seed=args.seed,
+        verbose=False,
+        **extra,
+    )
     name = args.name or args.model.rsplit("/", 1)[-1]
     server = make_server(llm, args.host, args.port, name, args.max_tokens)
     host, port = server.server_address[:2]
-    log.info("serving %s on http://%s:%d/v1 (%d cells, when full: %s, recall %d)", name, host, port, llm.cells,
-             args.when_full, llm.recall_cells)
+    log.info(
+        "serving %s on http://%s:%d/v1 (%d cells, when full: %s, recall %d)",
+        name,
+        host,
+        port,
+        llm.cells,
+        args.when_full,
+        llm.recall_cells,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

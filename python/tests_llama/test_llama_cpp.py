@@ -76,7 +76,7 @@ def test_a_full_context_without_a_policy_refuses_and_keeps_the_conversation(door
     llm = door.Llama(smollm2, n_ctx=128, when_full="none", verbose=False, n_threads=2, seed=0)
     messages = [SYSTEM, ask(0)]
     messages.append({"role": "assistant", "content": chat(llm, messages, 8)})
-    kept, cells = llm.n_tokens, llm.resident_cells()
+    kept = llm.n_tokens
     long_turn = {"role": "user", "content": " ".join(["tell me more about numbers"] * 60)}
     with pytest.raises(ValueError, match="the context is full"):
         chat(llm, [*messages, long_turn], 8)
