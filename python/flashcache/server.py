@@ -112,6 +112,7 @@ class Service:
         """The llama-cpp-python call for a checked request (its result or chunk iterator) and its settings."""
         opts = sampling(body)
         opts.setdefault("max_tokens", self.max_tokens)
+        opts["model"] = self.model_name
         if kind == "chat":
             messages = chat_messages(body)
             self.check_lengths([(f"messages[{i}].content", m["content"]) for i, m in enumerate(messages)])

@@ -137,6 +137,8 @@ std::string library_path() {
 NB_MODULE(_llama, m) {
   m.doc() = "flashcache's llama.cpp adapter on llama-cpp-python's context; use flashcache.llama_cpp";
   nb::exception<flashcache::Error>(m, "Error", PyExc_ValueError);
+  // A server's Llama (and its Session) may live until the interpreter exits: not a leak.
+  nb::set_leak_warnings(false);
   m.def("library_path", &library_path, "The libllama file this module's llama.cpp symbols come from.");
   m.attr("pinned_commit") = fl::kPinnedLlamaCommit;
 

@@ -63,3 +63,5 @@ class Running:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        with self.server.RequestHandlerClass.service.lock:  # a request still running ends first
+            pass
