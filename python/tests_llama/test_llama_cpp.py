@@ -20,7 +20,7 @@ def chat(llm, messages: list[dict], max_tokens: int = 24) -> str:
 
 @pytest.fixture(scope="module")
 def llm(door, smollm2):
-    model = door.Llama(smollm2, n_ctx=256, verbose=False, n_threads=2, seed=0)
+    model = door.Llama(smollm2, n_ctx=256, verbose=False, n_threads=1, seed=0)
     yield model
     model.close()
 
@@ -28,8 +28,8 @@ def llm(door, smollm2):
 def test_stock_llama_cpp_python_refuses_what_this_one_serves(door, smollm2):
     import llama_cpp
 
-    stock = llama_cpp.Llama(smollm2, n_ctx=256, verbose=False, n_threads=2, seed=0)
-    ours = door.Llama(smollm2, n_ctx=256, verbose=False, n_threads=2, seed=0)
+    stock = llama_cpp.Llama(smollm2, n_ctx=256, verbose=False, n_threads=1, seed=0)
+    ours = door.Llama(smollm2, n_ctx=256, verbose=False, n_threads=1, seed=0)
     messages, refused = [SYSTEM], None
     for n in range(10):
         messages.append(ask(n))
@@ -67,13 +67,13 @@ def test_an_edited_message_is_forgotten_from_its_first_differing_token(door, smo
     edited = [SYSTEM, ask(5), messages[2], ask(1)]  # the first question changed
     reply = chat(llm, edited)
     assert llm.last_turn.forgotten > 0 and llm.last_turn.reused > 0
-    fresh = door.Llama(smollm2, n_ctx=256, verbose=False, n_threads=2, seed=0)
+    fresh = door.Llama(smollm2, n_ctx=256, verbose=False, n_threads=1, seed=0)
     assert chat(fresh, edited) == reply  # greedy: the edit left no trace of the old branch
     fresh.close()
 
 
 def test_a_full_context_without_a_policy_refuses_and_keeps_the_conversation(door, smollm2):
-    llm = door.Llama(smollm2, n_ctx=128, when_full="none", verbose=False, n_threads=2, seed=0)
+    llm = door.Llama(smollm2, n_ctx=128, when_full="none", verbose=False, n_threads=1, seed=0)
     messages = [SYSTEM, ask(0)]
     messages.append({"role": "assistant", "content": chat(llm, messages, 8)})
     kept = llm.n_tokens
@@ -111,7 +111,7 @@ def test_saved_states_are_refused_by_name(llm):
 def test_gemma3_sliding_window_layers_go_past_the_context(door, gemma3):
     with pytest.raises(ValueError, match="keep their last 512 positions"):
         door.Llama(gemma3, n_ctx=512, verbose=False)
-    llm = door.Llama(gemma3, n_ctx=1024, verbose=False, n_threads=2, seed=0)
+    llm = door.Llama(gemma3, n_ctx=1024, verbose=False, n_threads=1, seed=0)
     passage = " ".join(f"Item {i} of the list is a word that matters to nobody in particular." for i in range(12))
     messages = []
     for n in range(8):

@@ -16,7 +16,7 @@ openai = pytest.importorskip("openai", reason="the openai package is not install
 
 @pytest.fixture(scope="module")
 def server(door, smollm2):
-    llm = door.Llama(smollm2, n_ctx=1024, verbose=False, n_threads=2, seed=0)
+    llm = door.Llama(smollm2, n_ctx=1024, verbose=False, n_threads=1, seed=0)
     running = Running(llm, max_tokens=32)
     yield running
     running.stop()

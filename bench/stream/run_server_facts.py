@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""The 20-turn facts chat (run_chat_facts.py, chat_split.json) through flashcache.server with the
+openai client, beside the C++ chat program on the same turns in the same run: facts found, wall
+time per turn (the Python layer's overhead as a ratio) and time to first token per turn with the
+full cache and with compression. Nothing is chosen here: the server's defaults are the chat's.
+
+  PYTHONPATH=build/python python3 bench/stream/run_server_facts.py --chat build/bench/llama_cpp/flashcache_chat \
+      --out bench/results/server_facts.json
+"""
+
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import run_chat_facts as chat  # this folder: sys.path[0] for a script
+import run_stream as rs
+
+SERVER_ROWS = {
+    # name: (cells, the server's options)
+    "server: full cache": (8192, ["--when-full", "none"]),
+    "server: flashcache + archive and recall (defaults)": (1024, []),
+    "server: flashcache, no recall": (1024, ["--recall", "0"]),
+}
+CHAT_ROW = "flashcache + archive and recall"  # the C++ chat's row of the same policy
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args, cells, options):
+    port = free_port()
+    cmd = [sys.executable, "-m", "flashcache.server", "-m", args.model, "-c", str(cells), "-t", str(args.threads),
+           "--port", str(port), "--max-tokens", "32", *options]
+    proc = subprocess.Popen(cmd, stderr=open(os.path.join(args.work, f"server_{port}.log"), "w"))
+    url = f"http://127.0.0.1:{port}/v1"
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(url + "/models", timeout=1).read()
+            return proc, url
+        except OSError:
+            if proc.poll() is not None:
+                raise SystemExit(f"the server stopped: {' '.join(cmd)}") from None
+            time.sleep(0.2)
+    raise SystemExit("the server did not start in 120 s")
+
+
+def run_server(args, url, turns):
+    """Each turn streamed (greedy, 32 tokens at most): replies, time to first token, turn time."""
+    import openai
+
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=3600)
+    messages, replies, ttft, turn_s = [], [], [], []
+    for text in turns:
+        messages.append({"role": "user", "content": text})
+        t0 = time.perf_counter()
+        first, parts = None, []
+        for c in client.chat.completions.create(model="m", messages=messages, temperature=0, max_tokens=32,
+                                                stream=True):
+            piece = c.choices[0].delta.content or "" if c.choices else ""
+            if piece and first is None:
+                first = time.perf_counter() - t0
+            parts.append(piece)
+        turn_s.append(time.perf_counter() - t0)
+        ttft.append(first if first is not None else turn_s[-1])
+        replies.append("".join(parts))
+        messages.append({"role": "assistant", "content": replies[-1]})
+    return replies, ttft, turn_s
+
+
+def main():
+    args = rs.study_args(__doc__, "server_facts.json", "/tmp/flashcache_server_facts")
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat_split.json")) as f:
+        doc = json.load(f)
+    words = 100  # run_chat_facts.py's precondition chose 100-word passages (bench/results/llama_chat_facts.json)
+    rows = []
+    for split_chat in doc["chats"]:
+        turns, asks = chat.script(doc, split_chat, words)
+        t0 = time.time()
+        d = chat.run(args, CHAT_ROW, turns, doc["cells"])
+        found = [code in d["replies"][i] for i, code in asks]
+        rows.append({"split": split_chat["split"], "row": f"C++ chat: {CHAT_ROW}", "cells": doc["cells"],
+                     "found": sum(found), "of": len(found), "found_by_turn": found,
+                     "answers": [d["replies"][i] for i, _ in asks], "wall_s": round(time.time() - t0, 2),
+                     "turn_s": None, "ttft_s": None})
+        print(f"{split_chat['split']} C++ chat: {sum(found)}/5 in {rows[-1]['wall_s']} s", file=sys.stderr, flush=True)
+        for name, (cells, options) in SERVER_ROWS.items():
+            proc, url = start_server(args, cells, options)
+            try:
+                t0 = time.time()
+                replies, ttft, turn_s = run_server(args, url, turns)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=60)
+            found = [code in replies[i] for i, code in asks]
+            rows.append({"split": split_chat["split"], "row": name, "cells": cells, "found": sum(found),
+                         "of": len(found), "found_by_turn": found, "answers": [replies[i] for i, _ in asks],
+                         "wall_s": round(time.time() - t0, 2), "turn_s": [round(t, 4) for t in turn_s],
+                         "ttft_s": [round(t, 4) for t in ttft]})
+            print(f"{split_chat['split']} {name}: {sum(found)}/5 in {rows[-1]['wall_s']} s", file=sys.stderr,
+                  flush=True)
+    out = {"command": "python3 bench/stream/run_server_facts.py --chat build/bench/llama_cpp/flashcache_chat",
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "split": "bench/stream/chat_split.json", "threads": args.threads, "passage_words": words,
+           "machine": f"{os.cpu_count()} CPUs", "rows": rows}
+    rs.write_json(args.out, out)
+
+
+if __name__ == "__main__":
+    main()
