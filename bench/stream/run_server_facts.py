@@ -2,7 +2,10 @@
 """The 20-turn facts chat (run_chat_facts.py, chat_split.json) through flashcache.server with the
 openai client, beside the C++ chat program on the same turns in the same run: facts found, wall
 time per turn (the Python layer's overhead as a ratio) and time to first token per turn with the
-full cache and with compression. Nothing is chosen here: the server's defaults are the chat's.
+full cache and with compression. Nothing is chosen here: the server's defaults are the chat's. The
+server formats the chat as the C++ program does (`--chat-format llama.cpp`: llama.cpp's own
+formatting of the model's template); llama-cpp-python's Jinja rendering of SmolLM2's template adds a
+default system prompt, and the same turns then differ.
 
   PYTHONPATH=build/python python3 bench/stream/run_server_facts.py --chat build/bench/llama_cpp/flashcache_chat \
       --out bench/results/server_facts.json
@@ -26,7 +29,10 @@ SERVER_ROWS = {
     "server: flashcache + archive and recall (defaults)": (1024, []),
     "server: flashcache, no recall": (1024, ["--recall", "0"]),
 }
-CHAT_ROW = "flashcache + archive and recall"  # the C++ chat's row of the same policy
+# The C++ chat's row of the same policy: its defaults (archive in position order, recall 64; the
+# stage-5 choice of run_order.py, not run_chat_facts.py's stage-4 eviction order).
+CHAT_ROW = "flashcache + archive and recall (defaults)"
+chat.POLICIES[CHAT_ROW] = ["--when-full", "flashcache"]
 
 
 def free_port():
@@ -38,7 +44,7 @@ def free_port():
 def start_server(args, cells, options):
     port = free_port()
     cmd = [sys.executable, "-m", "flashcache.server", "-m", args.model, "-c", str(cells), "-t", str(args.threads),
-           "--port", str(port), "--max-tokens", "32", *options]
+           "--port", str(port), "--max-tokens", "32", "--chat-format", "llama.cpp", *options]
     proc = subprocess.Popen(cmd, stderr=open(os.path.join(args.work, f"server_{port}.log"), "w"))
     url = f"http://127.0.0.1:{port}/v1"
     for _ in range(600):

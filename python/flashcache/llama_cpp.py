@@ -44,6 +44,10 @@ import numpy as np
 log = logging.getLogger("flashcache.llama_cpp")
 
 PINNED_LLAMA_CPP_PYTHON = "0.3.36"
+# chat_format: llama.cpp's own formatting of the model's template (llama_chat_apply_template, as
+# llama.cpp's simple-chat and llama-server without --jinja apply it) instead of llama-cpp-python's
+# Jinja rendering of it, which may add text (SmolLM2's adds a default system prompt).
+LLAMA_CPP_TEMPLATE = "llama.cpp"
 WHEN_FULL = ("flashcache", "shift", "streaming", "none")
 
 
@@ -64,6 +68,29 @@ def _door() -> Any:
             f"llama_cpp loaded {theirs}; rebuild flashcache against this llama-cpp-python"
         )
     return _llama
+
+
+def llama_cpp_chat_handler(llm: Any) -> Any:
+    """A chat handler that formats messages with llama.cpp's built-in template for the model."""
+    from llama_cpp import llama_chat_format
+
+    template = llama_cpp.llama_model_chat_template(llm._model.model, None)
+    if template is None:
+        raise ValueError('flashcache.llama_cpp: chat_format="llama.cpp": the model has no chat template')
+
+    def format_messages(messages: list[dict], **_: Any) -> Any:
+        chat = (llama_cpp.llama_chat_message * len(messages))()
+        contents = [(m["role"].encode(), (m.get("content") or "").encode()) for m in messages]
+        for i, (role, content) in enumerate(contents):
+            chat[i].role, chat[i].content = role, content
+        size = llama_cpp.llama_chat_apply_template(template, chat, len(messages), True, None, 0)
+        if size < 0:
+            raise ValueError("flashcache.llama_cpp: llama.cpp does not know this model's chat template")
+        buf = ctypes.create_string_buffer(size + 1)
+        llama_cpp.llama_chat_apply_template(template, chat, len(messages), True, buf, size + 1)
+        return llama_chat_format.ChatFormatterResponse(prompt=buf.value.decode("utf-8"))  # BOS as the vocab says
+
+    return llama_chat_format.chat_formatter_to_chat_completion_handler(format_messages)
 
 
 class ContextOverflow(ValueError):
@@ -127,6 +154,9 @@ class Llama(llama_cpp.Llama):
         if n_ctx < 64:
             raise ValueError(f"flashcache.llama_cpp: n_ctx {n_ctx} (at least 64 cells)")
         door = _door()
+        builtin_template = kwargs.get("chat_format") == LLAMA_CPP_TEMPLATE
+        if builtin_template:
+            kwargs.pop("chat_format")
         # A long prompt goes in pieces that each fit the room the manager makes.
         kwargs.setdefault("n_batch", min(512, n_ctx // 4))
         kwargs.setdefault("n_ubatch", kwargs["n_batch"])
@@ -145,6 +175,8 @@ class Llama(llama_cpp.Llama):
         params.when_full, params.n_keep, params.target = when_full, n_keep, target
         params.archive, params.recall, params.threads = archive, self._recall, threads
         self._session.init(ctypes.cast(self._ctx.ctx, ctypes.c_void_p).value, params)
+        if builtin_template:
+            self.chat_handler = llama_cpp_chat_handler(self)
         self.when_full, self.n_keep, self.recall_cells = when_full, n_keep, self._recall
         self.cells = self._session.cap
         # The conversation has no length limit here; the context's cells are `cells`.
@@ -249,10 +281,13 @@ class Llama(llama_cpp.Llama):
             self.last_turn.recalled = stats["recalled"]
             if stats["recalled"]:
                 log.info(
-                    "recalled %d of %d archived cells (%d displaced)",
+                    "recalled %d of %d archived cells by %d queries (%d displaced, %d redecoded), %.0f ms",
                     stats["recalled"],
                     stats["archive_tokens"],
+                    stats["queries"],
                     stats["displaced"],
+                    stats["redecoded"],
+                    stats["ms"],
                 )
         return len(new) - head
 

@@ -246,7 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-archive", action="store_true", help="flashcache: drop the evicted cells (no recall)")
     p.add_argument("--threads", "-t", type=int, default=None, help="llama.cpp threads (default: llama-cpp-python's)")
     p.add_argument("--max-tokens", type=int, default=512, help="a reply's tokens when a request sets none")
-    p.add_argument("--chat-format", default=None, help="llama-cpp-python's chat format (default: the GGUF's template)")
+    p.add_argument(
+        "--chat-format",
+        default=None,
+        help="llama-cpp-python's chat format (default: its rendering of the "
+        "GGUF's template), or llama.cpp: llama.cpp's own formatting of that template, as llama-server's",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--name", default=None, help="the model's id in /v1/models (default: the file's name)")

@@ -98,7 +98,10 @@ class Session {
     flashcache::throw_if_error(manager_.recall_turn(turn.data(), static_cast<std::int64_t>(turn.size()), &st));
     nb::dict d;
     d["archive_tokens"] = st.archive_tokens;
+    d["queries"] = st.queries;
     d["recalled"] = st.recalled;
+    d["redecoded"] = st.redecoded;
+    d["ms"] = st.ms;
     d["displaced"] = st.displaced;
     d["cells_after"] = st.cells_after;
     return d;

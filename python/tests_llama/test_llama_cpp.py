@@ -119,3 +119,11 @@ def test_gemma3_sliding_window_layers_go_past_the_context(door, gemma3):
         messages.append({"role": "assistant", "content": chat(llm, messages, 12)})
     assert llm.n_tokens > 1024 and llm.resident_cells() <= 1024
     llm.close()
+
+
+def test_llama_cpps_own_template_formats_the_chat_as_llama_server_does(door, smollm2):
+    llm = door.Llama(smollm2, n_ctx=256, verbose=False, n_threads=1, chat_format="llama.cpp")
+    chat(llm, [{"role": "user", "content": "Hello."}], 2)
+    text = llm.detokenize(list(llm.input_ids[: llm.n_tokens]), special=True).decode()
+    assert text.startswith("<|im_start|>user\nHello.<|im_end|>\n<|im_start|>assistant\n")  # no default system prompt
+    llm.close()

@@ -18,6 +18,7 @@ Each section comes from its own JSON, written by the run that measured it:
   llama_recall.json  bench/stream/run_recall.py           -> llama_recall.py
   llama_chat_facts.json  bench/stream/run_chat_facts.py   -> llama_recall.py
   llama_recall_order.json  bench/stream/run_order.py      -> llama_recall.py
+  server_facts.json  bench/stream/run_server_facts.py     -> server.py
   llama_second_model.json  bench/stream/run_second_model.py  -> llama_second_model.py
   llama_passkey.json       bench/stream/run_passkey_llama.py -> llama_passkey.py
   cpu_simd.json  bench/run_simd.sh                          -> cpu_simd.py
@@ -70,6 +71,7 @@ def main():
                                    ("llama_recall.json", "llama_recall", "render"),
                                    ("llama_chat_facts.json", "llama_recall", "render_chat"),
                                    ("llama_recall_order.json", "llama_recall", "render_order"),
+                                   ("server_facts.json", "server", "render"),
                                    ("llama_second_model.json", "llama_second_model", "render"),
                                    ("llama_passkey.json", "llama_passkey", "render"),
                                    ("cpu_simd.json", "cpu_simd", "render"),
