@@ -59,6 +59,7 @@ def sampling(body: dict) -> dict:
         ("seed", int, 0, None),
         ("presence_penalty", float, -2.0, 2.0),
         ("frequency_penalty", float, -2.0, 2.0),
+        ("repeat_penalty", float, 0.0, 2.0),
     ):
         value = _number(body, name, kind, low, high)
         if value is not None:
@@ -112,6 +113,9 @@ class Service:
         """The llama-cpp-python call for a checked request (its result or chunk iterator) and its settings."""
         opts = sampling(body)
         opts.setdefault("max_tokens", self.max_tokens)
+        # OpenAI's API has no repetition penalty; llama-cpp-python's chat handler applies 1.1 unless told,
+        # which keeps a model from repeating the digits of a number it was asked about.
+        opts.setdefault("repeat_penalty", 1.0)
         opts["model"] = self.model_name
         if kind == "chat":
             messages = chat_messages(body)
@@ -244,7 +248,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-keep", type=int, default=4, help="first cells always kept (default 4)")
     p.add_argument("--recall", type=int, default=64, help="archived cells a turn may bring back (default 64; 0: none)")
     p.add_argument("--no-archive", action="store_true", help="flashcache: drop the evicted cells (no recall)")
-    p.add_argument("--threads", "-t", type=int, default=None, help="llama.cpp threads (default: llama-cpp-python's)")
+    p.add_argument(
+        "--threads",
+        "-t",
+        type=int,
+        default=None,
+        help="llama.cpp threads, for decoding and prompts (default: llama-cpp-python's)",
+    )
     p.add_argument("--max-tokens", type=int, default=512, help="a reply's tokens when a request sets none")
     p.add_argument(
         "--chat-format",
@@ -252,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         help="llama-cpp-python's chat format (default: its rendering of the "
         "GGUF's template), or llama.cpp: llama.cpp's own formatting of that template, as llama-server's",
     )
+    p.add_argument("--batch", type=int, default=None, help="tokens per decode (default: a quarter of -c, at most 512)")
+    p.add_argument("--flash-attn", action="store_true", help="llama.cpp's flash attention (llama-cpp-python: off)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--name", default=None, help="the model's id in /v1/models (default: the file's name)")
@@ -261,7 +273,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from flashcache.llama_cpp import Llama
 
-    extra = {"n_threads": args.threads} if args.threads else {}
+    extra = {"n_threads": args.threads, "n_threads_batch": args.threads} if args.threads else {}
+    if args.batch:
+        extra.update(n_batch=args.batch, n_ubatch=args.batch)
+    if args.flash_attn:
+        extra["flash_attn"] = True
     llm = Llama(
         args.model,
         n_ctx=args.n_ctx,
