@@ -350,23 +350,7 @@ class Llama(llama_cpp.Llama):
         # The turn and its reply stay resident together: the reply ends when they would not fit.
         reply_room = self.cells - self.n_keep - 1 - self._recall - turn
         for _ in range(max(reply_room, 1)):
-            token = self.sample(
-                top_k=top_k,
-                top_p=top_p,
-                min_p=min_p,
-                typical_p=typical_p,
-                temp=temp,
-                repeat_penalty=repeat_penalty,
-                frequency_penalty=frequency_penalty,
-                presence_penalty=presence_penalty,
-                tfs_z=tfs_z,
-                mirostat_mode=mirostat_mode,
-                mirostat_tau=mirostat_tau,
-                mirostat_eta=mirostat_eta,
-                logits_processor=logits_processor,
-                grammar=grammar,
-                penalize_nl=penalize_nl,
-            )
+            token = self.sample()  # with the sampler made above
             if stopping_criteria is not None:
                 last = llama_cpp.llama_get_logits_ith(self._ctx.ctx, -1)
                 logits = np.ctypeslib.as_array(last, shape=(self._n_vocab,))
