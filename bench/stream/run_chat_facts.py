@@ -15,9 +15,9 @@ import subprocess
 import sys
 import time
 
+import run_stream as rs
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import run_stream as rs  # noqa: E402
 
 POLICIES = {
     "full": ["--when-full", "none"],

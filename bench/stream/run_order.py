@@ -10,11 +10,11 @@ import json
 import os
 import sys
 
+import run_chat_facts as chat
+import run_recall as recall
+import run_stream as rs
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import run_chat_facts as chat  # noqa: E402
-import run_recall as recall  # noqa: E402
-import run_stream as rs  # noqa: E402
 
 
 def main():

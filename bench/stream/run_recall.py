@@ -17,9 +17,9 @@ import platform
 import random
 import sys
 
+import run_stream as rs  # the stream study's runner, tokenizer and facts
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import run_stream as rs  # noqa: E402  (the stream study's runner, tokenizer and facts)
 
 QUESTION = "\n\nQuestion: what is the secret code of the archive?\nAnswer: The secret code of the archive is"
 BUDGETS, BLOCKS = (16, 32, 64), (8, 16, 32)
