@@ -93,6 +93,28 @@ def llama_cpp_chat_handler(llm: Any) -> Any:
     return llama_chat_format.chat_formatter_to_chat_completion_handler(format_messages)
 
 
+@contextlib.contextmanager
+def model_params_without_extra_buffers() -> Generator[None, None, None]:
+    """llama-cpp-python's Llama made inside this block loads its weights without llama.cpp's extra
+    buffer types (weight repacking, AMX). The pip package's ggml is built for the machine that built
+    it; on a VM whose CPU lists AMX without allowing it, the repacked kernels die with SIGILL at the
+    first matrix product (the project's C++ programs turn them off for the same reason). llama-cpp-
+    python sets no such option, so its default parameters are wrapped for the duration."""
+    module = llama_cpp.llama_cpp
+    original = module.llama_model_default_params
+
+    def without_extra_buffers() -> Any:
+        params = original()
+        params.use_extra_bufts = False
+        return params
+
+    module.llama_model_default_params = without_extra_buffers
+    try:
+        yield
+    finally:
+        module.llama_model_default_params = original
+
+
 class ContextOverflow(ValueError):
     """New tokens that cannot be one turn of this context (``limit`` says how many can)."""
 
@@ -130,6 +152,8 @@ class Llama(llama_cpp.Llama):
             archive is dropped, counted).
         recall: archived cells a new turn may bring back (default 64; 0: none).
         threads: scoring threads (default: the context's).
+        extra_buffer_types: llama.cpp's weight repacking (AMX and others) as llama-cpp-python would use
+            it; off by default (see model_params_without_extra_buffers).
     """
 
     def __init__(
@@ -143,6 +167,7 @@ class Llama(llama_cpp.Llama):
         archive: bool = True,
         recall: int = 64,
         threads: int = 0,
+        extra_buffer_types: bool = False,
         **kwargs: Any,
     ) -> None:
         self._stack = contextlib.ExitStack()  # what llama_cpp.Llama.__del__ closes, should a check below refuse
@@ -160,7 +185,11 @@ class Llama(llama_cpp.Llama):
         # A long prompt goes in pieces that each fit the room the manager makes.
         kwargs.setdefault("n_batch", min(512, n_ctx // 4))
         kwargs.setdefault("n_ubatch", kwargs["n_batch"])
-        super().__init__(model_path, n_ctx=n_ctx, **kwargs)
+        if extra_buffer_types:
+            super().__init__(model_path, n_ctx=n_ctx, **kwargs)
+        else:
+            with model_params_without_extra_buffers():
+                super().__init__(model_path, n_ctx=n_ctx, **kwargs)
         n_swa = llama_cpp.llama_model_n_swa(self._model.model)
         if when_full != "none" and n_swa > 0 and round(target * self.n_ctx()) <= n_swa:
             raise ValueError(
