@@ -128,3 +128,23 @@ def test_llama_cpps_own_template_formats_the_chat_as_llama_server_does(door, smo
     text = llm.detokenize(list(llm.input_ids[: llm.n_tokens]), special=True).decode()
     assert text.startswith("<|im_start|>user\nHello.<|im_end|>\n<|im_start|>assistant\n")  # no default system prompt
     llm.close()
+
+
+def test_while_the_context_has_room_replies_equal_stock_llama_cpp_pythons(door, smollm2):
+    import llama_cpp
+
+    settings = dict(n_ctx=1024, verbose=False, n_threads=1, seed=0)
+    with door.model_params_without_extra_buffers():
+        stock = llama_cpp.Llama(smollm2, **settings)
+    stock.chat_handler = door.llama_cpp_chat_handler(stock)
+    ours = door.Llama(smollm2, chat_format="llama.cpp", **settings)
+    theirs, mine = [SYSTEM], [SYSTEM]
+    for n in range(4):
+        theirs.append(ask(n))
+        mine.append(ask(n))
+        theirs.append({"role": "assistant", "content": chat(stock, theirs, 16)})
+        mine.append({"role": "assistant", "content": chat(ours, mine, 16)})
+    assert mine == theirs  # greedy, turn by turn: the prefix reuse and the manager change nothing
+    assert ours.last_turn.reused > 0
+    stock.close()
+    ours.close()
