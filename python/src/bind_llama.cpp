@@ -31,10 +31,10 @@ struct SessionParams {
   std::int64_t n_cells = 0;
   std::int64_t n_keep = 4;
   double target = 0.75;
-  bool archive = true;        // flashcache: evicted cells kept for recall (positions kept)
-  std::int64_t recall = 64;   // cells a new turn may bring back (with the archive); 0: none
-  std::int64_t max_pos = 0;   // 0: the model's training length - 1, then a restart
-  int threads = 0;            // scoring threads; 0: the context's
+  bool archive = true;       // flashcache: evicted cells kept for recall (positions kept)
+  std::int64_t recall = 64;  // cells a new turn may bring back (with the archive); 0: none
+  std::int64_t max_pos = 0;  // 0: the model's training length - 1, then a restart
+  int threads = 0;           // scoring threads; 0: the context's
 };
 
 // One conversation on one llama_context: the capture that takes the turn's queries
@@ -47,12 +47,14 @@ class Session {
 
   void init(std::uintptr_t ctx_address, const SessionParams& sp) {
     auto* ctx = reinterpret_cast<llama_context*>(ctx_address);
-    if (ctx == nullptr) throw flashcache::Error(flashcache::make_error(flashcache::Errc::invalid_option,
-                                                                       "flashcache.llama_cpp: a null llama_context"));
+    if (ctx == nullptr)
+      throw flashcache::Error(
+          flashcache::make_error(flashcache::Errc::invalid_option, "flashcache.llama_cpp: a null llama_context"));
     fl::ContextParams p = fl::context_default_params();
     if (!fl::parse_when_full(sp.when_full, &p.when_full))
-      throw flashcache::Error(flashcache::make_error(flashcache::Errc::invalid_option, "flashcache.llama_cpp: when_full '",
-                                                     sp.when_full, "' is not flashcache, shift, streaming or none"));
+      throw flashcache::Error(flashcache::make_error(flashcache::Errc::invalid_option,
+                                                     "flashcache.llama_cpp: when_full '", sp.when_full,
+                                                     "' is not flashcache, shift, streaming or none"));
     p.n_cells = sp.n_cells;
     p.n_keep = sp.n_keep;
     p.target = sp.target;
@@ -117,9 +119,7 @@ class Session {
   std::int64_t cap() const { return manager_.cap(); }
   std::int64_t events() const { return manager_.events(); }
   std::int64_t archive_tokens() const { return manager_.archive().tokens(); }
-  std::int64_t pos_max() const {
-    return ctx_ == nullptr ? -1 : llama_memory_seq_pos_max(llama_get_memory(ctx_), 0);
-  }
+  std::int64_t pos_max() const { return ctx_ == nullptr ? -1 : llama_memory_seq_pos_max(llama_get_memory(ctx_), 0); }
   std::vector<std::int32_t> recalled() const { return {manager_.recalled().begin(), manager_.recalled().end()}; }
 
  private:

@@ -205,15 +205,15 @@ class ContextManager {
     std::int64_t cells_left = base_cells_;  // the cells below pos, known before anything changes
     if (pos <= base_pos_max_) {             // inside what the last event left: count in the state
       SequenceState state;
-      FLASHCACHE_RETURN_IF_ERROR(
-          state.read_unchecked(ctx_, seq_, detail::state_sections(llama_get_model(ctx_))));
+      FLASHCACHE_RETURN_IF_ERROR(state.read_unchecked(ctx_, seq_, detail::state_sections(llama_get_model(ctx_))));
       const std::vector<llama_pos>& cell_pos = state.state().pos;
       cells_left = std::count_if(cell_pos.begin(), cell_pos.end(), [pos](llama_pos q) { return q < pos; });
     }
     if (hi >= pos && !llama_memory_seq_rm(mem, seq_, pos, -1))
       return make_error(Errc::unsupported, "llama: the memory refused to remove sequence ", seq_,
                         "'s cells from position ", pos);
-    if (!blocks.empty()) FLASHCACHE_RETURN_IF_ERROR(archive_.erase(blocks.data(), static_cast<std::int64_t>(blocks.size())));
+    if (!blocks.empty())
+      FLASHCACHE_RETURN_IF_ERROR(archive_.erase(blocks.data(), static_cast<std::int64_t>(blocks.size())));
     if (pos <= base_pos_max_) {
       base_cells_ = cells_left;
       base_pos_max_ = llama_memory_seq_pos_max(mem, seq_);
