@@ -71,11 +71,25 @@ class FlashCachePress(ScorerPress):
     With ``Options.with_query_tail()`` (``options.score.query`` is ``tail``) the prompt's queries
     inform the score: the press recomputes the layer's queries from its input, raises the keys'
     tails from the last ones (``query_tails``, the library's chosen feed) and mixes them in. That is
-    the query-aware protocol's row, where the question is part of what is compressed.
+    the query-aware protocol's row, where the question is part of what is compressed. A sliding-window
+    layer (Gemma 2 and 3) is refused by name: FlashCacheModelPress compresses such models.
     """
 
     compression_ratio: float = 0.0
     options: Options = field(default_factory=Options)
+
+    def compress(
+        self, module: Any, hidden_states: Any, keys: torch.Tensor, values: torch.Tensor, attentions: Any, kwargs: dict
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # kvpress hooks a sliding-window layer (Gemma 2 and 3) unless the model is
+        # Gemma3ForConditionalGeneration. Compressing it garbles the answers, and leaving it alone
+        # gives the layers cache lengths that the decoder's attention mask does not follow: refused.
+        if getattr(module, "is_sliding", False):
+            raise ValueError(
+                "FlashCachePress: a sliding-window layer (this model's per-layer hooks reach it); "
+                "use FlashCacheModelPress(compact=True), which compresses the global layers only"
+            )
+        return super().compress(module, hidden_states, keys, values, attentions, kwargs)
 
     @torch.no_grad()
     def score(

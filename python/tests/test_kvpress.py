@@ -30,6 +30,16 @@ def test_the_press_keeps_exactly_the_librarys_choice():
             assert rows == {tuple(r.tolist()) for r in k[0, h, expect[h]]}
 
 
+def test_a_sliding_window_layer_is_refused_by_name():
+    class Sliding:
+        is_sliding = True
+
+    keys, values = torch.randn(1, 2, 300, 16), torch.randn(1, 2, 300, 16)
+    press = FlashCachePress(compression_ratio=0.75)
+    with pytest.raises(ValueError, match="a sliding-window layer"):
+        press.compress(Sliding(), None, keys, values, None, {})
+
+
 def test_the_model_press_masks_or_compacts_and_both_decode_alike():
     model = tiny_llama()
     torch.manual_seed(5)
