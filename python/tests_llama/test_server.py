@@ -146,3 +146,20 @@ def test_bodies_that_are_not_json_objects_and_unknown_paths(server):
     assert status == 400 and "a JSON object" in payload["error"]["message"]
     status, payload = post(server, "/v1/embeddings", b"{}")
     assert status == 404
+
+
+def test_gemma3_through_the_server_past_its_context(door, gemma3):
+    llm = door.Llama(gemma3, n_ctx=1024, verbose=False, n_threads=1, seed=0)
+    running = Running(llm, max_tokens=12)
+    try:
+        client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=600)
+        passage = " ".join(f"Line {i} of the log says that nothing happened at all." for i in range(12))
+        messages = []
+        for n in range(7):
+            messages.append({"role": "user", "content": f"{passage} Turn {n}: which line is first?"})
+            messages.append({"role": "assistant", "content": reply(client, messages, max_tokens=12)})
+        assert llm.n_tokens > 1024 and llm.resident_cells() <= 1024
+        assert llm.last_turn.reused > 0
+    finally:
+        running.stop()
+        llm.close()
