@@ -43,12 +43,10 @@ import numpy as np
 
 log = logging.getLogger("flashcache.llama_cpp")
 
-PINNED_LLAMA_CPP_PYTHON = "0.3.36"
 # chat_format: llama.cpp's own formatting of the model's template (llama_chat_apply_template, as
 # llama.cpp's simple-chat and llama-server without --jinja apply it) instead of llama-cpp-python's
 # Jinja rendering of it, which may add text (SmolLM2's adds a default system prompt).
 LLAMA_CPP_TEMPLATE = "llama.cpp"
-WHEN_FULL = ("flashcache", "shift", "streaming", "none")
 
 
 def _door() -> Any:
@@ -68,6 +66,10 @@ def _door() -> Any:
             f"llama_cpp loaded {theirs}; rebuild flashcache against this llama-cpp-python"
         )
     return _llama
+
+
+_door_module = _door()  # importing this module says so when flashcache was built without its door
+WHEN_FULL = _door_module.when_full_choices  # the C++ policies' names, from their one table
 
 
 def llama_cpp_chat_handler(llm: Any) -> Any:
@@ -113,17 +115,6 @@ def model_params_without_extra_buffers() -> Generator[None, None, None]:
         yield
     finally:
         module.llama_model_default_params = original
-
-
-class ContextOverflow(ValueError):
-    """New tokens that cannot be one turn of this context (``limit`` says how many can)."""
-
-    def __init__(self, tokens: int, limit: int, cells: int) -> None:
-        super().__init__(
-            f"{tokens} new tokens in one turn; this context of {cells} cells takes at most {limit} "
-            "(the first n_keep cells and a quarter of the cells for the reply stay outside the turn)"
-        )
-        self.tokens, self.limit, self.cells = tokens, limit, cells
 
 
 @dataclass
@@ -178,7 +169,6 @@ class Llama(llama_cpp.Llama):
                 raise ValueError(f"flashcache.llama_cpp: {name} is not supported with a compressing context")
         if n_ctx < 64:
             raise ValueError(f"flashcache.llama_cpp: n_ctx {n_ctx} (at least 64 cells)")
-        door = _door()
         builtin_template = kwargs.get("chat_format") == LLAMA_CPP_TEMPLATE
         if builtin_template:
             kwargs.pop("chat_format")
@@ -196,17 +186,17 @@ class Llama(llama_cpp.Llama):
                 f"flashcache.llama_cpp: this model's sliding-window layers keep their last {n_swa} positions, "
                 f"more than {target} of {self.n_ctx()} cells: use n_ctx above {int(n_swa / target)}"
             )
-        self._session = door.Session()
-        self._recall = recall if (when_full == "flashcache" and archive) else 0
-        if self._recall > 0:  # the turn's queries come through cb_eval, set when the context is made
+        self._session = _door_module.Session()
+        self.recall_cells = recall if (when_full == "flashcache" and archive) else 0
+        if self.recall_cells > 0:  # the turn's queries come through cb_eval, set when the context is made
             self._remake_context_with_capture()
-        params = door.SessionParams()
+        params = _door_module.SessionParams()
         params.when_full, params.n_keep, params.target = when_full, n_keep, target
-        params.archive, params.recall, params.threads = archive, self._recall, threads
+        params.archive, params.recall, params.threads = archive, self.recall_cells, threads
         self._session.init(ctypes.cast(self._ctx.ctx, ctypes.c_void_p).value, params)
         if builtin_template:
             self.chat_handler = llama_cpp_chat_handler(self)
-        self.when_full, self.n_keep, self.recall_cells = when_full, n_keep, self._recall
+        self.when_full, self.n_keep = when_full, n_keep
         self.cells = self._session.cap
         # The conversation has no length limit here; the context's cells are `cells`.
         self._n_ctx = 2**31 - 1
@@ -277,9 +267,10 @@ class Llama(llama_cpp.Llama):
         """History from `index` on is dropped: its cells, and the archive's blocks there."""
         if index >= self.n_tokens:
             return
-        pos = index + self._delta if index >= self._exact_from else 0
-        if index < self._exact_from:
-            index = 0  # positions there were renumbered: start the conversation again
+        if index < self._exact_from:  # positions there were renumbered: start the conversation again
+            index, pos = 0, 0
+        else:
+            pos = index + self._delta
         dropped = self._session.forget_from(pos)
         self.last_turn.forgotten += self.n_tokens - index
         self.last_turn.archive_dropped += dropped
@@ -305,7 +296,7 @@ class Llama(llama_cpp.Llama):
             self.eval(new[:head])
         self._session.begin_turn()
         self.eval(new[head:])
-        if self._recall > 0:
+        if self.recall_cells > 0:
             stats = self._session.recall_turn(new[head:])
             self.last_turn.recalled = stats["recalled"]
             if stats["recalled"]:
@@ -377,7 +368,7 @@ class Llama(llama_cpp.Llama):
         self.last_turn.decoded = len(new)
         turn = self._decode_turn(new)
         # The turn and its reply stay resident together: the reply ends when they would not fit.
-        reply_room = self.cells - self.n_keep - 1 - self._recall - turn
+        reply_room = self.cells - self.n_keep - 1 - self.recall_cells - turn
         for _ in range(max(reply_room, 1)):
             token = self.sample()  # with the sampler made above
             if stopping_criteria is not None:

@@ -101,7 +101,10 @@ class Service:
         """Each message must fit one turn of the context: a 400 naming the limit otherwise."""
         limit = self.llm.turn_limit()
         for where, text in texts:
-            n = len(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+            data = text.encode("utf-8")
+            if len(data) <= limit:  # a token holds one byte at least: no need to tokenize
+                continue
+            n = len(self.llm.tokenize(data, add_bos=False, special=True))
             if n > limit:
                 raise BadRequest(
                     f"{where} is {n} tokens; this server's context of {self.llm.cells} cells takes at most {limit} "
@@ -113,9 +116,6 @@ class Service:
         """The llama-cpp-python call for a checked request (its result or chunk iterator) and its settings."""
         opts = sampling(body)
         opts.setdefault("max_tokens", self.max_tokens)
-        # OpenAI's API has no repetition penalty; llama-cpp-python's chat handler applies 1.1 unless told,
-        # which keeps a model from repeating the digits of a number it was asked about.
-        opts.setdefault("repeat_penalty", 1.0)
         opts["model"] = self.model_name
         if kind == "chat":
             messages = chat_messages(body)
@@ -239,12 +239,14 @@ def make_server(llm: Any, host: str, port: int, model_name: str, max_tokens: int
 
 
 def main(argv: list[str] | None = None) -> int:
+    from flashcache.llama_cpp import WHEN_FULL, Llama
+
     p = argparse.ArgumentParser(
         prog="python -m flashcache.server", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--model", "-m", required=True, help="the GGUF file")
     p.add_argument("--n-ctx", "-c", type=int, default=1024, help="the context's cells (default 1024)")
-    p.add_argument("--when-full", default="flashcache", choices=["flashcache", "shift", "streaming", "none"])
+    p.add_argument("--when-full", default="flashcache", choices=WHEN_FULL)
     p.add_argument("--n-keep", type=int, default=4, help="first cells always kept (default 4)")
     p.add_argument("--recall", type=int, default=64, help="archived cells a turn may bring back (default 64; 0: none)")
     p.add_argument("--no-archive", action="store_true", help="flashcache: drop the evicted cells (no recall)")
@@ -270,8 +272,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-
-    from flashcache.llama_cpp import Llama
 
     extra = {"n_threads": args.threads, "n_threads_batch": args.threads} if args.threads else {}
     if args.batch:

@@ -16,7 +16,6 @@
 #include <flashcache/llama.hpp>
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,10 +50,7 @@ class Session {
       throw flashcache::Error(
           flashcache::make_error(flashcache::Errc::invalid_option, "flashcache.llama_cpp: a null llama_context"));
     fl::ContextParams p = fl::context_default_params();
-    if (!fl::parse_when_full(sp.when_full, &p.when_full))
-      throw flashcache::Error(flashcache::make_error(flashcache::Errc::invalid_option,
-                                                     "flashcache.llama_cpp: when_full '", sp.when_full,
-                                                     "' is not flashcache, shift, streaming or none"));
+    flashcache::throw_if_error(fl::parse_when_full(sp.when_full, &p.when_full));
     p.n_cells = sp.n_cells;
     p.n_keep = sp.n_keep;
     p.target = sp.target;
@@ -70,7 +66,6 @@ class Session {
       }
     }
     flashcache::throw_if_error(manager_.init(ctx, 0, p));
-    ctx_ = ctx;
   }
 
   // Room for n new tokens: the first one's position and what was done (a dict).
@@ -117,15 +112,11 @@ class Session {
 
   std::int64_t cells() const { return manager_.cells(); }
   std::int64_t cap() const { return manager_.cap(); }
-  std::int64_t events() const { return manager_.events(); }
   std::int64_t archive_tokens() const { return manager_.archive().tokens(); }
-  std::int64_t pos_max() const { return ctx_ == nullptr ? -1 : llama_memory_seq_pos_max(llama_get_memory(ctx_), 0); }
-  std::vector<std::int32_t> recalled() const { return {manager_.recalled().begin(), manager_.recalled().end()}; }
 
  private:
   fl::QueryCapture capture_;
   fl::ContextManager manager_;
-  llama_context* ctx_ = nullptr;
 };
 
 // The file this module's libllama symbols come from.
@@ -143,7 +134,9 @@ NB_MODULE(_llama, m) {
   // A server's Llama (and its Session) may live until the interpreter exits: not a leak.
   nb::set_leak_warnings(false);
   m.def("library_path", &library_path, "The libllama file this module's llama.cpp symbols come from.");
-  m.attr("pinned_commit") = fl::kPinnedLlamaCommit;
+  nb::list when_full;  // the policies' names, from their one table (flashcache/llama/context_params.hpp)
+  for (const auto& n : flashcache::EnumNames<fl::WhenFull>::table) when_full.append(n.name);
+  m.attr("when_full_choices") = nb::tuple(when_full);
 
   nb::class_<SessionParams>(m, "SessionParams")
       .def(nb::init<>())
@@ -168,8 +161,5 @@ NB_MODULE(_llama, m) {
       .def("forget_from", &Session::forget_from, nb::arg("pos"))
       .def_prop_ro("cells", &Session::cells)
       .def_prop_ro("cap", &Session::cap)
-      .def_prop_ro("events", &Session::events)
-      .def_prop_ro("archive_tokens", &Session::archive_tokens)
-      .def_prop_ro("pos_max", &Session::pos_max)
-      .def_prop_ro("recalled", &Session::recalled);
+      .def_prop_ro("archive_tokens", &Session::archive_tokens);
 }
