@@ -30,3 +30,16 @@ option(FLASHCACHE_ENGINE_NATIVE "Build the engine's programs and tests with -mar
 if(FLASHCACHE_ENGINE_NATIVE AND FLASHCACHE_HAS_NATIVE_FLAGS)
   target_compile_options(flashcache_engine_core INTERFACE ${FLASHCACHE_NATIVE_FLAGS})
 endif()
+
+# Whether the engine's programs (examples/engine, bench/engine) can be built here: they need OpenMP,
+# CLI11 and nlohmann_json. A function, so that the imported targets land in the calling directory.
+function(flashcache_engine_programs_found out)
+  find_package(OpenMP COMPONENTS CXX QUIET)
+  find_package(CLI11 CONFIG QUIET)
+  find_package(nlohmann_json 3.2 CONFIG QUIET)
+  if(OpenMP_CXX_FOUND AND CLI11_FOUND AND nlohmann_json_FOUND)
+    set(${out} ON PARENT_SCOPE)
+  else()
+    set(${out} OFF PARENT_SCOPE)
+  endif()
+endfunction()
