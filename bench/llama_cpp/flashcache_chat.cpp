@@ -52,7 +52,7 @@ const char* kUsage =
     "         [--seed S] [--when-full flashcache|shift|streaming|none] [--target SHARE] [--no-renumber]\n"
     "         [--window-share SHARE] [--paper | --query-tail] [--archive] [--recall N | --no-recall]\n"
     "         [--archive-block N] [--archive-order eviction|position] [--redo turn|last]\n"
-    "         [--recall-score exact|digest] [--chat-template NAME]\n"
+    "         [--recall-score exact|digest] [--chat-template NAME] [--turn-end close|open]\n"
     "         [-s SYSTEM] [-f FILE [-b CHUNK] [--max-tokens N] [--nll-from TOKEN] [--ask TEXT]] [--json] [--quiet]\n"
     "  without -f: a chat, one user turn per line of standard input\n";
 
@@ -64,6 +64,7 @@ constexpr int kDefaultRecall = 64;
 struct Args {
   std::string model, file, system, ask, redo = "turn", recall_score = "exact", archive_order = "position";
   std::string chat_template;            // empty: the GGUF's
+  std::string turn_end = "close";       // open: a reply's end-of-turn tokens are never decoded
   int recall = -1, archive_block = 32;  // recall -1: kDefaultRecall in flashcache mode, else 0
   bool archive = false;
   int cells = 1024, n_predict = -1, threads = 2, chunk = 128, max_tokens = 0, nll_from = -1;
@@ -142,6 +143,8 @@ bool parse_args(int argc, char** argv, Args* a) {
       a->archive_order = v;
     } else if (k == "--chat-template") {
       a->chat_template = v;
+    } else if (k == "--turn-end") {
+      a->turn_end = v;
     } else if (!number(&x)) {
       return false;
     } else if (k == "-c" || k == "--ctx-size") {
@@ -197,6 +200,10 @@ bool parse_args(int argc, char** argv, Args* a) {
   }
   if (a->archive_order != "eviction" && a->archive_order != "position") {
     std::fprintf(stderr, "flashcache_chat: --archive-order eviction or position, not '%s'\n", a->archive_order.c_str());
+    return false;
+  }
+  if (a->turn_end != "close" && a->turn_end != "open") {
+    std::fprintf(stderr, "flashcache_chat: --turn-end close or open, not '%s'\n", a->turn_end.c_str());
     return false;
   }
   if (!a->ask.empty() && a->file.empty()) {
@@ -392,6 +399,19 @@ std::int64_t system_prompt_tokens(const llama_vocab* vocab, const char* tmpl,
 
 // Generates up to n tokens after the sequence's last (whose logits are the
 // context's last), printing them when `echo`; stops at an end-of-generation token.
+// Where the reply ends in the chat formatted with it: the template's end-of-turn tokens after it
+// go in with the next turn, as the model saw them in training and as a server that re-reads the
+// whole chat decodes them. (llama.cpp's simple-chat example skips them: --turn-end open.)
+std::size_t reply_end(const std::string& prompt, const std::string& reply, const std::string& closed) {
+  if (closed.compare(0, prompt.size(), prompt) == 0 && closed.compare(prompt.size(), reply.size(), reply) == 0)
+    return prompt.size() + reply.size();
+  // A template that trims the reply (Gemma's): from the end of what is left of it.
+  const std::size_t a = reply.find_first_not_of(" \t\n\r"), b = reply.find_last_not_of(" \t\n\r");
+  if (a == std::string::npos) return prompt.size() <= closed.size() ? prompt.size() : closed.size();
+  const std::size_t at = closed.rfind(reply.substr(a, b + 1 - a));
+  return at == std::string::npos ? closed.size() : at + (b + 1 - a);
+}
+
 bool generate(Session* s, llama_sampler* sampler, int n, bool echo, std::string* text) {
   for (int i = 0; i < n; ++i) {
     const llama_token t = llama_sampler_sample(sampler, s->ctx, -1);
@@ -556,11 +576,11 @@ int main(int argc, char** argv) {
         break;
       }
       if (!a.json) std::fputc('\n', stdout);
-      // The reply ends its turn in the template; its closing tokens go in with the next turn.
       turns.push_back(reply);
       msgs.push_back({"assistant", turns.back().c_str()});
       replies.push_back(reply);
-      prev_len = format_chat(tmpl, msgs, false).size();
+      const std::string closed = format_chat(tmpl, msgs, false);
+      prev_len = a.turn_end == "open" ? closed.size() : reply_end(formatted, reply, closed);
     }
   }
 

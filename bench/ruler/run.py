@@ -44,6 +44,16 @@ MODELS = {
 }
 
 
+# Rows kvpress 0.5.5 cannot run on a model (transformers 5.2).
+UNSUPPORTED = {
+    "gemma3": {
+        "kvzip": "KVzipPress refuses Gemma3ForCausalLM",
+        "expected_attention": "its query statistics call Gemma 3's rotary embedding without a layer type",
+        "adakv_expected_attention": "ExpectedAttention's query statistics fail on Gemma 3",
+    },
+}
+
+
 def gguf_path(name: str) -> tuple[str, str]:
     """The folder and file of a model's GGUF, found without importing its package."""
     package, file = MODELS[name]
@@ -127,12 +137,29 @@ def candidate(row: str) -> Callable[[float], Any] | None:
     return lambda r: FlashCacheRecallPress(compression_ratio=r, options=options, **extra)
 
 
+def global_layers_only(press: Any) -> Any:
+    """kvpress's own rule for Gemma 3 (it hooks only the global layers of Gemma3ForConditionalGeneration),
+    applied to a kvpress press on any model with sliding-window layers, as flashcache's presses and the
+    C++ adapter treat them: a sliding layer keeps its window, every row compresses the same layers."""
+    hook = press.forward_hook
+
+    def forward_hook(module: Any, inputs: Any, kwargs: dict, output: Any) -> Any:
+        return output if getattr(module, "is_sliding", False) else hook(module, inputs, kwargs, output)
+
+    press.forward_hook = forward_hook  # the instance's hook is what kvpress registers
+    return press
+
+
 def timed_pipeline(model: Any, tokenizer: Any) -> Any:
     """kvpress's pipeline (with flashcache's recall step) that notes when the prefill and compression
     end (the first answer starts) and how long the recall took."""
+    from flashcache.hf import global_layers
     from flashcache.kvpress_recall import RecallPipeline
 
     class Timed(RecallPipeline):
+        def cells(self, cache: Any) -> int:  # a global layer's (a sliding one holds its window)
+            return cache.get_seq_length(global_layers(self.model, cache)[0])
+
         def _forward(self, input_tensors: dict, **kwargs: Any) -> Any:
             self.times = {"start": time.perf_counter()}
             return super()._forward(input_tensors, **kwargs)
@@ -144,13 +171,13 @@ def timed_pipeline(model: Any, tokenizer: Any) -> Any:
                 start = time.perf_counter()
                 press.recall(self.model, cache, question_ids.to(self.model.device), context_length)
                 self.times["recall"] = time.perf_counter() - start
-                self.times["cells"] = cache.get_seq_length()
+                self.times["cells"] = self.cells(cache)
                 self._recall_press, saved = None, press  # the parent's step would recall again
                 try:
                     return super().generate_answer(question_ids, cache, context_length, max_new_tokens)
                 finally:
                     self._recall_press = saved
-            self.times["cells"] = cache.get_seq_length()
+            self.times["cells"] = self.cells(cache)
             return super().generate_answer(question_ids, cache, context_length, max_new_tokens)
 
     return Timed(model=model, tokenizer=tokenizer)
@@ -231,7 +258,11 @@ def main(argv: list[str] | None = None) -> int:
                 if not r.get("header"):
                     done.add((r["task"], r["seed"], r["length"], r["row"], r["ratio"]))
 
+    refused = [r for r in rows if r in UNSUPPORTED.get(args.model, {})]
+    if refused:
+        raise SystemExit("ruler: leave out " + "; ".join(f"{r} ({UNSUPPORTED[args.model][r]})" for r in refused))
     model, tokenizer = load_model(args.model)
+    sliding = any(getattr(layer.self_attn, "is_sliding", False) for layer in model.model.layers)
     pipe = timed_pipeline(model, tokenizer)
     count = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
     jobs = [(t, s, n, row, (0.0 if row == "full" else r)) for n in args.lengths for s in seeds for t in names
@@ -248,7 +279,10 @@ def main(argv: list[str] | None = None) -> int:
             if key not in samples:
                 samples[key] = tasks.generate(task, seed, length, count, args.split)
             sample = samples[key]
-            result = run_one(pipe, sample, factories[row](ratio), args.protocol)
+            press = factories[row](ratio)
+            if sliding and press is not None and not type(press).__module__.startswith("flashcache"):
+                press = global_layers_only(press)
+            result = run_one(pipe, sample, press, args.protocol)
             record = {"task": task, "seed": seed, "length": length, "row": row, "ratio": ratio,
                       "tokens": count(sample.context + sample.question), "answers": sample.answers, **result}
             f.write(json.dumps(record) + "\n")

@@ -58,8 +58,12 @@ def script(doc, chat, words):
     return turns, asks
 
 
-def run(args, policy, turns, cells):
-    cmd = [args.chat, "-c", str(cells), "-n", "32", "-t", str(args.threads), "--json"] + POLICIES[policy]
+def run(args, policy, turns, cells, turn_end="open"):
+    """One chat-mode run. turn_end "open": each reply's end-of-turn tokens are never decoded, as this
+    study was measured (llama.cpp's simple-chat example does the same); "close" decodes them, as a
+    server that re-reads the formatted chat does (run_server_facts.py)."""
+    cmd = [args.chat, "-c", str(cells), "-n", "32", "-t", str(args.threads), "--json", "--turn-end", turn_end]
+    cmd += POLICIES[policy]
     if args.model:
         cmd += ["-m", args.model]
     t0 = time.time()

@@ -2,8 +2,10 @@
 """The 20-turn facts chat (run_chat_facts.py, chat_split.json) through flashcache.server with the
 openai client, beside the C++ chat program on the same turns in the same run: facts found, wall
 time per turn (the Python layer's overhead as a ratio) and time to first token per turn with the
-full cache and with compression. Nothing is chosen here: the server's defaults are the chat's. The
-server formats the chat as the C++ program does (`--chat-format llama.cpp`: llama.cpp's own
+full cache and with compression, and how many of the 20 replies are the C++ program's word for
+word. Nothing is chosen here: the server's defaults are the chat's. Both decode each reply's
+end-of-turn tokens (the C++ program's --turn-end close). The server formats the chat as the C++
+program does (`--chat-format llama.cpp`: llama.cpp's own
 formatting of the model's template); llama-cpp-python's Jinja rendering of SmolLM2's template adds a
 default system prompt, and the same turns then differ.
 
@@ -93,15 +95,17 @@ def main():
         turns, asks = chat.script(doc, split_chat, words)
         for name, cells in CHAT_ROWS.items():
             t0 = time.time()
-            d = chat.run(args, name, turns, cells)
+            d = chat.run(args, name, turns, cells, turn_end="close")  # the server's stream: replies closed
             found = [code in d["replies"][i] for i, code in asks]
             rows.append({"split": split_chat["split"], "row": f"C++ chat: {name}", "cells": cells,
                          "found": sum(found), "of": len(found), "found_by_turn": found,
                          "answers": [d["replies"][i] for i, _ in asks], "wall_s": round(time.time() - t0, 2),
-                         "turn_s": None, "ttft_s": None})
+                         "turn_s": None, "ttft_s": None, "replies": d["replies"]})
             print(f"{split_chat['split']} C++ chat {name}: {sum(found)}/5 in {rows[-1]['wall_s']} s", file=sys.stderr,
                   flush=True)
-        for name, (cells, options) in SERVER_ROWS.items():
+        cpp = {r["row"][len("C++ chat: "):]: r["replies"] for r in rows if r["split"] == split_chat["split"]
+               and r["row"].startswith("C++ chat: ")}
+        for (name, (cells, options)), twin in zip(SERVER_ROWS.items(), CHAT_ROWS):
             proc, url = start_server(args, cells, options)
             try:
                 t0 = time.time()
@@ -113,7 +117,9 @@ def main():
             rows.append({"split": split_chat["split"], "row": name, "cells": cells, "found": sum(found),
                          "of": len(found), "found_by_turn": found, "answers": [replies[i] for i, _ in asks],
                          "wall_s": round(time.time() - t0, 2), "turn_s": [round(t, 4) for t in turn_s],
-                         "ttft_s": [round(t, 4) for t in ttft]})
+                         "ttft_s": [round(t, 4) for t in ttft], "replies": replies,
+                         # turns whose reply is the C++ program's of the same policy, word for word
+                         "same_replies_as_cpp": sum(a == b for a, b in zip(replies, cpp[twin]))})
             print(f"{split_chat['split']} {name}: {sum(found)}/5 in {rows[-1]['wall_s']} s", file=sys.stderr,
                   flush=True)
     out = {"command": "python3 bench/stream/run_server_facts.py --chat build/bench/llama_cpp/flashcache_chat",

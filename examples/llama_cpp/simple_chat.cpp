@@ -162,7 +162,13 @@ int main(int argc, char** argv) {
     std::printf("\n\033[0m");
     if (!ok) break;
     messages.push_back({"assistant", contents.emplace_back(response).c_str()});
-    prev_len = llama_chat_apply_template(tmpl, messages.data(), messages.size(), false, nullptr, 0);
+    // The next turn is read from the end of this reply, so the template's end-of-turn tokens after
+    // it are decoded with that turn (a template that trims the reply: from the end of the chat).
+    const int closed_len = llama_chat_apply_template(tmpl, messages.data(), messages.size(), false, nullptr, 0);
+    std::string closed(closed_len > 0 ? closed_len : 0, '\0');
+    llama_chat_apply_template(tmpl, messages.data(), messages.size(), false, closed.data(), closed_len);
+    const bool verbatim = closed.compare(0, formatted.size() + response.size(), formatted + response) == 0;
+    prev_len = verbatim ? new_len + static_cast<int>(response.size()) : closed_len;
   }
 
   llama_batch_ext_free(batch);

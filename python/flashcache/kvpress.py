@@ -72,7 +72,8 @@ class FlashCachePress(ScorerPress):
     inform the score: the press recomputes the layer's queries from its input, raises the keys'
     tails from the last ones (``query_tails``, the library's chosen feed) and mixes them in. That is
     the query-aware protocol's row, where the question is part of what is compressed. A sliding-window
-    layer (Gemma 2 and 3) is refused by name: FlashCacheModelPress compresses such models.
+    layer (Gemma 2 and 3) is left alone in a cache made with the model's config (kvpress's own pipeline
+    makes one without it: pass ``cache=DynamicCache(config=model.config)``, or use RecallPipeline).
     """
 
     compression_ratio: float = 0.0
@@ -82,12 +83,18 @@ class FlashCachePress(ScorerPress):
         self, module: Any, hidden_states: Any, keys: torch.Tensor, values: torch.Tensor, attentions: Any, kwargs: dict
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # kvpress hooks a sliding-window layer (Gemma 2 and 3) unless the model is
-        # Gemma3ForConditionalGeneration. Compressing it garbles the answers, and leaving it alone
-        # gives the layers cache lengths that the decoder's attention mask does not follow: refused.
+        # Gemma3ForConditionalGeneration. Such a layer keeps its own window and is left alone, as
+        # kvpress leaves Gemma 3's: the decoder's masks then follow each kind of layer's length when the
+        # cache knows the layer kinds (DynamicCache(config=model.config)); one that does not is refused.
         if getattr(module, "is_sliding", False):
+            cache = kwargs.get("past_key_values")
+            kinds = getattr(cache, "is_sliding", None)
+            if kinds is not None and kinds[module.layer_idx]:
+                return keys, values
             raise ValueError(
-                "FlashCachePress: a sliding-window layer (this model's per-layer hooks reach it); "
-                "use FlashCacheModelPress(compact=True), which compresses the global layers only"
+                f"FlashCachePress: layer {getattr(module, 'layer_idx', '?')} is a sliding-window layer and the "
+                "cache does not know it (the attention masks would miss the compressed global layers): pass "
+                "cache=DynamicCache(config=model.config) to the pipeline, as RecallPipeline does"
             )
         return super().compress(module, hidden_states, keys, values, attentions, kwargs)
 

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from kvpress import BasePress, KVPressTextGenerationPipeline
 from kvpress.utils import compute_n_kept
+from transformers import DynamicCache
 
 from . import hf
 from .kvpress import AfterPrefillPress
@@ -144,12 +145,16 @@ class FlashCacheRecallPress(AfterPrefillPress):
 
 class RecallPipeline(KVPressTextGenerationPipeline):
     """kvpress's text-generation pipeline with the recall step: before each question is decoded,
-    a FlashCacheRecallPress brings back the archived blocks its queries need."""
+    a FlashCacheRecallPress brings back the archived blocks its queries need. Its default cache knows
+    the model's layer kinds, so a model with sliding-window layers (Gemma 3) decodes with its global
+    layers compressed and its sliding ones keeping their window."""
 
     def _forward(
         self, input_tensors: dict, max_new_tokens: int = 50, press: BasePress | None = None, cache: Any = None
     ) -> Any:
         self._recall_press = press if isinstance(press, FlashCacheRecallPress) else None
+        if cache is None:  # kvpress's is DynamicCache(): with the config, masks follow Gemma 3's layer kinds
+            cache = DynamicCache(config=self.model.config)
         try:
             return super()._forward(input_tensors, max_new_tokens=max_new_tokens, press=press, cache=cache)
         finally:

@@ -8,7 +8,8 @@ pytest.importorskip("kvpress", reason="kvpress is not installed: the kvpress tes
 import flashcache as fc  # noqa: E402
 import flashcache.hf as fh  # noqa: E402
 from flashcache.kvpress import FlashCacheModelPress, FlashCachePress  # noqa: E402
-from tiny_model import prefill, tiny_llama  # noqa: E402
+from flashcache.kvpress_recall import FlashCacheRecallPress  # noqa: E402
+from tiny_model import prefill, tiny_gemma3, tiny_llama  # noqa: E402
 
 
 def test_the_press_keeps_exactly_the_librarys_choice():
@@ -30,14 +31,45 @@ def test_the_press_keeps_exactly_the_librarys_choice():
             assert rows == {tuple(r.tolist()) for r in k[0, h, expect[h]]}
 
 
-def test_a_sliding_window_layer_is_refused_by_name():
-    class Sliding:
-        is_sliding = True
-
-    keys, values = torch.randn(1, 2, 300, 16), torch.randn(1, 2, 300, 16)
+def test_gemma3_sliding_layers_keep_their_window_and_the_global_ones_are_compressed():
+    model = tiny_gemma3(window=64)
+    ids, question = torch.randint(0, 256, (1, 300)), torch.randint(0, 256, (1, 6))
     press = FlashCachePress(compression_ratio=0.75)
-    with pytest.raises(ValueError, match="a sliding-window layer"):
-        press.compress(Sliding(), None, keys, values, None, {})
+    with press(model):
+        cache = prefill(model, ids, with_config=True)
+    full = prefill(model, ids, with_config=True)
+    for i in (0, 2):  # sliding: the window, as without the press
+        assert torch.equal(cache.layers[i].keys, full.layers[i].keys)
+    for i in (1, 3):
+        assert cache.layers[i].keys.shape[2] == int(300 * 0.25)
+    # The masks follow each kind of layer: the answer decodes.
+    assert fh.generate(model, cache, question, 300, 4).shape[-1] == 4
+
+
+def test_a_sliding_window_layer_in_a_cache_that_does_not_know_it_is_refused_by_name():
+    press = FlashCachePress(compression_ratio=0.75)
+    with pytest.raises(ValueError, match="layer 0 is a sliding-window layer.*DynamicCache\\(config=model.config\\)"):
+        model = tiny_gemma3()
+        with press(model):
+            prefill(model, torch.randint(0, 256, (1, 100)))
+
+
+def test_recall_on_gemma3_brings_cells_back_to_the_global_layers_only():
+    model = tiny_gemma3(window=64)
+    ids, question = torch.randint(0, 256, (1, 400)), torch.randint(0, 256, (1, 6))
+    press = FlashCacheRecallPress(compression_ratio=0.75)
+    with press(model):
+        cache = prefill(model, ids, with_config=True)
+    window = [cache.layers[i].keys.clone() for i in (0, 2)]
+    resident = cache.layers[1].keys.shape[2]
+    assert press.layers == [1, 3]
+    stats = press.recall(model, cache, question, 400)
+    assert 0 < stats.recalled <= press.recall_budget
+    for i in (1, 3):
+        assert cache.layers[i].keys.shape[2] == resident + stats.recalled <= int(400 * 0.25)
+    for j, i in enumerate((0, 2)):
+        assert torch.equal(cache.layers[i].keys, window[j])
+    assert fh.generate(model, cache, question, 400, 4).shape[-1] == 4
 
 
 def test_the_model_press_masks_or_compacts_and_both_decode_alike():

@@ -78,7 +78,11 @@ def render_chat(doc):
              f"full cache must answer 4 of 5 dev facts; tried 150, 100, 75 words): "
              f"{doc['passage_words'] if doc['passage_words'] else 'none passed'}. The split file records two "
              "earlier dev-only revisions of the script. The recall row keeps the archive in eviction order "
-             "(stage 4); in position order, the default since stage 5, see the next section.", "",
+             "(stage 4); in position order, the default since stage 5, see the next section. Measured with "
+             "each reply's end-of-turn tokens never decoded (`flashcache_chat --turn-end open`, the only stream "
+             "then; llama.cpp's simple-chat example does the same): with them decoded, as the template writes "
+             "them and a server reads them, the full cache answers 0 of 5 at 150, 100 and 75 words (2026-12-06, "
+             "dev; \"Through the server\" below), so these facts measure recall in that stream only.", "",
              "| split | passage words | policy | facts found | avg cells | compactions | recall ms (all turns) | "
              "the turns' own decode ms | cells back | archive MiB (most) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
