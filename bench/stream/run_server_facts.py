@@ -3,8 +3,10 @@
 openai client, beside the C++ chat program on the same turns in the same run: facts found, wall
 time per turn (the Python layer's overhead as a ratio) and time to first token per turn with the
 full cache and with compression, and how many of the 20 replies are the C++ program's word for
-word. Nothing is chosen here: the server's defaults are the chat's. Both decode each reply's
-end-of-turn tokens (the C++ program's --turn-end close). The server formats the chat as the C++
+word. Nothing is chosen here: the server's defaults are the chat's. Two streams: each reply's
+end-of-turn tokens decoded (/v1/chat/completions; the C++ program's --turn-end close), and never
+decoded (the chat studies' stream, where SmolLM2 answers: the chat so far as one raw prompt through
+/v1/completions; --turn-end open). The server formats the chat as the C++
 program does (`--chat-format llama.cpp`: llama.cpp's own
 formatting of the model's template); llama-cpp-python's Jinja rendering of SmolLM2's template adds a
 default system prompt, and the same turns then differ.
@@ -85,6 +87,67 @@ def run_server(args, url, turns):
     return replies, ttft, turn_s
 
 
+# The two streams: "close" (each reply's end-of-turn tokens decoded: /v1/chat/completions, as every
+# OpenAI client sends a chat) and "open" (never decoded: the stream of the 20-turn chat studies, sent
+# as one growing raw prompt through /v1/completions).
+STREAMS = ("close", "open")
+CHATML_TURN = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"  # SmolLM2's template, as llama.cpp writes it
+
+
+def run_server_raw(args, url, turns):
+    """The open stream through /v1/completions: the whole chat so far as the prompt, each reply right
+    after its turn (flashcache_chat --turn-end open decodes the same text)."""
+    import openai
+
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=3600)
+    text, replies, ttft, turn_s = "", [], [], []
+    for turn in turns:
+        text += CHATML_TURN.format(turn)
+        t0 = time.perf_counter()
+        first, parts = None, []
+        for c in client.completions.create(model="m", prompt=text, temperature=0, max_tokens=32, stream=True):
+            piece = c.choices[0].text if c.choices else ""
+            if piece and first is None:
+                first = time.perf_counter() - t0
+            parts.append(piece)
+        turn_s.append(time.perf_counter() - t0)
+        ttft.append(first if first is not None else turn_s[-1])
+        replies.append("".join(parts))
+        text += replies[-1]
+    return replies, ttft, turn_s
+
+
+def run_stream(args, split, stream, turns, asks):
+    """The C++ program's rows, then the server's, on one stream of one split."""
+    rows, tag = [], "" if stream == "close" else " (open turns)"
+    for name, cells in CHAT_ROWS.items():
+        t0 = time.time()
+        d = chat.run(args, name, turns, cells, turn_end=stream)
+        found = [code in d["replies"][i] for i, code in asks]
+        rows.append({"split": split, "stream": stream, "row": f"C++ chat{tag}: {name}", "cells": cells,
+                     "found": sum(found), "of": len(found), "found_by_turn": found,
+                     "answers": [d["replies"][i] for i, _ in asks], "wall_s": round(time.time() - t0, 2),
+                     "turn_s": None, "ttft_s": None, "replies": d["replies"]})
+        print(f"{split} {rows[-1]['row']}: {sum(found)}/5 in {rows[-1]['wall_s']} s", file=sys.stderr, flush=True)
+    for (name, (cells, options)), twin in zip(SERVER_ROWS.items(), rows):
+        proc, url = start_server(args, cells, options)
+        try:
+            t0 = time.time()
+            replies, ttft, turn_s = (run_server if stream == "close" else run_server_raw)(args, url, turns)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+        found = [code in replies[i] for i, code in asks]
+        rows.append({"split": split, "stream": stream, "row": name + tag, "cells": cells, "found": sum(found),
+                     "of": len(found), "found_by_turn": found, "answers": [replies[i] for i, _ in asks],
+                     "wall_s": round(time.time() - t0, 2), "turn_s": [round(t, 4) for t in turn_s],
+                     "ttft_s": [round(t, 4) for t in ttft], "replies": replies,
+                     # turns whose reply is the C++ program's of the same policy and stream, word for word
+                     "same_replies_as_cpp": sum(a == b for a, b in zip(replies, twin["replies"]))})
+        print(f"{split} {rows[-1]['row']}: {sum(found)}/5 in {rows[-1]['wall_s']} s", file=sys.stderr, flush=True)
+    return rows
+
+
 def main():
     args = rs.study_args(__doc__, "server_facts.json", "/tmp/flashcache_server_facts")
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat_split.json")) as f:
@@ -93,35 +156,8 @@ def main():
     rows = []
     for split_chat in doc["chats"]:
         turns, asks = chat.script(doc, split_chat, words)
-        for name, cells in CHAT_ROWS.items():
-            t0 = time.time()
-            d = chat.run(args, name, turns, cells, turn_end="close")  # the server's stream: replies closed
-            found = [code in d["replies"][i] for i, code in asks]
-            rows.append({"split": split_chat["split"], "row": f"C++ chat: {name}", "cells": cells,
-                         "found": sum(found), "of": len(found), "found_by_turn": found,
-                         "answers": [d["replies"][i] for i, _ in asks], "wall_s": round(time.time() - t0, 2),
-                         "turn_s": None, "ttft_s": None, "replies": d["replies"]})
-            print(f"{split_chat['split']} C++ chat {name}: {sum(found)}/5 in {rows[-1]['wall_s']} s", file=sys.stderr,
-                  flush=True)
-        cpp = {r["row"][len("C++ chat: "):]: r["replies"] for r in rows if r["split"] == split_chat["split"]
-               and r["row"].startswith("C++ chat: ")}
-        for (name, (cells, options)), twin in zip(SERVER_ROWS.items(), CHAT_ROWS):
-            proc, url = start_server(args, cells, options)
-            try:
-                t0 = time.time()
-                replies, ttft, turn_s = run_server(args, url, turns)
-            finally:
-                proc.terminate()
-                proc.wait(timeout=60)
-            found = [code in replies[i] for i, code in asks]
-            rows.append({"split": split_chat["split"], "row": name, "cells": cells, "found": sum(found),
-                         "of": len(found), "found_by_turn": found, "answers": [replies[i] for i, _ in asks],
-                         "wall_s": round(time.time() - t0, 2), "turn_s": [round(t, 4) for t in turn_s],
-                         "ttft_s": [round(t, 4) for t in ttft], "replies": replies,
-                         # turns whose reply is the C++ program's of the same policy, word for word
-                         "same_replies_as_cpp": sum(a == b for a, b in zip(replies, cpp[twin]))})
-            print(f"{split_chat['split']} {name}: {sum(found)}/5 in {rows[-1]['wall_s']} s", file=sys.stderr,
-                  flush=True)
+        for stream in STREAMS:
+            rows += run_stream(args, split_chat["split"], stream, turns, asks)
     out = {"command": "python3 bench/stream/run_server_facts.py --chat build/bench/llama_cpp/flashcache_chat",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "split": "bench/stream/chat_split.json", "threads": args.threads, "passage_words": words,

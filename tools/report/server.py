@@ -3,6 +3,10 @@ bench/stream/run_server_facts.py): the 20-turn facts chat through flashcache.ser
 chat program, in the same run."""
 
 
+CHAT_DEFAULT = "flashcache + archive and recall (defaults)"
+SERVER_DEFAULT = "server: flashcache + archive and recall (defaults)"
+
+
 def _mean(values):
     return sum(values) / len(values) if values else 0.0
 
@@ -41,6 +45,15 @@ def render(doc):
             out.append(f"- {split}, full cache: " + (f"the first reply that differs is turn {differ[0] + 1} (not isolated "
                        "further: the server re-reads each reply as text, whose tokens can differ from the generated "
                        "ones, and decodes in other batches)" if differ else "every reply is the C++ program's") + ".")
+    for split in sorted({r["split"] for r in rows}):
+        found = {r["row"]: r["found"] for r in rows if r["split"] == split and r.get("stream") == "open"}
+        cpp, srv = found.get(f"C++ chat (open turns): {CHAT_DEFAULT}"), found.get(f"{SERVER_DEFAULT} (open turns)")
+        if cpp is not None and srv is not None:
+            out.append(f"- {split}, open turns (the chat so far as one raw prompt through `/v1/completions`, each "
+                       f"reply's end-of-turn tokens never decoded): the server's defaults find {srv} of 5, the C++ "
+                       f"program's {cpp} of 5; without recall {found.get('server: flashcache, no recall (open turns)')} "
+                       f"and {found.get('C++ chat (open turns): flashcache, no recall')}; the full cache "
+                       f"{found.get('server: full cache (open turns)')} and {found.get('C++ chat (open turns): full')}.")
     full = [r for r in rows if r["row"] in ("C++ chat: full", "server: full cache")]
     if full and all(r["found"] <= 1 for r in full):
         out.append("- With the full cache neither path finds the facts: with each reply closed by its end-of-turn "
@@ -48,7 +61,8 @@ def render(doc):
                    "full cache, fails), so the facts compare nothing here; the replies column says whether the "
                    "server decodes what the C++ program decodes. The 20-turn chat's sections above were measured "
                    "with `--turn-end open` (llama.cpp's simple-chat example's stream: a reply's end-of-turn tokens "
-                   "never decoded), where the full cache answers 5 of 5.")
+                   "never decoded), where the full cache answers; the open-turn rows send that stream through the "
+                   "server.")
     out += ["", "Wall times include each program's model load. Time to first token is the client's: from "
             "sending the request to the first streamed piece of text.", ""]
     return "\n".join(out)
