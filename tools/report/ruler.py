@@ -2,8 +2,9 @@
 
 One table per (model, protocol, split), laid out as kvpress's leaderboard: rows are methods, columns
 the compression ratios, then the mean over the ratios; niah_multikey_3 apart; the full cache's
-score beside; each row's cost as its prefill-and-compression time over the full row's on the same
-samples (the recall row adds the question's extra pass and the archive's scoring).
+score beside; each row's cost as the median, over its runs, of its prefill-and-compression time over
+the full row's on the same sample (the recall row adds the question's extra pass and the archive's
+scoring; a median, so that a run slowed by other work on the machine does not move it).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import glob
 import importlib.util
 import json
 import os
+import statistics
 import sys
 from collections import defaultdict
 
@@ -90,7 +92,7 @@ def table(records: list[dict]) -> list[str]:
             cost += [(r["prefill_s"] + r["recall_s"]) / full_time[(r["task"], r["seed"], r["length"])] for r in runs]
         mark = "" if complete else " (incomplete)"
         lines.append(f"| {LABEL.get(row, row)}{mark} | " + " | ".join(f"{c:.1f}" for c in cells) +
-                     f" | {mean(cells):.1f} | " + " / ".join(f"{c:.0f}" for c in mk) + f" | {mean(cost):.2f} |")
+                     f" | {mean(cells):.1f} | " + " / ".join(f"{c:.0f}" for c in mk) + f" | {statistics.median(cost):.2f} |")
     return lines
 
 
