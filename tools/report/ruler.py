@@ -156,6 +156,12 @@ def render(folder: str) -> str:
                   f"`{head.get('command')}` ({head.get('date')}, {head.get('cpus')} CPUs, {head.get('machine')}, "
                   f"git {head.get('git')}; kvpress {head.get('versions', {}).get('kvpress')}, "
                   f"transformers {head.get('versions', {}).get('transformers')}).", ""]
+        if head.get("model") == "gemma3":
+            parts += ["Every row compresses Gemma 3's 3 global layers of 18, kvpress's own rule for Gemma 3; the "
+                      "sliding-window layers keep their 512 positions (bench/ruler/README.md), and the ratio is the "
+                      "global layers'. kvpress 0.5.5 cannot run KVzip (it refuses Gemma3ForCausalLM) or "
+                      "ExpectedAttention (its statistics call Gemma 3's rotary embedding without a layer type) on "
+                      "this model: those rows are missing.", ""]
         if len(done) < tasks:  # a run that stopped part way (it resumes from its lines)
             parts += [f"**In progress: {len(done)} of the {tasks} tasks have every row; the means below are "
                       "over those tasks only, not comparable with a complete table.**", ""]
