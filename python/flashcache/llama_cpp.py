@@ -263,6 +263,16 @@ class Llama(llama_cpp.Llama):
             self.n_tokens = index + len(batch)
             self._requires_eval = False
 
+    def reused_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of a prompt's tokens `generate` reuses: the longest prefix already decoded (one token at
+        least is decoded again, for fresh logits), or 0 when it differs where compaction renumbered
+        positions (the conversation starts again)."""
+        history, same = self.input_ids[: self.n_tokens], 0
+        limit = min(len(history), len(tokens) - 1)
+        while same < limit and history[same] == tokens[same]:
+            same += 1
+        return 0 if same < min(self.n_tokens, self._exact_from) else same
+
     def _forget_from(self, index: int) -> None:
         """History from `index` on is dropped: its cells, and the archive's blocks there."""
         if index >= self.n_tokens:
@@ -358,11 +368,7 @@ class Llama(llama_cpp.Llama):
         self.last_turn = TurnStats()
         new = tokens  # reset=False: the tokens follow what is decoded
         if reset:
-            history, same = self.input_ids[: self.n_tokens], 0
-            limit = min(len(history), len(tokens) - 1)  # one token at least is decoded: fresh logits
-            while same < limit and history[same] == tokens[same]:
-                same += 1
-            self._forget_from(same)
+            self._forget_from(self.reused_prefix(tokens))
             new = tokens[self.n_tokens :]  # all of the prefix is left, or none after a restart
         self.last_turn.reused = self.n_tokens
         self.last_turn.decoded = len(new)

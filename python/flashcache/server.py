@@ -124,8 +124,21 @@ class Service:
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             raise BadRequest("'prompt' must be a non-empty string", "prompt")
-        self.check_lengths([("prompt", prompt)])
+        self.check_new_tokens(prompt)
         return self.llm.create_completion(prompt=prompt, **opts), opts
+
+    def check_new_tokens(self, prompt: str) -> None:
+        """A resent prompt grows past the context: what it adds to the tokens already decoded must fit
+        one turn (a 400 naming the limit otherwise)."""
+        limit = self.llm.turn_limit()
+        tokens = self.llm.tokenize(prompt.encode("utf-8"), special=True)  # as create_completion does
+        reused = self.llm.reused_prefix(tokens)
+        if len(tokens) - reused > limit:
+            raise BadRequest(
+                f"prompt adds {len(tokens) - reused} tokens to the {reused} this server has decoded; its context "
+                f"of {self.llm.cells} cells takes at most {limit} new tokens per request (-c sets the cells)",
+                "prompt",
+            )
 
     def note(self, kind: str, started: float) -> None:
         t = self.llm.last_turn

@@ -139,6 +139,25 @@ def test_a_message_longer_than_a_turn_gets_a_400_naming_the_limit(server):
     assert f"takes at most {limit} tokens per message" in payload["error"]["message"]
 
 
+def test_a_resent_prompt_grows_past_the_context_and_only_what_it_adds_is_limited(server):
+    # /v1/completions with the whole text so far each time, as a completion client resends it.
+    text = ""
+    for n in range(8):
+        text += f" Part {n}: " + " ".join(["the river runs past the mill"] * 25)  # ~180 tokens a part
+        status, payload = post(server, "/v1/completions", json.dumps({"prompt": text, "max_tokens": 4}).encode())
+        assert status == 200, payload
+        text += payload["choices"][0]["text"]
+    llm = server.llm
+    assert llm.n_tokens > 1024 and llm.resident_cells() <= 1024
+    assert llm.last_turn.reused > 1024
+    limit = llm.turn_limit()
+    status, payload = post(
+        server, "/v1/completions", json.dumps({"prompt": text + " word" * 2000, "max_tokens": 4}).encode()
+    )
+    assert status == 400 and payload["error"]["param"] == "prompt"
+    assert f"takes at most {limit} new tokens per request" in payload["error"]["message"]
+
+
 def test_bodies_that_are_not_json_objects_and_unknown_paths(server):
     status, payload = post(server, "/v1/chat/completions", b"{not json")
     assert status == 400 and "not JSON" in payload["error"]["message"]
