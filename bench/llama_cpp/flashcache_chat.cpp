@@ -397,8 +397,6 @@ std::int64_t system_prompt_tokens(const llama_vocab* vocab, const char* tmpl,
   return std::mismatch(x.begin(), x.end(), y.begin(), y.end()).first - x.begin();
 }
 
-// Generates up to n tokens after the sequence's last (whose logits are the
-// context's last), printing them when `echo`; stops at an end-of-generation token.
 // Where the reply ends in the chat formatted with it: the template's end-of-turn tokens after it
 // go in with the next turn, as the model saw them in training and as a server that re-reads the
 // whole chat decodes them. (llama.cpp's simple-chat example skips them: --turn-end open.)
@@ -412,6 +410,8 @@ std::size_t reply_end(const std::string& prompt, const std::string& reply, const
   return at == std::string::npos ? closed.size() : at + (b + 1 - a);
 }
 
+// Generates up to n tokens after the sequence's last (whose logits are the
+// context's last), printing them when `echo`; stops at an end-of-generation token.
 bool generate(Session* s, llama_sampler* sampler, int n, bool echo, std::string* text) {
   for (int i = 0; i < n; ++i) {
     const llama_token t = llama_sampler_sample(sampler, s->ctx, -1);

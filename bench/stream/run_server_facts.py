@@ -11,7 +11,7 @@ program does (`--chat-format llama.cpp`: llama.cpp's own
 formatting of the model's template); llama-cpp-python's Jinja rendering of SmolLM2's template adds a
 default system prompt, and the same turns then differ.
 
-  PYTHONPATH=build/python python3 bench/stream/run_server_facts.py --chat build/bench/llama_cpp/flashcache_chat \
+  PYTHONPATH=build/python python3 bench/stream/run_server_facts.py --chat build/bench/llama_cpp/flashcache_chat --threads 1 \
       --out bench/results/server_facts.json
 """
 
@@ -158,7 +158,7 @@ def main():
         turns, asks = chat.script(doc, split_chat, words)
         for stream in STREAMS:
             rows += run_stream(args, split_chat["split"], stream, turns, asks)
-    out = {"command": "python3 bench/stream/run_server_facts.py --chat build/bench/llama_cpp/flashcache_chat",
+    out = {"command": "python3 bench/stream/run_server_facts.py " + " ".join(sys.argv[1:]),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "split": "bench/stream/chat_split.json", "threads": args.threads, "passage_words": words,
            "machine": f"{os.cpu_count()} CPUs", "rows": rows}
