@@ -64,26 +64,45 @@ def start_server(args, cells, options):
     raise SystemExit("the server did not start in 120 s")
 
 
-def run_server(args, url, turns):
-    """Each turn streamed (greedy, 32 tokens at most): replies, time to first token, turn time."""
+def timed_reply(request, piece_of):
+    """A streamed reply: its text, the time from the request to its first piece and its whole time."""
+    t0 = time.perf_counter()
+    first, parts = None, []
+    for c in request():
+        piece = piece_of(c) if c.choices else ""
+        if piece and first is None:
+            first = time.perf_counter() - t0
+        parts.append(piece)
+    total = time.perf_counter() - t0
+    return "".join(parts), first if first is not None else total, total
+
+
+def run_server(args, url, turns, stream):
+    """Each turn streamed (greedy, 32 tokens at most): replies, time to first token, turn time. The
+    "close" stream is a chat on /v1/chat/completions; the "open" one the whole chat so far as one raw
+    prompt on /v1/completions, each reply right after its turn (flashcache_chat --turn-end open decodes
+    the same text)."""
     import openai
 
     client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=3600)
-    messages, replies, ttft, turn_s = [], [], [], []
-    for text in turns:
-        messages.append({"role": "user", "content": text})
-        t0 = time.perf_counter()
-        first, parts = None, []
-        for c in client.chat.completions.create(model="m", messages=messages, temperature=0, max_tokens=32,
-                                                stream=True):
-            piece = c.choices[0].delta.content or "" if c.choices else ""
-            if piece and first is None:
-                first = time.perf_counter() - t0
-            parts.append(piece)
-        turn_s.append(time.perf_counter() - t0)
-        ttft.append(first if first is not None else turn_s[-1])
-        replies.append("".join(parts))
-        messages.append({"role": "assistant", "content": replies[-1]})
+    messages, text, replies, ttft, turn_s = [], "", [], [], []
+    for turn in turns:
+        if stream == "close":
+            messages.append({"role": "user", "content": turn})
+            reply, first, total = timed_reply(
+                lambda: client.chat.completions.create(model="m", messages=messages, temperature=0, max_tokens=32,
+                                                       stream=True),
+                lambda c: c.choices[0].delta.content or "")
+            messages.append({"role": "assistant", "content": reply})
+        else:
+            text += CHATML_TURN.format(turn)
+            reply, first, total = timed_reply(
+                lambda: client.completions.create(model="m", prompt=text, temperature=0, max_tokens=32, stream=True),
+                lambda c: c.choices[0].text)
+            text += reply
+        replies.append(reply)
+        ttft.append(first)
+        turn_s.append(total)
     return replies, ttft, turn_s
 
 
@@ -92,29 +111,6 @@ def run_server(args, url, turns):
 # as one growing raw prompt through /v1/completions).
 STREAMS = ("close", "open")
 CHATML_TURN = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"  # SmolLM2's template, as llama.cpp writes it
-
-
-def run_server_raw(args, url, turns):
-    """The open stream through /v1/completions: the whole chat so far as the prompt, each reply right
-    after its turn (flashcache_chat --turn-end open decodes the same text)."""
-    import openai
-
-    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=3600)
-    text, replies, ttft, turn_s = "", [], [], []
-    for turn in turns:
-        text += CHATML_TURN.format(turn)
-        t0 = time.perf_counter()
-        first, parts = None, []
-        for c in client.completions.create(model="m", prompt=text, temperature=0, max_tokens=32, stream=True):
-            piece = c.choices[0].text if c.choices else ""
-            if piece and first is None:
-                first = time.perf_counter() - t0
-            parts.append(piece)
-        turn_s.append(time.perf_counter() - t0)
-        ttft.append(first if first is not None else turn_s[-1])
-        replies.append("".join(parts))
-        text += replies[-1]
-    return replies, ttft, turn_s
 
 
 def run_stream(args, split, stream, turns, asks):
@@ -133,7 +129,7 @@ def run_stream(args, split, stream, turns, asks):
         proc, url = start_server(args, cells, options)
         try:
             t0 = time.time()
-            replies, ttft, turn_s = (run_server if stream == "close" else run_server_raw)(args, url, turns)
+            replies, ttft, turn_s = run_server(args, url, turns, stream)
         finally:
             proc.terminate()
             proc.wait(timeout=60)
