@@ -26,6 +26,7 @@ Each section comes from its own JSON, written by the run that measured it:
   llama_cost.json  bench/run_llama_cost.sh                  -> llama_cost.py
   static_sm90.json  bench/gpu/static_report.sh              -> static_gpu.py
   gpu_sim.json  bench/gpu_sim_check.sh (GPGPU-Sim)          -> gpu_sim.py
+  gpu_sim_perf.json  bench/gpu_sim_perf.sh (GPGPU-Sim's timing model) -> gpu_sim_perf.py
   python_overhead.json, python_cache_memory.json  bench/python/ -> python_door.py
   ruler/*.jsonl  bench/ruler/run.py (RULER-style tasks, kvpress's presses) -> ruler.py
 A missing JSON leaves its section out; numbers are never typed in by hand.
@@ -80,7 +81,8 @@ def main():
                                    ("python_overhead.json", "python_door", "render_overhead"),
                                    ("python_cache_memory.json", "python_door", "render_cache_memory"),
                                    ("static_sm90.json", "static_gpu", "render"),
-                                   ("gpu_sim.json", "gpu_sim", "render")):
+                                   ("gpu_sim.json", "gpu_sim", "render"),
+                                   ("gpu_sim_perf.json", "gpu_sim_perf", "render")):
         path = os.path.join(RESULTS, name)
         if os.path.exists(path) and os.path.exists(os.path.join(HERE, module + ".py")):
             section = __import__(module)
