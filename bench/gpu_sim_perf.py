@@ -431,6 +431,12 @@ def main():
         "simulator": {"snapshot": snapshot, "config": "SM7_QV100 (tested-cfgs) with: " + extra,
                       "gpu": "SM7_QV100" if model["sms"] == 80 else "SM7_QV100 scaled to %d SMs" % model["sms"]},
         "model": model,
+        "gpu_note": None if model["sms"] == 80 else (
+            "SM7_QV100 scaled to %d SMs of at most %d CTAs: GPGPU-Sim's timing model indexes its per-SM bar.red "
+            "(__syncthreads_or) store of 32 CTA slots with hw_cta_id x SMs + SM id (cuda-sim.cc:2105, "
+            "abstract_hardware_model.h:1384) and never clears it, so with 80 SMs the library's stop_requested() "
+            "reads past it and CTAs skip their work; SMs x CTAs per SM <= 32 keeps it in range (bench/gpu_sim_perf.sh)"
+            % (model["sms"], model["max_ctas_per_sm"])),
         "shape": {"layers": 1, "kv_heads": 8, "head_dim": 128, "dtype": "f16", "layout": "HND", "keep_ratio": 0.2,
                   "decode": "batch 1, 32 query heads over the full cache (read as bf16: same bytes)"},
         "sizes": sizes,

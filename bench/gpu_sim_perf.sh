@@ -142,7 +142,8 @@ for n in $SIZES; do
   simulate "$CFG" "$n" "$log" || rc=$?
   seconds=$(( $(date +%s) - start ))
   if [[ $CHECK == 1 ]]; then
-    if [[ -n $(checks "$log") ]] && diff <(checks "$ref") <(checks "$log") >/dev/null; then check=same; else check=DIFFERENT; fi
+    check=DIFFERENT
+    if [[ -n $(checks "$log") ]] && diff <(checks "$ref") <(checks "$log") >/dev/null; then check=same; fi
   fi
   printf 'rc=%s seconds=%s date=%s check=%s command=%s\n' "$rc" "$seconds" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
     "$check" "GPU=$GPU SIZES=$n STAGES=$STAGES bench/gpu_sim_perf.sh" >"$log.exit"
