@@ -124,14 +124,14 @@ class Service:
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             raise BadRequest("'prompt' must be a non-empty string", "prompt")
-        self.check_new_tokens(prompt)
-        return self.llm.create_completion(prompt=prompt, **opts), opts
+        tokens = self.llm.tokenize(prompt.encode("utf-8"), special=True)  # as create_completion would
+        self.check_new_tokens(tokens)
+        return self.llm.create_completion(prompt=tokens, **opts), opts  # tokenized once
 
-    def check_new_tokens(self, prompt: str) -> None:
+    def check_new_tokens(self, tokens: list[int]) -> None:
         """A resent prompt grows past the context: what it adds to the tokens already decoded must fit
         one turn (a 400 naming the limit otherwise)."""
         limit = self.llm.turn_limit()
-        tokens = self.llm.tokenize(prompt.encode("utf-8"), special=True)  # as create_completion does
         reused = self.llm.reused_prefix(tokens)
         if len(tokens) - reused > limit:
             raise BadRequest(
