@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.cuh"
 #include "decode_attention.cuh"
 #include "flashcache/cuda/compress.cuh"
 
@@ -41,15 +42,6 @@ using flashcache::bfloat16_t;
 
 constexpr int kLayers = 28, kHeads = 4, kHeadDim = 128;
 constexpr double kKeep = 0.2;
-
-#define BENCH_CHECK(expr)                                                     \
-  do {                                                                        \
-    const cudaError_t e_ = (expr);                                            \
-    if (e_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
 
 // Smooth-plus-noise bf16 values from a hash, so that no host upload is needed.
 __global__ void fill_kernel(std::uint16_t* out, std::int64_t n, std::uint32_t seed) {

@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.cuh"
 #include "decode_attention.cuh"
 #include "flashcache/cuda/compress.cuh"
 
@@ -48,15 +49,6 @@ constexpr int kHeads = 8, kHeadDim = 128, kQueryHeads = 32;
 constexpr double kKeep = 0.2;
 constexpr std::size_t kDefaultScrubBytes = std::size_t{12} << 20;  // twice SM7_QV100's 6 MB L2
 constexpr const char* kAllStages = "global,blocked,copy,decode";
-
-#define SIM_CHECK(expr)                                                       \
-  do {                                                                        \
-    const cudaError_t e_ = (expr);                                            \
-    if (e_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
 
 void check(const flashcache::Status& s, const char* what) {
   if (!s.ok()) {
@@ -131,7 +123,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   int sms = 0;
-  SIM_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
 
   const std::int64_t elements = std::int64_t{kHeads} * tokens * kHeadDim;  // of K (or V)
   const std::size_t bytes = static_cast<std::size_t>(elements) * sizeof(half_t);
@@ -147,11 +139,11 @@ int main(int argc, char** argv) {
 
   // ---- setup: everything allocated and filled before the first stage ----
   half_t *k = nullptr, *v = nullptr, *k_out = nullptr, *v_out = nullptr, *copy = nullptr;
-  SIM_CHECK(cudaMalloc(&k, bytes));
-  SIM_CHECK(cudaMalloc(&v, bytes));
-  SIM_CHECK(cudaMalloc(&k_out, bytes));  // room for every row: only the kept ones are written
-  SIM_CHECK(cudaMalloc(&v_out, bytes));
-  SIM_CHECK(cudaMalloc(&copy, 2 * bytes));
+  BENCH_CHECK(cudaMalloc(&k, bytes));
+  BENCH_CHECK(cudaMalloc(&v, bytes));
+  BENCH_CHECK(cudaMalloc(&k_out, bytes));  // room for every row: only the kept ones are written
+  BENCH_CHECK(cudaMalloc(&v_out, bytes));
+  BENCH_CHECK(cudaMalloc(&copy, 2 * bytes));
   {
     // Smooth-plus-noise rows, uploaded (a host copy costs no simulated cycles).
     std::mt19937 rng(1);
@@ -163,15 +155,15 @@ int main(int argc, char** argv) {
         host[static_cast<std::size_t>(i)] =
             half_t(std::sin(0.01f * static_cast<float>(t) + static_cast<float>(c)) + noise(rng));
       }
-      SIM_CHECK(cudaMemcpy(dst, host.data(), bytes, cudaMemcpyHostToDevice));
+      BENCH_CHECK(cudaMemcpy(dst, host.data(), bytes, cudaMemcpyHostToDevice));
     }
   }
   uint4* scrub = nullptr;
   unsigned* sink = nullptr;
   const std::int64_t scrub_pieces = static_cast<std::int64_t>(scrub_bytes / 16);
-  SIM_CHECK(cudaMalloc(&scrub, scrub_pieces * 16));
-  SIM_CHECK(cudaMalloc(&sink, sizeof(unsigned)));
-  SIM_CHECK(cudaMemset(scrub, 0, scrub_pieces * 16));
+  BENCH_CHECK(cudaMalloc(&scrub, scrub_pieces * 16));
+  BENCH_CHECK(cudaMalloc(&sink, sizeof(unsigned)));
+  BENCH_CHECK(cudaMemset(scrub, 0, scrub_pieces * 16));
 
   half_t* const kp[1] = {k};
   half_t* const vp[1] = {v};
@@ -198,7 +190,7 @@ int main(int argc, char** argv) {
   check(fcg::workspace_size(cache, blocked_opt, &ws_blocked, nullptr), "workspace_size (blocked)");
   const std::size_t ws_bytes = ws_global > ws_blocked ? ws_global : ws_blocked;
   void* ws = nullptr;
-  SIM_CHECK(cudaMalloc(&ws, ws_bytes));
+  BENCH_CHECK(cudaMalloc(&ws, ws_bytes));
 
   namespace fg = flashcache::bench::gpu;
   using flashcache::bfloat16_t;
@@ -208,20 +200,20 @@ int main(int argc, char** argv) {
   dec.shape.kv_heads = kHeads;
   dec.shape.head_dim = kHeadDim;
   dec.shape.tokens = tokens;
-  SIM_CHECK(fg::decode_splits<bfloat16_t>(dec.shape, 0, &dec.splits));
+  BENCH_CHECK(fg::decode_splits<bfloat16_t>(dec.shape, 0, &dec.splits));
   const std::size_t dec_ws_bytes = fg::decode_workspace_bytes(dec.shape, dec.splits);
   void* dec_ws = nullptr;
   float *q = nullptr, *attn = nullptr;
   const std::size_t q_elems = std::size_t{kQueryHeads} * kHeadDim;
-  SIM_CHECK(cudaMalloc(&dec_ws, dec_ws_bytes));
-  SIM_CHECK(cudaMalloc(&q, q_elems * sizeof(float)));
-  SIM_CHECK(cudaMalloc(&attn, q_elems * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&dec_ws, dec_ws_bytes));
+  BENCH_CHECK(cudaMalloc(&q, q_elems * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&attn, q_elems * sizeof(float)));
   {
     std::mt19937 rng(7);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> host(q_elems);
     for (float& x : host) x = normal(rng);
-    SIM_CHECK(cudaMemcpy(q, host.data(), q_elems * sizeof(float), cudaMemcpyHostToDevice));
+    BENCH_CHECK(cudaMemcpy(q, host.data(), q_elems * sizeof(float), cudaMemcpyHostToDevice));
   }
   dec.q = q;
   dec.out = attn;
@@ -231,13 +223,13 @@ int main(int argc, char** argv) {
   dec.seq_stride = kHeads * dec.head_stride;
   std::printf("sim_perf: workspace %zu bytes (global %zu, blocked %zu); decode splits %d\n", ws_bytes, ws_global,
               ws_blocked, dec.splits);
-  SIM_CHECK(cudaDeviceSynchronize());
+  BENCH_CHECK(cudaDeviceSynchronize());
 
   auto scrub_l2 = [&] {
     marker("scrub", tokens);
     scrub_kernel<<<static_cast<unsigned>(4 * sms), 256>>>(scrub, scrub_pieces, sink);  // 4 CTAs per SM, grid-stride
-    SIM_CHECK(cudaGetLastError());
-    SIM_CHECK(cudaDeviceSynchronize());
+    BENCH_CHECK(cudaGetLastError());
+    BENCH_CHECK(cudaDeviceSynchronize());
   };
   // What a run left on the device, as one line to compare across simulator modes
   // (bench/gpu_sim_perf.sh checks it against a functional-mode run): the
@@ -248,7 +240,7 @@ int main(int argc, char** argv) {
     check(fcg::workspace_layout(cache, opt, global, &layout), "workspace_layout");
     auto read = [&](std::size_t offset, std::size_t count) {
       std::vector<std::uint32_t> host(count);
-      SIM_CHECK(cudaMemcpy(host.data(), static_cast<unsigned char*>(ws) + offset, count * 4, cudaMemcpyDeviceToHost));
+      BENCH_CHECK(cudaMemcpy(host.data(), static_cast<unsigned char*>(ws) + offset, count * 4, cudaMemcpyDeviceToHost));
       return host;
     };
     auto fnv = [](const std::vector<std::uint32_t>& words, std::size_t stride, std::size_t take) {
@@ -284,14 +276,14 @@ int main(int argc, char** argv) {
     scrub_l2();
     marker("compress_global", tokens);
     check(fcg::compress_async(cache, budget, global_opt, out, ws, ws_bytes, nullptr, &plan), "compress_async (global)");
-    SIM_CHECK(cudaDeviceSynchronize());
+    BENCH_CHECK(cudaDeviceSynchronize());
     ok = fingerprint("compress_global", global_opt, &plan) > 0 && ok;
   }
   if (wanted("blocked")) {
     scrub_l2();
     marker("compress_blocked", tokens);
     check(fcg::compress_async(cache, budget, blocked_opt, out, ws, ws_bytes, nullptr), "compress_async (blocked)");
-    SIM_CHECK(cudaDeviceSynchronize());
+    BENCH_CHECK(cudaDeviceSynchronize());
     ok = fingerprint("compress_blocked", blocked_opt, nullptr) > 0 && ok;
   }
   if (wanted("copy")) {
@@ -300,16 +292,16 @@ int main(int argc, char** argv) {
     const std::int64_t pieces = static_cast<std::int64_t>(bytes / 16);
     copy_kernel<<<blocks_for(2 * pieces, 256), 256>>>(
         reinterpret_cast<const uint4*>(k), reinterpret_cast<const uint4*>(v), reinterpret_cast<uint4*>(copy), pieces);
-    SIM_CHECK(cudaGetLastError());
-    SIM_CHECK(cudaDeviceSynchronize());
+    BENCH_CHECK(cudaGetLastError());
+    BENCH_CHECK(cudaDeviceSynchronize());
   }
   if (wanted("decode")) {
     scrub_l2();
     marker("decode", tokens);
-    SIM_CHECK(fg::decode_attention_async(dec, dec_ws, dec_ws_bytes, nullptr));
-    SIM_CHECK(cudaDeviceSynchronize());
+    BENCH_CHECK(fg::decode_attention_async(dec, dec_ws, dec_ws_bytes, nullptr));
+    BENCH_CHECK(cudaDeviceSynchronize());
     std::vector<float> host(q_elems);
-    SIM_CHECK(cudaMemcpy(host.data(), attn, q_elems * sizeof(float), cudaMemcpyDeviceToHost));
+    BENCH_CHECK(cudaMemcpy(host.data(), attn, q_elems * sizeof(float), cudaMemcpyDeviceToHost));
     bool finite = true;
     std::uint64_t h = 1469598103934665603ull;
     for (float x : host) {
@@ -328,6 +320,6 @@ int main(int argc, char** argv) {
   for (void* p : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(k_out), static_cast<void*>(v_out),
                   static_cast<void*>(copy), static_cast<void*>(scrub), static_cast<void*>(sink), ws, dec_ws,
                   static_cast<void*>(q), static_cast<void*>(attn)})
-    SIM_CHECK(cudaFree(p));
+    BENCH_CHECK(cudaFree(p));
   return ok ? 0 : 1;
 }
