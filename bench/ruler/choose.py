@@ -2,6 +2,7 @@
 current setting. Prints the comparison and the decision; chooses nothing by hand.
 
     python3 bench/ruler/choose.py bench/results/ruler/smollm2_agnostic_dev.jsonl
+    python3 bench/ruler/choose.py bench/results/ruler/smollm2_agnostic_dev_round2.jsonl bench/ruler/candidates_2.json
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RATIOS = (0.5, 0.75, 0.875)  # split.json's rule
 
 
-def main(path: str) -> int:
+def main(path: str, candidates_path: str = os.path.join(HERE, "candidates.json")) -> int:
     scores = defaultdict(dict)  # row -> (task, seed, length, ratio) -> score
     with open(path) as f:
         for line in f:
             r = json.loads(line)
             if not r.get("header") and r["ratio"] in RATIOS:
                 scores[r["row"]][(r["task"], r["seed"], r["length"], r["ratio"])] = r["score"]
-    with open(os.path.join(HERE, "candidates.json")) as f:
+    with open(candidates_path) as f:
         candidates = json.load(f)["candidates"]
     decisions = {}
     for cand in candidates:
@@ -55,4 +56,4 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:3]))
