@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2", choices=sorted(MODELS))
     p.add_argument("--split", default="dev", choices=["dev", "heldout"])
     p.add_argument("--seeds", type=int, default=2, help="the first N seeds of the split (split.json)")
+    p.add_argument("--skip-seeds", type=int, default=0, help="start after the split's first K seeds (a later "
+                   "held-out run on seeds no run has seen)")
     p.add_argument("--lengths", type=int, nargs="+", default=[1024])
     p.add_argument("--ratios", type=float, nargs="+", default=None, help="default: split.json's (kvpress's)")
     p.add_argument("--tasks", default="all", help="comma-separated, default every task of tasks.TASKS")
@@ -234,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     split = tasks.load_split()
     ratios = args.ratios or split["ratios"]
-    seeds = split["seeds"][args.split][: args.seeds]
+    seeds = split["seeds"][args.split][args.skip_seeds : args.skip_seeds + args.seeds]
     names = list(tasks.TASKS) if args.tasks == "all" else args.tasks.split(",")
     factories = row_factories()
     rows = list(factories) if args.rows == "all" else args.rows.split(";" if "@" in args.rows else ",")

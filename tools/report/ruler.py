@@ -106,17 +106,24 @@ def per_task(records: list[dict]) -> list[str]:
     return lines
 
 
-def candidates(records: list[dict]) -> list[str]:
+def candidates(records: list[dict], path: str) -> list[str]:
     """The dev candidates (rows named base@option=value) beside their base row, on the samples and
     ratios both ran, as bench/ruler/choose.py compares them."""
     names = sorted({r["row"] for r in records if "@" in r["row"]})
     if not names:
         return []
     score = {(r["row"], r["task"], r["seed"], r["length"], r["ratio"]): r["score"] for r in records}
-    lines = ["Dev candidates (bench/ruler/candidates.json), each beside its row's setting of that run on the "
-             "samples and ratios both ran (split.json's rule: bench/ruler/choose.py). The table above shows each "
-             "row as it ran (the recall row before 2026-12-05: recall_share 0.5); a candidate that the rule chose "
-             "is the setting users get from then on (recall_share 0.25 since 2026-12-05).", "",
+    if "round2" in os.path.basename(path):
+        about = ["Dev candidates of the second round (bench/ruler/candidates_2.json, listed before their run), each "
+                 "beside its row's current setting on the same samples and the rule's ratios 0.5, 0.75 and 0.875 "
+                 "(split.json's rule: bench/ruler/choose.py; one sample's worth is 4.5 points here). None gained "
+                 "enough: every row kept its setting."]
+    else:
+        about = ["Dev candidates (bench/ruler/candidates.json), each beside its row's setting of that run on the "
+                 "samples and ratios both ran (split.json's rule: bench/ruler/choose.py). The table above shows each "
+                 "row as it ran (the recall row before 2026-12-05: recall_share 0.5); a candidate that the rule chose "
+                 "is the setting users get from then on (recall_share 0.25 since 2026-12-05)."]
+    lines = about + ["",
              "| candidate | its mean | the row's mean | gain | runs |", "| --- | ---: | ---: | ---: | ---: |"]
     for name in names:
         base = name.split("@")[0]
@@ -152,7 +159,8 @@ def render(folder: str) -> str:
             have[r["task"]].add((r["row"], r["ratio"]))
         done = {t for t, p in have.items() if pairs <= p}
         parts += [f"### {name}, {head.get('protocol')}, {head.get('split')} samples, "
-                  f"{'/'.join(str(n) for n in lengths)} tokens", "",
+                  f"{'/'.join(str(n) for n in lengths)} tokens"
+                  f"{', second candidate round' if 'round2' in os.path.basename(path) else ''}", "",
                   f"`{head.get('command')}` ({head.get('date')}, {head.get('cpus')} CPUs, {head.get('machine')}, "
                   f"git {head.get('git')}; kvpress {head.get('versions', {}).get('kvpress')}, "
                   f"transformers {head.get('versions', {}).get('transformers')}).", ""]
@@ -167,7 +175,7 @@ def render(folder: str) -> str:
                       "over those tasks only, not comparable with a complete table.**", ""]
             records = [r for r in records if r["task"] in done]
         parts += table(records) + ["", "Per task, mean over the ratios:", ""] + per_task(records) + [""]
-        parts += candidates(records)
+        parts += candidates(records, path)
     return "\n".join(parts)
 
 
