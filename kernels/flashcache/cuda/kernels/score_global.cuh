@@ -151,13 +151,19 @@ __global__ void __launch_bounds__(256) pack_kernel(PackParams<T> p) {
   const std::int32_t* sub = p.sub + p.seq.offset[p.sequence];
   const std::int64_t columns = std::int64_t{p.heads} * p.head_dim;
   const std::int64_t j0 = std::int64_t{blockIdx.x} * 32, col0 = std::int64_t{blockIdx.y} * 32;
+  // A thread's column is the same in every row it loads: its head and channel are found once, in
+  // 32-bit arithmetic (heads x head_dim is small), not by a 64-bit division per element, which made
+  // this kernel issue-bound in the simulator's timing model.
+  const std::int64_t col = col0 + tx;
+  const bool col_ok = col < columns;
+  const int h = col_ok ? static_cast<int>(col) / p.head_dim : 0, c = col_ok ? static_cast<int>(col) % p.head_dim : 0;
+  const std::int32_t* sub_h = sub + h * p.capacity;
   for (int r = ty; r < 32; r += 8) {
-    const std::int64_t j = j0 + r, col = col0 + tx;
+    const std::int64_t j = j0 + r;
     float2 value = make_float2(0.0f, 0.0f);
-    if (j < p.n && col < columns) {
+    if (j < p.n && col_ok) {
       const std::int64_t token = 2 * j < p.n ? 2 * j : 2 * (p.n - 1 - j) + 1;
-      const int h = static_cast<int>(col / p.head_dim), c = static_cast<int>(col % p.head_dim);
-      const int s = sub[h * p.capacity + token];
+      const int s = sub_h[token];
       if (s >= 0) {
         const std::int64_t off = p.rows.offset(p.sequence, h, s) + c;
         value = make_float2(load_float(p.k[off]), load_float(p.v[off]));
@@ -167,8 +173,8 @@ __global__ void __launch_bounds__(256) pack_kernel(PackParams<T> p) {
   }
   __syncthreads();
   for (int r = ty; r < 32; r += 8) {
-    const std::int64_t col = col0 + r, j = j0 + tx;
-    if (j < p.n && col < columns) p.z[col * p.n + j] = tile[tx][r];
+    const std::int64_t out_col = col0 + r, j = j0 + tx;
+    if (j < p.n && out_col < columns) p.z[out_col * p.n + j] = tile[tx][r];
   }
 }
 
