@@ -376,15 +376,16 @@ def summarize(kernels, model, tokens, exit_info, notes):
 
 
 def read_exit(log):
-    info = {"exit_code": None, "wall_s": None, "run_date": None, "functional_check": None, "command": None}
+    info = {"exit_code": None, "wall_s": None, "run_date": None, "functional_check": None, "tree": None,
+            "command": None}
     try:
         text = open(log + ".exit").read().strip()
     except OSError:
         return info
-    m = re.match(r"rc=(\d+) seconds=(\d+) date=(\S+) check=(\S+) command=(.*)", text)
+    m = re.match(r"rc=(\d+) seconds=(\d+) date=(\S+) check=(\S+)(?: tree=(\S+))? command=(.*)", text)
     if m:  # check: the "sim_perf: check" lines against a functional-mode run (same, DIFFERENT, skipped)
         info.update(exit_code=int(m.group(1)), wall_s=int(m.group(2)), run_date=m.group(3),
-                    functional_check=m.group(4), command=m.group(5))
+                    functional_check=m.group(4), tree=m.group(5), command=m.group(6))
     return info
 
 

@@ -145,8 +145,11 @@ for n in $SIZES; do
     check=DIFFERENT
     if [[ -n $(checks "$log") ]] && diff <(checks "$ref") <(checks "$log") >/dev/null; then check=same; fi
   fi
-  printf 'rc=%s seconds=%s date=%s check=%s command=%s\n' "$rc" "$seconds" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
-    "$check" "GPU=$GPU SIZES=$n STAGES=$STAGES bench/gpu_sim_perf.sh" >"$log.exit"
+  # tree: the commit the program was built from (-dirty: with uncommitted changes), so that sizes run
+  # at different times say which kernels they measured.
+  printf 'rc=%s seconds=%s date=%s check=%s tree=%s command=%s\n' "$rc" "$seconds" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+    "$check" "$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown)" \
+    "GPU=$GPU SIZES=$n STAGES=$STAGES bench/gpu_sim_perf.sh" >"$log.exit"
   grep -a -q 'GPGPU-Sim' "$log" || echo "   NOT SIMULATED: GPGPU-Sim's libcudart was not loaded"
   case $rc in
     0) echo "   done in ${seconds}s; results against the functional run: $check" ;;
