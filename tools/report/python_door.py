@@ -4,6 +4,14 @@ compacted transformers cache releases (bench/python/cache_memory.py), from their
 from __future__ import annotations
 
 
+def _shape_table(columns: list[str], rows: list[dict], cells) -> list[str]:
+    """A markdown table with one row per layer shape (heads x tokens x head_dim), then ``cells(row)``."""
+    lines = ["| heads x tokens x head_dim | " + " | ".join(columns) + " |", "| --- |" + " ---: |" * len(columns)]
+    for r in rows:
+        lines.append(f"| {r['heads']} x {r['tokens']} x {r['head_dim']} | " + " | ".join(cells(r)) + " |")
+    return lines
+
+
 def render_overhead(data: dict) -> str:
     lines = ["## The Python door's cost per call (CPU)", "",
              "`flashcache.compress(k, v, 0.2)` from Python against `flashcache::compress` timed in C++ in the same",
@@ -11,12 +19,9 @@ def render_overhead(data: dict) -> str:
              f"{data.get('date', '2026-12-04')}, this",
              f"project's 2-core {data['machine']} machine, Python {data['python']}. Command: "
              f"`{data.get('command', 'PYTHONPATH=build/python python3 bench/python/overhead.py')}`",
-             "(JSON: `bench/results/python_overhead.json`).", "",
-             "| heads x tokens x head_dim | Python (ms) | C++ (ms) | ratio | Python's extra (us) |",
-             "| --- | ---: | ---: | ---: | ---: |"]
-    for r in data["rows"]:
-        lines.append(f"| {r['heads']} x {r['tokens']} x {r['head_dim']} | {r['python_s'] * 1e3:.3f} | "
-                     f"{r['cpp_s'] * 1e3:.3f} | {r['ratio']:.3f} | {r['overhead_us']:.0f} |")
+             "(JSON: `bench/results/python_overhead.json`).", ""]
+    lines += _shape_table(["Python (ms)", "C++ (ms)", "ratio", "Python's extra (us)"], data["rows"], lambda r: [
+        f"{r['python_s'] * 1e3:.3f}", f"{r['cpp_s'] * 1e3:.3f}", f"{r['ratio']:.3f}", f"{r['overhead_us']:.0f}"])
     lines += ["", "The door's own work is a few tens of microseconds a call (the checks, the options' conversion,",
               "handing the result buffers to numpy without a copy); on a real layer it is inside the run-to-run",
               "noise of about 1% (a negative difference is noise). The CLI path it replaces started a process and",
@@ -24,12 +29,9 @@ def render_overhead(data: dict) -> str:
     if data.get("program_rows"):
         lines += ["The C++ loop above is compiled inside the module, with the module's flags. Against the C++",
                   "benchmark program, built with the project's flags (`bench_cpu`'s `BM_ScoreSmolLayer`, median of",
-                  "5), `flashcache.score` of one SmolLM2-135M layer (bfloat16):", "",
-                  "| heads x tokens x head_dim | Python (ms) | C++ program (ms) | ratio |",
-                  "| --- | ---: | ---: | ---: |"]
-        for r in data["program_rows"]:
-            lines.append(f"| {r['heads']} x {r['tokens']} x {r['head_dim']} | {r['python_s'] * 1e3:.2f} | "
-                         f"{r['program_s'] * 1e3:.2f} | {r['ratio']:.2f} |")
+                  "5), `flashcache.score` of one SmolLM2-135M layer (bfloat16):", ""]
+        lines += _shape_table(["Python (ms)", "C++ program (ms)", "ratio"], data["program_rows"], lambda r: [
+            f"{r['python_s'] * 1e3:.2f}", f"{r['program_s'] * 1e3:.2f}", f"{r['ratio']:.2f}"])
         lines += ["", "Until 2026-12-06 the module was built with nanobind's default `-Os`: its library code ran 4-7",
                   "times slower than the program's (16.7 ms against 3.6 ms for this layer at 2,048 tokens; the 8 x",
                   "1,024 x 128 row above took 65 ms), which the in-module comparison could not show. It is built",
