@@ -33,6 +33,9 @@ import re
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
+from static_report import demangle  # noqa: E402  (the static report's c++filt call)
+
 # Counters that GPGPU-Sim accumulates over the whole process (see above).
 CUMULATIVE = [
     "dram_rd", "dram_rd_l2_alloc", "dram_wr", "dram_wr_back", "dram_reads_atoms", "dram_writes_atoms",
@@ -145,14 +148,6 @@ def machine_model(opts):
         "peak_formula": "n_mem x dram_buswidth x n_mem_per_ctrlr x dram_data_command_freq_ratio x dram clock "
                         "(one burst of BL x buswidth bytes per BL / ratio DRAM cycles)",
     }
-
-
-def demangle(names):
-    try:
-        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True)
-        return out.stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        return list(names)
 
 
 def short_name(demangled):
