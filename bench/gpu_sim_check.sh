@@ -36,22 +36,14 @@ JOBS=${JOBS:-2}
 PARALLEL=${PARALLEL:-1}
 # shellcheck source=bench/gpu/gpu_tests.sh
 source "$ROOT/bench/gpu/gpu_tests.sh"  # FLASHCACHE_GPU_TESTS, gpu_test_bin
+# shellcheck source=bench/gpu/sim_build.sh
+source "$ROOT/bench/gpu/sim_build.sh"  # gpusim_missing, gpusim_configure
 BINARIES=${*:-$FLASHCACHE_GPU_TESTS}
 
-for need in "$SIM/env118.sh" "$SIM/cuda-11.8/bin/nvcc" "$SIM/gpgpu-sim/configs/tested-cfgs/SM7_QV100/gpgpusim.config"; do
-  [[ -e $need ]] || { echo "gpu_sim_check: $need is missing: build the simulator first (tests/gpu/README.md)"; exit 2; }
-done
-command -v g++-11 >/dev/null || { echo "gpu_sim_check: g++-11 is missing (CUDA 11.8's newest host compiler)"; exit 2; }
+if missing=$(gpusim_missing "$SIM"); then echo "gpu_sim_check: $missing"; exit 2; fi
 
 echo "== configure and build ($BUILD, sm_70, FLASHCACHE_GPU_SIM=ON)"
-CUDA=$SIM/cuda-11.8
-mkdir -p "$BUILD"
-cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHCACHE_GPU_SIM=ON \
-  -DCMAKE_CUDA_COMPILER="$CUDA/bin/nvcc" -DCMAKE_CUDA_HOST_COMPILER=g++-11 -DCMAKE_CUDA_ARCHITECTURES=70 \
-  -DCMAKE_CUDA_RUNTIME_LIBRARY=Shared -DCUDAToolkit_ROOT="$CUDA" \
-  -DFLASHCACHE_BUILD_BENCH=ON -DFLASHCACHE_BUILD_EXAMPLES=OFF -DFLASHCACHE_BUILD_CLI=OFF -DFLASHCACHE_INSTALL=OFF \
-  -DFLASHCACHE_NO_PYTHON_LLAMA=ON -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST >"$BUILD/gpusim-configure.log" 2>&1 ||
-  { tail -20 "$BUILD/gpusim-configure.log"; exit 1; }
+gpusim_configure "$ROOT" "$BUILD" "$SIM" || exit 1
 targets=$(for b in $BINARIES; do printf 'test_gpu_%s ' "$b"; done)
 # shellcheck disable=SC2086
 nice -n 10 cmake --build "$BUILD" -j"$JOBS" --target $targets >"$BUILD/gpusim-build.log" 2>&1 ||

@@ -40,24 +40,16 @@ STAGES=${STAGES:-global,blocked,copy,decode}
 QV100=$SIM/gpgpu-sim/configs/tested-cfgs/SM7_QV100
 
 die() { echo "gpu_sim_perf: $*" >&2; exit 2; }
-for need in "$SIM/env118.sh" "$SIM/cuda-11.8/bin/nvcc" "$QV100/gpgpusim.config"; do
-  [[ -e $need ]] || die "$need is missing: build the simulator first (tests/gpu/README.md)"
-done
-command -v g++-11 >/dev/null || die "g++-11 is missing (CUDA 11.8's newest host compiler)"
+# shellcheck source=bench/gpu/sim_build.sh
+source "$ROOT/bench/gpu/sim_build.sh"  # gpusim_missing, gpusim_configure
+if missing=$(gpusim_missing "$SIM"); then die "$missing"; fi
 for n in $SIZES; do
   [[ $n =~ ^[0-9]+$ ]] || die "SIZES holds '$n', not a token count"
 done
 
 echo "== configure and build flashcache_sim_perf ($BUILD, sm_70, FLASHCACHE_GPU_SIM=ON)"
-CUDA=$SIM/cuda-11.8
-mkdir -p "$BUILD"
-# The configure line of bench/gpu_sim_check.sh, so that both scripts share one build.
-cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHCACHE_GPU_SIM=ON \
-  -DCMAKE_CUDA_COMPILER="$CUDA/bin/nvcc" -DCMAKE_CUDA_HOST_COMPILER=g++-11 -DCMAKE_CUDA_ARCHITECTURES=70 \
-  -DCMAKE_CUDA_RUNTIME_LIBRARY=Shared -DCUDAToolkit_ROOT="$CUDA" \
-  -DFLASHCACHE_BUILD_BENCH=ON -DFLASHCACHE_BUILD_EXAMPLES=OFF -DFLASHCACHE_BUILD_CLI=OFF -DFLASHCACHE_INSTALL=OFF \
-  -DFLASHCACHE_NO_PYTHON_LLAMA=ON -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST >"$BUILD/gpusim-configure.log" 2>&1 ||
-  { tail -20 "$BUILD/gpusim-configure.log"; exit 1; }
+# gpu_sim_check.sh's configure line, so that both scripts share one build.
+gpusim_configure "$ROOT" "$BUILD" "$SIM" || exit 1
 nice -n 10 cmake --build "$BUILD" -j"$JOBS" --target flashcache_sim_perf >"$BUILD/gpusim-perf-build.log" 2>&1 ||
   { grep -E "error|Error" "$BUILD/gpusim-perf-build.log" | head -20; exit 1; }
 BIN=$BUILD/bench/gpu/flashcache_sim_perf
