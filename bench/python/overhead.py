@@ -5,7 +5,7 @@ rounds (the library's own time is the C++ loop in flashcache._core._time_compres
 Python's time over C++'s. That loop is compiled inside the module, with the module's flags; so the
 score of one SmolLM2 layer is also timed against the C++ benchmark program (bench_cpu's
 BM_ScoreSmolLayer, built with the project's flags), which shows what the module's compiler flags
-cost (nanobind's default -Os made it 4-5 times slower). Prints JSON; bench/RESULTS.md quotes it.
+cost (nanobind's default -Os made it 4-7 times slower). Prints JSON; bench/RESULTS.md quotes it.
 
     PYTHONPATH=build/python python3 bench/python/overhead.py [build/bench/bench_cpu]   # or after pip install .
 """

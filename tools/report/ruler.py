@@ -106,14 +106,14 @@ def per_task(records: list[dict]) -> list[str]:
     return lines
 
 
-def candidates(records: list[dict], path: str) -> list[str]:
+def candidates(records: list[dict], second_round: bool) -> list[str]:
     """The dev candidates (rows named base@option=value) beside their base row, on the samples and
     ratios both ran, as bench/ruler/choose.py compares them."""
     names = sorted({r["row"] for r in records if "@" in r["row"]})
     if not names:
         return []
     score = {(r["row"], r["task"], r["seed"], r["length"], r["ratio"]): r["score"] for r in records}
-    if "round2" in os.path.basename(path):
+    if second_round:
         about = ["Dev candidates of the second round (bench/ruler/candidates_2.json, listed before their run), each "
                  "beside its row's current setting on the same samples and the rule's ratios 0.5, 0.75 and 0.875 "
                  "(split.json's rule: bench/ruler/choose.py; one sample's worth is 4.5 points here). None gained "
@@ -158,9 +158,10 @@ def render(folder: str) -> str:
         for r in records:
             have[r["task"]].add((r["row"], r["ratio"]))
         done = {t for t, p in have.items() if pairs <= p}
+        second_round = "round2" in os.path.basename(path)  # the second dev round's file (candidates_2.json)
         parts += [f"### {name}, {head.get('protocol')}, {head.get('split')} samples, "
                   f"{'/'.join(str(n) for n in lengths)} tokens"
-                  f"{', second candidate round' if 'round2' in os.path.basename(path) else ''}", "",
+                  f"{', second candidate round' if second_round else ''}", "",
                   f"`{head.get('command')}` ({head.get('date')}, {head.get('cpus')} CPUs, {head.get('machine')}, "
                   f"git {head.get('git')}; kvpress {head.get('versions', {}).get('kvpress')}, "
                   f"transformers {head.get('versions', {}).get('transformers')}).", ""]
@@ -175,7 +176,7 @@ def render(folder: str) -> str:
                       "over those tasks only, not comparable with a complete table.**", ""]
             records = [r for r in records if r["task"] in done]
         parts += table(records) + ["", "Per task, mean over the ratios:", ""] + per_task(records) + [""]
-        parts += candidates(records, path)
+        parts += candidates(records, second_round)
     return "\n".join(parts)
 
 
