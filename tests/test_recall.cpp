@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <flashcache/archive.hpp>
 #include <flashcache/recall.hpp>
+#include <flashcache/recall_pool.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -599,6 +601,92 @@ TEST(Recall, AnEmptyArchiveRecallsNothing) {
   EXPECT_TRUE(chosen.empty());
   const fc::Status s = scorer.add_layer(2, view, none, view);
   EXPECT_NE(s.message().find("layer 2 of 2"), std::string::npos) << s.message();
+}
+
+// The pool spreads layers over workers and merges by maximum: every score is, bit
+// for bit, one scorer's over the same layers, at any thread count, in both scopes
+// and with both scores (5 layers: uneven over 2 and 3 workers).
+TEST(RecallPool, MergedScoresEqualOneScorerOverEveryLayer) {
+  const int layers = 5;
+  const std::int64_t hq = 4, hkv = 2, r = 23, a = 41, m = 3, d = 32;
+  const Rows archived(layers, a, hkv, d, 31), resident(layers, r, hkv, d, 32), question_k(layers, m, hkv, d, 33);
+  const Rows queries(layers, m, hq, d, 34);  // read as [Hq][m][d]
+  Archived arc;
+  fill(archived, fc::RowType::f16, {8, 0}, &arc);
+  auto views = [&](std::int64_t l) {
+    const auto i = static_cast<std::size_t>(l);
+    return std::make_tuple(fc::hnd<const float>(queries.k[i].data(), fc::Heads(hq), fc::Tokens(m), fc::HeadDim(d)),
+                           fc::nhd<const float>(resident.k[i].data(), fc::Tokens(r), fc::Heads(hkv), fc::HeadDim(d)),
+                           fc::nhd<const float>(question_k.k[i].data(), fc::Tokens(m), fc::Heads(hkv), fc::HeadDim(d)));
+  };
+  for (const fc::RecallScope scope : {fc::RecallScope::shared, fc::RecallScope::per_head})
+    for (const fc::RecallScore how : {fc::RecallScore::exact, fc::RecallScore::digest}) {
+      fc::RecallScorer one;
+      ASSERT_TRUE(one.reset(arc.archive, scope, how).ok());
+      for (int l = 0; l < layers; ++l) {
+        const auto [q, res, qk] = views(l);
+        ASSERT_TRUE(one.add_layer(l, q, res, qk).ok());
+      }
+      const std::int64_t blocks = arc.archive.blocks();
+      fc::RecallScorerPool pool;
+      for (const int threads : {1, 2, 3}) {
+        SCOPED_TRACE(std::string(fc::to_string(scope)) + " " + fc::to_string(how) + " threads " +
+                     std::to_string(threads));
+        ASSERT_TRUE(pool.reset(arc.archive, scope, how, threads).ok());
+        auto add = [&](std::int64_t l, fc::RecallScorer& s, int) {
+          const auto [q, res, qk] = views(l);
+          return s.add_layer(static_cast<int>(l), q, res, qk);
+        };
+        ASSERT_TRUE(pool.run(layers, add).ok());
+        ASSERT_EQ(pool.rankings(), one.rankings());
+        EXPECT_EQ(pool.resident_tokens(), r);
+        for (std::int64_t u = 0; u < one.rankings(); ++u) {
+          std::vector<float> want(static_cast<std::size_t>(blocks)), got(want.size());
+          ASSERT_TRUE(one.block_scores(want.data(), blocks, u).ok());
+          ASSERT_TRUE(pool.block_scores(got.data(), blocks, u).ok());
+          EXPECT_EQ(got, want) << "ranking " << u;
+          for (std::int64_t t = 0; t < a; ++t) EXPECT_EQ(pool.token_score(t, u), one.token_score(t, u)) << t;
+          for (std::int64_t t = 0; t < r; ++t) EXPECT_EQ(pool.resident_score(t, u), one.resident_score(t, u)) << t;
+        }
+        float most = 0;
+        for (std::int64_t t = 0; t < a; ++t) most = std::max(most, pool.token_score(t));
+        if (how == fc::RecallScore::exact) {
+          EXPECT_GT(most, 0.0f);  // the test compares something
+        }
+      }
+    }
+}
+
+// Layers with different resident counts are refused whichever workers ran them;
+// a worker's error is returned, and a pool that was never reset refuses to run.
+TEST(RecallPool, RefusesLayersThatDisagreeAndPassesErrorsOn) {
+  const std::int64_t hkv = 1, d = 8;
+  const Rows archived(2, 9, hkv, d, 41);
+  Archived arc;
+  fill(archived, fc::RowType::f32, {4, 0}, &arc);
+  std::vector<float> q(static_cast<std::size_t>(2 * d), 0.5f), keys(static_cast<std::size_t>(12 * d), 0.25f);
+  fc::RecallScorerPool pool;
+  auto never = [](std::int64_t, fc::RecallScorer&, int) { return fc::Status::success(); };
+  EXPECT_NE(pool.run(1, never).message().find("reset()"), std::string::npos);
+  EXPECT_FALSE(pool.reset(arc.archive, fc::RecallScope::shared, fc::RecallScore::exact, 0).ok());
+  ASSERT_TRUE(pool.reset(arc.archive, fc::RecallScope::shared, fc::RecallScore::exact, 2).ok());
+  auto uneven = [&](std::int64_t l, fc::RecallScorer& s, int) {
+    const std::int64_t r = l == 0 ? 10 : 9;  // layer 0 on worker 0, layer 1 on worker 1
+    return s.add_layer(static_cast<int>(l), fc::hnd<const float>(q.data(), fc::Heads(1), fc::Tokens(2), fc::HeadDim(d)),
+                       fc::hnd<const float>(keys.data(), fc::Heads(1), fc::Tokens(r), fc::HeadDim(d)),
+                       fc::hnd<const float>(keys.data(), fc::Heads(1), fc::Tokens(2), fc::HeadDim(d)));
+  };
+  const fc::Status s = pool.run(2, uneven);
+  EXPECT_NE(s.message().find("resident keys in some layers"), std::string::npos) << s.message();
+  ASSERT_TRUE(pool.reset(arc.archive, fc::RecallScope::shared, fc::RecallScore::exact, 2).ok());
+  auto bad_layer = [&](std::int64_t l, fc::RecallScorer& s, int) {
+    return s.add_layer(static_cast<int>(l) + 5,
+                       fc::hnd<const float>(q.data(), fc::Heads(1), fc::Tokens(2), fc::HeadDim(d)),
+                       fc::hnd<const float>(keys.data(), fc::Heads(1), fc::Tokens(9), fc::HeadDim(d)),
+                       fc::hnd<const float>(keys.data(), fc::Heads(1), fc::Tokens(2), fc::HeadDim(d)));
+  };
+  const fc::Status e = pool.run(2, bad_layer);
+  EXPECT_NE(e.message().find("layer 5 of 2"), std::string::npos) << e.message();
 }
 
 }  // namespace

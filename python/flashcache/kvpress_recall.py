@@ -121,10 +121,14 @@ class FlashCacheRecallPress(AfterPrefillPress):
         positions = torch.arange(position, position + questions, device=question_ids.device).unsqueeze(0)
         with hf.captured_queries(model, self.layers) as queries:
             model.model(input_ids=question_ids, past_key_values=cache, position_ids=positions)
-        scorer = RecallScorer(self.archive, "shared", self.recall_score)
-        for j, i in enumerate(self.layers):
-            keys = cache.layers[i].keys[0].float()
-            scorer.add_layer(j, queries[i][0].float().contiguous(), keys[:, :-questions], keys[:, -questions:])
+        scorer = RecallScorer(self.archive, "shared", self.recall_score, threads=torch.get_num_threads())
+        keys = [cache.layers[i].keys[0].float() for i in self.layers]
+        scorer.add_layers(
+            range(len(self.layers)),
+            [queries[i][0].float().contiguous() for i in self.layers],
+            [k[:, :-questions] for k in keys],
+            [k[:, -questions:] for k in keys],
+        )
         for layer, (keys, values, length) in zip(cache.layers, saved):  # the question leaves no trace
             layer.keys, layer.values = keys, values
             if length is not None:

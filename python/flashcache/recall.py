@@ -9,6 +9,7 @@ blocks, whole, within a budget (include/flashcache/archive.hpp, recall.hpp).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,27 +71,53 @@ class RecallScorer:
     ``scope``: ``shared`` (one ranking for the sequence) or ``per_head`` (one per layer and KV
     head, ranking ``layer * kv_heads + head``); ``score``: ``exact`` (the best token's
     attention probability) or ``digest`` (Quest's bound, which reads no archived key against a query).
+    ``threads``: ``add_layers`` scores its layers on this many threads (default: every CPU of the
+    machine, as ``compress_model``); the scores do not depend on it.
     """
 
-    def __init__(self, archive: Archive, scope: RecallScope | str = "shared", score: RecallScore | str = "exact"):
+    def __init__(
+        self,
+        archive: Archive,
+        scope: RecallScope | str = "shared",
+        score: RecallScore | str = "exact",
+        threads: int | None = None,
+    ):
         self._archive = archive
         self._r = _core.RecallScorer()
-        self._r.reset(archive._a, _enum(RecallScope, scope, "scope"), _enum(RecallScore, score, "score"))
+        count = (os.cpu_count() or 1) if threads is None else threads
+        self._r.reset(archive._a, _enum(RecallScope, scope, "scope"), _enum(RecallScore, score, "score"), count)
 
     def add_layer(self, layer: int, q: Array, resident: Array, question: Array, *, layout: str = "hnd") -> None:
         """The question's queries q [q_heads, m, d], the layer's resident keys [kv_heads, R, d] and the
         question's own keys [kv_heads, m, d] (positions after all others)."""
-        self._r.add_layer(
-            layer,
-            _arrays.readable(q, "q"),
-            _arrays.readable(resident, "resident"),
-            _arrays.readable(question, "question"),
+        self.add_layers([layer], [q], [resident], [question], layout=layout)
+
+    def add_layers(
+        self,
+        layers: Sequence[int],
+        q: Sequence[Array],
+        resident: Sequence[Array],
+        question: Sequence[Array],
+        *,
+        layout: str = "hnd",
+    ) -> None:
+        """Several layers at once, scored in parallel: ``layers[i]``'s arrays are ``q[i]``,
+        ``resident[i]`` and ``question[i]``, as ``add_layer`` takes them (one dtype throughout)."""
+        self._r.add_layers(
+            [int(x) for x in layers],
+            [_arrays.readable(x, "q") for x in q],
+            [_arrays.readable(x, "resident") for x in resident],
+            [_arrays.readable(x, "question") for x in question],
             _arrays.layout(layout),
         )
 
     @property
     def rankings(self) -> int:
         return self._r.rankings
+
+    @property
+    def threads(self) -> int:
+        return self._r.threads
 
     def block_scores(self, ranking: int = 0) -> np.ndarray:
         """One ranking's score per archive block [blocks] (float32)."""

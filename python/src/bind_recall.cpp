@@ -8,6 +8,7 @@
 
 #include <flashcache/archive.hpp>
 #include <flashcache/recall.hpp>
+#include <flashcache/recall_pool.hpp>
 
 #include "arrays.hpp"
 #include "bind.hpp"
@@ -111,17 +112,36 @@ nb::tuple blocks_out(Archive& a, const AnyArray& blocks_in, bool erase) {
   });
 }
 
-void add_layer(RecallScorer& r, int layer, const AnyArray& q, const AnyArray& resident, const AnyArray& question,
-               Layout layout) {
-  const DType t = kv_dtype(q, "q");
-  if (kv_dtype(resident, "resident") != t || kv_dtype(question, "question") != t)
-    type_error("q, resident and question keys need one dtype");
+// Layers (their indices, queries, resident and question keys; one dtype) scored on
+// the pool's threads; the views are made with the GIL held, the scoring without it.
+void add_layers(RecallScorerPool& r, const std::vector<int>& layers, const std::vector<AnyArray>& q,
+                const std::vector<AnyArray>& resident, const std::vector<AnyArray>& question, Layout layout) {
+  if (q.size() != layers.size() || resident.size() != layers.size() || question.size() != layers.size())
+    value_error(std::to_string(layers.size()) + " layers but " + std::to_string(q.size()) + " q, " +
+                std::to_string(resident.size()) + " resident and " + std::to_string(question.size()) +
+                " question arrays");
+  if (layers.empty()) return;
+  const DType t = kv_dtype(q[0], "q");
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    if (kv_dtype(q[i], "q") != t || kv_dtype(resident[i], "resident") != t || kv_dtype(question[i], "question") != t)
+      type_error("q, resident and question keys need one dtype in every layer (layer " + std::to_string(layers[i]) +
+                 ")");
   with_dtype(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    const auto qv = kv_view<T>(q, layout, "q"), rv = kv_view<T>(resident, layout, "resident"),
-               mv = kv_view<T>(question, layout, "question");
+    struct Views {
+      KVView<const T> q, resident, question;
+    };
+    std::vector<Views> views;
+    views.reserve(layers.size());
+    for (std::size_t i = 0; i < layers.size(); ++i)
+      views.push_back({kv_view<T>(q[i], layout, "q"), kv_view<T>(resident[i], layout, "resident"),
+                       kv_view<T>(question[i], layout, "question")});
+    auto one = [&](std::int64_t i, RecallScorer& scorer, int) {
+      const Views& v = views[static_cast<std::size_t>(i)];
+      return scorer.add_layer(layers[static_cast<std::size_t>(i)], v.q, v.resident, v.question);
+    };
     nb::gil_scoped_release release;
-    throw_if_error(r.add_layer(layer, qv, rv, mv));
+    throw_if_error(r.run(static_cast<std::int64_t>(layers.size()), one));
   });
 }
 
@@ -148,15 +168,16 @@ void bind_recall(nb::module_& m) {
                         {static_cast<std::size_t>(a.tokens())}, Framework::numpy);
       });
 
-  nb::class_<RecallScorer>(m, "RecallScorer")
+  nb::class_<RecallScorerPool>(m, "RecallScorer")
       .def(nb::init<>())
-      .def("reset", [](RecallScorer& r, const Archive& a, RecallScope scope,
-                       RecallScore score) { throw_if_error(r.reset(a, scope, score)); },
-           nb::arg("archive"), nb::arg("scope"), nb::arg("score"), nb::keep_alive<1, 2>())
-      .def("add_layer", &add_layer, nb::arg("layer"), nb::arg("q"), nb::arg("resident"), nb::arg("question"),
+      .def("reset", [](RecallScorerPool& r, const Archive& a, RecallScope scope, RecallScore score,
+                       int threads) { throw_if_error(r.reset(a, scope, score, threads)); },
+           nb::arg("archive"), nb::arg("scope"), nb::arg("score"), nb::arg("threads"), nb::keep_alive<1, 2>())
+      .def("add_layers", &add_layers, nb::arg("layers"), nb::arg("q"), nb::arg("resident"), nb::arg("question"),
            nb::arg("layout"))
-      .def_prop_ro("rankings", &RecallScorer::rankings)
-      .def("block_scores", [](const RecallScorer& r, std::int64_t blocks, std::int64_t ranking) {
+      .def_prop_ro("rankings", &RecallScorerPool::rankings)
+      .def_prop_ro("threads", &RecallScorerPool::threads)
+      .def("block_scores", [](const RecallScorerPool& r, std::int64_t blocks, std::int64_t ranking) {
         if (ranking < 0 || ranking >= r.rankings())
           value_error("ranking " + std::to_string(ranking) + " of " + std::to_string(r.rankings()));
         std::vector<float> out(static_cast<std::size_t>(blocks));

@@ -73,6 +73,35 @@ def test_archive_round_trip_and_recall_choice(rng):
     assert arch.tokens == 16
 
 
+def test_recall_add_layers_in_parallel_gives_the_serial_scores(rng):
+    """Layers spread over threads (5 layers on 2 and 3) score bit for bit as one thread adding them in turn."""
+    layers, heads, dim = 5, 2, 16
+    arch = fc.Archive(layers, heads, dim, "float32", fc.ArchiveOptions(block_size=4))
+    rows = [rng.standard_normal((22, heads, dim)).astype(np.float32) for _ in range(layers)]
+    arch.append(np.arange(22, dtype=np.int32), rows, rows)
+    q = [rng.standard_normal((4, 3, dim)).astype(np.float32) * 2 for _ in range(layers)]
+    resident = [rng.standard_normal((heads, 9, dim)).astype(np.float32) for _ in range(layers)]
+    question = [rng.standard_normal((heads, 3, dim)).astype(np.float32) for _ in range(layers)]
+    for scope in ("shared", "per_head"):
+        serial = fc.RecallScorer(arch, scope, threads=1)
+        for layer in range(layers):
+            serial.add_layer(layer, q[layer], resident[layer], question[layer])
+        for threads in (2, 3):
+            parallel = fc.RecallScorer(arch, scope, threads=threads)
+            assert parallel.threads == threads
+            parallel.add_layers(range(layers), q, resident, question)
+            for ranking in range(serial.rankings):
+                want = serial.block_scores(ranking)
+                assert want.max() > 0
+                np.testing.assert_array_equal(parallel.block_scores(ranking), want)
+    with pytest.raises(ValueError, match="2 layers but 1 q"):
+        serial.add_layers([0, 1], q[:1], resident[:2], question[:2])
+    with pytest.raises(TypeError, match="one dtype in every layer"):
+        serial.add_layers([0, 1], [q[0], q[1].astype(np.float16)], resident[:2], question[:2])
+    with pytest.raises(fc.Error, match="threads 0"):
+        fc.RecallScorer(arch, threads=0)
+
+
 def test_archive_refuses_bad_rows(rng):
     arch = fc.Archive(1, 2, 8, "float16")
     good = np.zeros((3, 2, 8), np.float16)

@@ -36,8 +36,8 @@
 #include "flashcache/llama/recall_params.hpp"
 #include "flashcache/llama/sequence.hpp"
 #include "flashcache/llama/state/rows.hpp"
-#include "flashcache/parallel.hpp"
 #include "flashcache/recall.hpp"
+#include "flashcache/recall_pool.hpp"
 #include "flashcache/view.hpp"
 
 namespace flashcache {
@@ -207,7 +207,7 @@ class TurnRecaller {
   }
 
   // Every archived token's score (and every resident's) from the turn's queries,
-  // the layers spread over the threads, each with its own scorer; then merged.
+  // the layers spread over the threads (recall_pool.hpp); then merged.
   Status score(std::int64_t heads, const QueryCapture& q, const Archive& a, RecallScore how, int threads,
                RecallStats* st) {
     const SeqState& s = state_.state();
@@ -216,37 +216,24 @@ class TurnRecaller {
     const std::int64_t m = q.window(model_layer[0]).kept(), r = cells - m;
     const std::int64_t embd = static_cast<std::int64_t>(s.layers[0].k_embd), dim = embd / heads;
     const int workers = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, layers)));
-    pool_.resize(workers);
+    FLASHCACHE_RETURN_IF_ERROR(scorers_.reset(a, RecallScope::shared, how, workers));
     if (work_.size() < static_cast<std::size_t>(workers)) work_.resize(static_cast<std::size_t>(workers));
-    for (int w = 0; w < workers; ++w) {
+    for (int w = 0; w < workers; ++w)
+      work_[static_cast<std::size_t>(w)].keys.resize(static_cast<std::size_t>(cells * embd));
+    auto one_layer = [&](std::int64_t l, RecallScorer& scorer, int w) {
       Worker& x = work_[static_cast<std::size_t>(w)];
-      x.status = x.scorer.reset(a, RecallScope::shared, how);
-      x.keys.resize(static_cast<std::size_t>(cells * embd));
-    }
-    auto one_layer = [&](std::int64_t l, int w) {
-      Worker& x = work_[static_cast<std::size_t>(w)];
-      if (!x.status.ok()) return;
       layer_to_float(state_.blob(), s, static_cast<std::size_t>(l), Part::k, state_.order().data(),
                      static_cast<std::uint32_t>(cells), x.keys.data());
       const float* k = x.keys.data();
-      x.status = x.scorer.add_layer<float>(
+      return scorer.add_layer<float>(
           static_cast<int>(l), in_order(q.window(model_layer[static_cast<std::size_t>(l)]), &x.queries),
           nhd(k, Tokens(r), Heads(heads), HeadDim(dim)), nhd(k + r * embd, Tokens(m), Heads(heads), HeadDim(dim)));
     };
-    pool_.run(layers, one_layer);
-    block_score_.assign(static_cast<std::size_t>(a.blocks()), 0.0f);
-    resident_score_.assign(static_cast<std::size_t>(r), 0.0f);
-    part_.resize(block_score_.size());
-    for (int w = 0; w < workers; ++w) {
-      Worker& x = work_[static_cast<std::size_t>(w)];
-      FLASHCACHE_RETURN_IF_ERROR(x.status);
-      if (x.scorer.resident_tokens() < 0) continue;  // no layer ran on this worker
-      FLASHCACHE_RETURN_IF_ERROR(x.scorer.block_scores(part_.data(), a.blocks()));
-      for (std::size_t b = 0; b < part_.size(); ++b) block_score_[b] = std::max(block_score_[b], part_[b]);
-      for (std::int64_t t = 0; t < r; ++t)
-        resident_score_[static_cast<std::size_t>(t)] =
-            std::max(resident_score_[static_cast<std::size_t>(t)], x.scorer.resident_score(t));
-    }
+    FLASHCACHE_RETURN_IF_ERROR(scorers_.run(layers, one_layer));
+    block_score_.resize(static_cast<std::size_t>(a.blocks()));
+    FLASHCACHE_RETURN_IF_ERROR(scorers_.block_scores(block_score_.data(), a.blocks()));
+    resident_score_.resize(static_cast<std::size_t>(r));
+    for (std::int64_t t = 0; t < r; ++t) resident_score_[static_cast<std::size_t>(t)] = scorers_.resident_score(t);
     st->archive_tokens = a.tokens();
     st->queries = m;
     return Status::success();
@@ -342,19 +329,17 @@ class TurnRecaller {
     return hnd<const float>(buf->data(), Heads(heads), Tokens(m), HeadDim(d));
   }
 
-  struct Worker {
+  struct Worker {                // one scoring thread's scratch
     std::vector<float> queries;  // a wrapped window's queries in order
-    RecallScorer scorer;
-    std::vector<float> keys;  // one layer's keys, [cells][kv heads x head dim]
-    Status status;
+    std::vector<float> keys;     // one layer's keys, [cells][kv heads x head dim]
   };
 
-  WorkerPool pool_;
+  RecallScorerPool scorers_;
   std::vector<Worker> work_;
   SequenceState state_;
   std::vector<std::int32_t> displaced_;
   std::vector<std::uint8_t> displaced_mask_;
-  std::vector<float> block_score_, resident_score_, part_;
+  std::vector<float> block_score_, resident_score_;
   RecallRoom room_;
   std::vector<Merged> merged_;
   std::vector<llama_pos> recalled_pos_;
