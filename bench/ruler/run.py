@@ -124,14 +124,20 @@ def candidate(row: str) -> Callable[[float], Any] | None:
         raise SystemExit(f"ruler: candidates are of flashcache or flashcache_recall, not {base!r}")
     options, extra = Options(), {}
     for change in changes.split(","):
-        name, value = change.split("=", 1)
-        number = float(value) if value.replace(".", "", 1).isdigit() else value
-        if "." in name:
-            part, field_name = name.split(".", 1)
-            setattr(getattr(options, part), field_name, int(number) if isinstance(number, float) and
-                    number.is_integer() and field_name in ("sink", "window", "block_size") else number)
+        name, text = change.split("=", 1)
+        value: Any = {"true": True, "false": False}.get(text, text)
+        if isinstance(value, str) and value.replace(".", "", 1).isdigit():
+            value = float(value)
+        if "." in name:  # a field of Options, at any depth (score.rope.theta)
+            *parts, field_name = name.split(".")
+            target = options
+            for part in parts:
+                target = getattr(target, part)
+            if isinstance(value, float) and value.is_integer() and field_name in ("sink", "window", "block_size"):
+                value = int(value)
+            setattr(target, field_name, value)
         else:
-            extra[name] = number
+            extra[name] = value
     if base == "flashcache":
         return lambda r: FlashCachePress(compression_ratio=r, options=options, **extra)
     return lambda r: FlashCacheRecallPress(compression_ratio=r, options=options, **extra)
