@@ -126,15 +126,15 @@ def candidate(row: str) -> Callable[[float], Any] | None:
     for change in changes.split(","):
         name, text = change.split("=", 1)
         value: Any = {"true": True, "false": False}.get(text, text)
-        if isinstance(value, str) and value.replace(".", "", 1).isdigit():
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        elif isinstance(value, str) and value.replace(".", "", 1).isdigit():
             value = float(value)
         if "." in name:  # a field of Options, at any depth (score.rope.theta)
             *parts, field_name = name.split(".")
             target = options
             for part in parts:
                 target = getattr(target, part)
-            if isinstance(value, float) and value.is_integer() and field_name in ("sink", "window", "block_size"):
-                value = int(value)
             setattr(target, field_name, value)
         else:
             extra[name] = value
@@ -172,19 +172,13 @@ def timed_pipeline(model: Any, tokenizer: Any) -> Any:
 
         def generate_answer(self, question_ids: Any, cache: Any, context_length: int, max_new_tokens: int) -> str:
             self.times.setdefault("compressed", time.perf_counter())
-            press = getattr(self, "_recall_press", None)
-            if press is not None:
-                start = time.perf_counter()
-                press.recall(self.model, cache, question_ids.to(self.model.device), context_length)
-                self.times["recall"] = time.perf_counter() - start
-                self.times["cells"] = self.cells(cache)
-                self._recall_press, saved = None, press  # the parent's step would recall again
-                try:
-                    return super().generate_answer(question_ids, cache, context_length, max_new_tokens)
-                finally:
-                    self._recall_press = saved
             self.times["cells"] = self.cells(cache)
-            return super().generate_answer(question_ids, cache, context_length, max_new_tokens)
+            answer = super().generate_answer(question_ids, cache, context_length, max_new_tokens)
+            press = getattr(self, "_recall_press", None)
+            if press is not None:  # what the recall added, and the cells at the answer with the recalled ones
+                self.times["recall"] = press.last.seconds
+                self.times["cells"] = press.last.cells
+            return answer
 
     return Timed(model=model, tokenizer=tokenizer)
 

@@ -7,6 +7,7 @@ pytest.importorskip("kvpress", reason="kvpress is not installed: the kvpress rec
 
 import flashcache.hf as fh  # noqa: E402
 from flashcache.kvpress_recall import FlashCacheRecallPress, RecallPipeline  # noqa: E402
+from kvpress.utils import compute_n_kept  # noqa: E402
 from tiny_model import prefill, tiny_llama  # noqa: E402
 
 
@@ -100,9 +101,32 @@ def test_two_questions_each_recall_from_the_whole_archive():
     assert answers[1] == alone  # the first question's recall and answer left nothing behind
 
 
+def test_one_question_pass_decodes_as_kvpress_and_recalls_within_its_budget():
+    """question_passes=1: with no room to recall, the answer is kvpress's own (the question split
+    before its last token changes nothing); with room, the blocks come back after the question's
+    tokens, within the budget, and the cache is the compressed one again after the answer."""
+    model, tokenizer = tiny_llama(), word_tokenizer()
+    torch.manual_seed(7)
+    context, question = text(torch.randint(3, 256, (300,))), text(torch.randint(3, 256, (10,)))
+    pipe = RecallPipeline(model=model, tokenizer=tokenizer)
+    for ratio in (0.0, 0.75):
+        two = FlashCacheRecallPress(compression_ratio=ratio, recall_share=0.0)
+        one = FlashCacheRecallPress(compression_ratio=ratio, recall_share=0.0, question_passes=1)
+        want = pipe(context, question=question, press=two, max_new_tokens=12)["answer"]
+        assert pipe(context, question=question, press=one, max_new_tokens=12)["answer"] == want
+    press = FlashCacheRecallPress(compression_ratio=0.75, question_passes=1)
+    answers = pipe(context, questions=[question, question], press=press, max_new_tokens=12)["answers"]
+    assert answers[0] == answers[1]  # the first question's recall left nothing behind
+    assert 0 < press.last.recalled <= press.recall_budget and press.last.seconds > 0
+    resident = press.last.cells - press.last.recalled  # the question's own 9 cells are not counted
+    assert resident + press.recall_budget == compute_n_kept(resident + press.archive.tokens, 0.75)
+
+
 def test_bad_settings_are_refused_by_name():
     with pytest.raises(ValueError, match="recall_share 1.0 is outside"):
         FlashCacheRecallPress(compression_ratio=0.5, recall_share=1.0)
+    with pytest.raises(ValueError, match="question_passes 3 is neither 1 nor 2"):
+        FlashCacheRecallPress(compression_ratio=0.5, question_passes=3)
     with pytest.raises(ValueError, match="compression_ratio -0.1 is outside"):
         FlashCacheRecallPress(compression_ratio=-0.1)
     model = tiny_llama()
