@@ -19,6 +19,7 @@
 #include <flashcache/policies/baselines.hpp>
 #include <flashcache/query_tail.hpp>
 #include <flashcache/recall.hpp>
+#include <flashcache/recall_pool.hpp>
 #include <flashcache/rules.hpp>
 #include <flashcache/score.hpp>
 #include <flashcache/score/blocked.hpp>
@@ -55,6 +56,16 @@ void instantiate(std::vector<fc::KVView<T>>& k, std::vector<fc::KVView<const T>>
   fc::LayerScores scores;
   (void)scorer.score(kc[0], kc[0], fc::Options::with_query_tail().score, &scores,
                      fc::ScoreInputs{{}, fc::TailView<const float>{tails.data(), 1, 1}});
+  // Recall on several threads: each worker's scorer adds its layers.
+  fc::Archive archive;
+  fc::RecallScorerPool pool;
+  (void)pool.reset(archive, fc::RecallScope::shared, fc::RecallScore::exact, 2);
+  auto add = [&](std::int64_t l, fc::RecallScorer& s, int) {
+    return s.add_layer(static_cast<int>(l), kc[0], kc[0], kc[0]);
+  };
+  (void)pool.run(1, add);
+  std::vector<float> blocks(1);
+  (void)pool.block_scores(blocks.data(), 1);
 }
 
 void instantiate_all() {
