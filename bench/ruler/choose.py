@@ -13,12 +13,32 @@ import os
 import statistics
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RATIOS = (0.5, 0.75, 0.875)  # split.json's rule
 
 
-def main(path: str, candidates_path: str = os.path.join(HERE, "candidates.json")) -> int:
+@dataclass
+class Verdict:
+    """One candidate beside its row's current setting, on the runs both have."""
+
+    candidate: str
+    base: str
+    mean: float  # the candidate's, over the common runs
+    base_mean: float
+    gain: float
+    step: float  # one sample's worth, in points of the mean
+    mk3_gain: float
+    samples: int
+    runs: int
+    time_ratio: float  # the candidate's median time over the row's (prefill and compression, recall)
+    cost_rule: bool
+    wins: bool
+
+
+def compare(path: str, candidates_path: str) -> tuple[list[Verdict], list[str]]:
+    """The verdicts on a dev file's candidates by the rule of their list, and those not run yet."""
     scores = defaultdict(dict)  # row -> (task, seed, length, ratio) -> score
     seconds = defaultdict(dict)  # the same -> prefill and compression plus what the recall added
     with open(path) as f:
@@ -30,43 +50,60 @@ def main(path: str, candidates_path: str = os.path.join(HERE, "candidates.json")
                 seconds[r["row"]][key] = r["prefill_s"] + r["recall_s"]
     with open(candidates_path) as f:
         listed = json.load(f)
-    candidates = listed["candidates"]
     # "cost" (candidates_4.json): a change that buys time replaces the setting when it loses less than
     # one sample's worth, keeps niah_multikey_3 and is faster (median over the same runs).
     cost_rule = listed.get("rule") == "cost"
-    decisions = {}
-    for cand in candidates:
+    verdicts, missing = [], []
+    for cand in listed["candidates"]:
         base = cand.split("@")[0]
         if cand not in scores or base not in scores:
-            print(f"{cand}: not run yet")
+            missing.append(cand)
             continue
         common = sorted(set(scores[cand]) & set(scores[base]))
         samples = {k[:3] for k in common}
         tasks = {k[0] for k in common}
         per_task = max(1, len(samples) // max(1, len(tasks)))
-        step = 100.0 / per_task / len(tasks)  # one sample's worth, in points of the mean
+        step = 100.0 / per_task / len(tasks)
         mean = lambda row, keys: sum(scores[row][k] for k in keys) / len(keys)  # noqa: E731
         mk3 = [k for k in common if k[0] == "niah_multikey_3"]
         gain = mean(cand, common) - mean(base, common)
         mk3_gain = mean(cand, mk3) - mean(base, mk3) if mk3 else 0.0
+        ratio = statistics.median(seconds[cand][k] for k in common) / statistics.median(
+            seconds[base][k] for k in common)
         # "At least one sample's worth": a gain of exactly one sample (k runs of the mean's k x tasks) is
         # computed in floating point, so equality is taken within rounding.
         if cost_rule:
-            faster = statistics.median(seconds[cand][k] for k in common) / statistics.median(
-                seconds[base][k] for k in common)
-            wins = gain > -step + 1e-9 and mk3_gain >= -1e-9 and faster < 1
-            need = f"more than {-step:.1f}; time {faster:.3f} of {base}'s, needs below 1"
+            wins = gain > -step + 1e-9 and mk3_gain >= -1e-9 and ratio < 1
         else:
             wins = gain >= step - 1e-9 and mk3_gain >= -1e-9
-            need = f"needs {step:.1f}"
-        print(f"{cand}: mean {mean(cand, common):.1f} vs {base} {mean(base, common):.1f} (gain {gain:+.1f}, "
-              f"{need}); niah_multikey_3 {mk3_gain:+.1f}; {len(samples)} samples -> "
-              f"{'REPLACES' if wins else 'keeps'} the current setting")
-        if wins and gain > decisions.get(base, (None, -1e9))[1]:
-            decisions[base] = (cand, gain)
-    for base, (cand, gain) in sorted(decisions.items()):
-        print(f"choice: {base} -> {cand} ({gain:+.1f} points on dev)")
-    if not decisions:
+        verdicts.append(Verdict(cand, base, mean(cand, common), mean(base, common), gain, step, mk3_gain,
+                                len(samples), len(common), ratio, cost_rule, wins))
+    return verdicts, missing
+
+
+def choices(verdicts: list[Verdict]) -> dict[str, Verdict]:
+    """Per row, the winning candidate with the largest gain."""
+    chosen: dict[str, Verdict] = {}
+    for v in verdicts:
+        if v.wins and (v.base not in chosen or v.gain > chosen[v.base].gain):
+            chosen[v.base] = v
+    return chosen
+
+
+def main(path: str, candidates_path: str = os.path.join(HERE, "candidates.json")) -> int:
+    verdicts, missing = compare(path, candidates_path)
+    for cand in missing:
+        print(f"{cand}: not run yet")
+    for v in verdicts:
+        need = (f"more than {-v.step:.1f}; time {v.time_ratio:.3f} of {v.base}'s, needs below 1" if v.cost_rule
+                else f"needs {v.step:.1f}")
+        print(f"{v.candidate}: mean {v.mean:.1f} vs {v.base} {v.base_mean:.1f} (gain {v.gain:+.1f}, {need}); "
+              f"niah_multikey_3 {v.mk3_gain:+.1f}; {v.samples} samples -> "
+              f"{'REPLACES' if v.wins else 'keeps'} the current setting")
+    chosen = choices(verdicts)
+    for base, v in sorted(chosen.items()):
+        print(f"choice: {base} -> {v.candidate} ({v.gain:+.1f} points on dev)")
+    if not chosen:
         print("choice: every row keeps its current setting")
     return 0
 

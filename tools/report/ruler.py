@@ -13,6 +13,7 @@ import glob
 import importlib.util
 import json
 import os
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -39,13 +40,20 @@ MODEL = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "Gemma 3 270M"}
 TASKS_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "ruler", "tasks.py")
 
 
-def task_count() -> int:
-    """How many tasks bench/ruler/tasks.py defines (imported from its path): a complete run has them all."""
-    spec = importlib.util.spec_from_file_location("flashcache_ruler_tasks", TASKS_PY)
+CHOOSE_PY = os.path.join(os.path.dirname(TASKS_PY), "choose.py")
+
+
+def _module(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
-    return len(module.TASKS)
+    return module
+
+
+def task_count() -> int:
+    """How many tasks bench/ruler/tasks.py defines (imported from its path): a complete run has them all."""
+    return len(_module("flashcache_ruler_tasks", TASKS_PY).TASKS)
 
 
 def load(path: str) -> tuple[dict, list[dict]]:
@@ -67,6 +75,8 @@ def mean(values: list[float]) -> float:
 def table(records: list[dict]) -> list[str]:
     ratios = sorted({r["ratio"] for r in records if r["row"] != "full"})
     samples = {(r["task"], r["seed"], r["length"]) for r in records if r["row"] == "full"}
+    if not samples:  # a dev round of candidates: their comparison follows
+        return ["No full-cache row in this run (a round of dev candidates, each compared with its row below)."]
     by = defaultdict(list)
     for r in records:
         if (r["task"], r["seed"], r["length"]) in samples:
@@ -98,7 +108,7 @@ def table(records: list[dict]) -> list[str]:
 
 def per_task(records: list[dict]) -> list[str]:
     tasks = sorted({r["task"] for r in records})
-    rows = ["full"] + [r for r in ORDER if any(x["row"] == r for x in records)]
+    rows = [r for r in ["full"] + ORDER if any(x["row"] == r for x in records)]
     lines = ["| method | " + " | ".join(tasks) + " |", "| --- |" + " ---: |" * len(tasks)]
     for row in rows:
         vals = [mean([r["score"] for r in records if r["row"] == row and r["task"] == t]) for t in tasks]
@@ -106,24 +116,21 @@ def per_task(records: list[dict]) -> list[str]:
     return lines
 
 
-def candidates(records: list[dict], second_round: bool) -> list[str]:
+def candidates(records: list[dict], path: str) -> list[str]:
     """The dev candidates (rows named base@option=value) beside their base row, on the samples and
-    ratios both ran, as bench/ruler/choose.py compares them."""
+    ratios both ran. A later round's file (``*_roundN.jsonl``) is judged as bench/ruler/choose.py
+    judges it, by the rule of ``candidates_N.json``; the first round's file lists the comparison."""
     names = sorted({r["row"] for r in records if "@" in r["row"]})
     if not names:
         return []
+    match = re.search(r"_round(\d+)\.jsonl$", os.path.basename(path))
+    if match:
+        return judged(path, int(match.group(1)))
     score = {(r["row"], r["task"], r["seed"], r["length"], r["ratio"]): r["score"] for r in records}
-    if second_round:
-        about = ["Dev candidates of the second round (bench/ruler/candidates_2.json, listed before their run), each "
-                 "beside its row's current setting on the same samples and the rule's ratios 0.5, 0.75 and 0.875 "
-                 "(split.json's rule: bench/ruler/choose.py; one sample's worth is 4.5 points here). None gained "
-                 "enough: every row kept its setting."]
-    else:
-        about = ["Dev candidates (bench/ruler/candidates.json), each beside its row's setting of that run on the "
-                 "samples and ratios both ran (split.json's rule: bench/ruler/choose.py). The table above shows each "
-                 "row as it ran (the recall row before 2026-12-05: recall_share 0.5); a candidate that the rule chose "
-                 "is the setting users get from then on (recall_share 0.25 since 2026-12-05)."]
-    lines = about + ["",
+    lines = ["Dev candidates (bench/ruler/candidates.json), each beside its row's setting of that run on the "
+             "samples and ratios both ran (split.json's rule: bench/ruler/choose.py). The table above shows each "
+             "row as it ran (the recall row before 2026-12-05: recall_share 0.5); a candidate that the rule chose "
+             "is the setting users get from then on (recall_share 0.25 since 2026-12-05).", "",
              "| candidate | its mean | the row's mean | gain | runs |", "| --- | ---: | ---: | ---: | ---: |"]
     for name in names:
         base = name.split("@")[0]
@@ -133,6 +140,34 @@ def candidates(records: list[dict], second_round: bool) -> list[str]:
         a = mean([score[(name,) + k] for k in keys])
         b = mean([score[(base,) + k] for k in keys])
         lines.append(f"| `{name}` | {a:.1f} | {b:.1f} | {a - b:+.1f} | {len(keys)} |")
+    return lines + [""]
+
+
+def judged(path: str, round_number: int) -> list[str]:
+    """Round N's candidates with choose.py's verdicts and choice."""
+    choose = _module("flashcache_ruler_choose", CHOOSE_PY)
+    listed = os.path.join(os.path.dirname(TASKS_PY), f"candidates_{round_number}.json")
+    verdicts, missing = choose.compare(path, listed)
+    if not verdicts:
+        return []
+    cost = verdicts[0].cost_rule
+    rule = ("the cost rule written in that file: not lower by one sample's worth or more, niah_multikey_3 not "
+            "lower, and faster" if cost else "split.json's rule: a gain of at least one sample's worth, "
+            "niah_multikey_3 not lower")
+    lines = [f"Dev candidates of round {round_number} (bench/ruler/candidates_{round_number}.json, listed before "
+             "their run), each beside its row's current setting on the same samples and the rule's ratios 0.5, "
+             f"0.75 and 0.875 ({rule}; one sample's worth is {verdicts[0].step:.1f} points here; "
+             "bench/ruler/choose.py). Time: the candidate's median prefill, compression and recall over the row's.",
+             "", "| candidate | its mean | the row's mean | gain | niah_multikey_3 | time | runs | verdict |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for v in verdicts:
+        lines.append(f"| `{v.candidate}` | {v.mean:.1f} | {v.base_mean:.1f} | {v.gain:+.1f} | {v.mk3_gain:+.1f} | "
+                     f"{v.time_ratio:.2f} | {v.runs} | {'replaces the setting' if v.wins else 'keeps the setting'} |")
+    chosen = choose.choices(verdicts)
+    lines += ["", "Choice: " + ("; ".join(f"{b} -> `{v.candidate}`" for b, v in sorted(chosen.items()))
+                               if chosen else "every row keeps its setting") + "."]
+    if missing:
+        lines += [f"Not run yet: {', '.join(missing)}."]
     return lines + [""]
 
 
@@ -158,10 +193,10 @@ def render(folder: str) -> str:
         for r in records:
             have[r["task"]].add((r["row"], r["ratio"]))
         done = {t for t, p in have.items() if pairs <= p}
-        second_round = "round2" in os.path.basename(path)  # the second dev round's file (candidates_2.json)
+        match = re.search(r"_round(\d+)\.jsonl$", os.path.basename(path))
         parts += [f"### {name}, {head.get('protocol')}, {head.get('split')} samples, "
                   f"{'/'.join(str(n) for n in lengths)} tokens"
-                  f"{', second candidate round' if second_round else ''}", "",
+                  f"{f', candidate round {match.group(1)}' if match else ''}", "",
                   f"`{head.get('command')}` ({head.get('date')}, {head.get('cpus')} CPUs, {head.get('machine')}, "
                   f"git {head.get('git')}; kvpress {head.get('versions', {}).get('kvpress')}, "
                   f"transformers {head.get('versions', {}).get('transformers')}).", ""]
@@ -176,7 +211,7 @@ def render(folder: str) -> str:
                       "over those tasks only, not comparable with a complete table.**", ""]
             records = [r for r in records if r["task"] in done]
         parts += table(records) + ["", "Per task, mean over the ratios:", ""] + per_task(records) + [""]
-        parts += candidates(records, second_round)
+        parts += candidates(records, path)
     return "\n".join(parts)
 
 
