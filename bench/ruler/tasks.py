@@ -196,10 +196,11 @@ def _niah(seed: int, length: int, count: Counter, split: str, *, haystack: str, 
 
 def _variable_tracking(seed: int, length: int, count: Counter, split: str) -> tuple[str, str, str, list[str]]:
     rng = random.Random(seed)
-    names = set()
-    while len(names) < 5:
-        names.add("".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5)))
-    chain = sorted(names, key=lambda _: rng.random())
+    chain: list[str] = []
+    while len(chain) < 5:  # drawn in order (a set's order would follow the process's string hashing)
+        name = "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5))
+        if name not in chain:
+            chain.append(name)
     value = str(rng.randint(10_000, 99_999))
     statements = [f"VAR {chain[0]} = {value}. "] + [f"VAR {b} = VAR {a}. " for a, b in zip(chain, chain[1:])]
     intro = "Remember every variable assignment in the text below; you will be asked to follow them.\n"

@@ -49,6 +49,20 @@ def test_variable_tracking_states_its_chain_in_order():
     assert at == sorted(at) and f"= {s.question.split('value ')[1].split(',')[0]}." in s.context
 
 
+def test_a_seed_gives_one_sample_in_every_process():
+    """Python hashes strings differently in each process (PYTHONHASHSEED): nothing may follow a set's order."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, tasks; print(json.dumps([tasks.generate(t, 5, 1024, lambda x: len(x.split()), 'dev')"
+            ".context for t in tasks.TASKS]))")
+    here = os.path.dirname(os.path.abspath(__file__))
+    runs = [subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(h)}).stdout for h in (1, 2)]
+    assert json.loads(runs[0]) == json.loads(runs[1])
+
+
 def test_needles_of_multikey_are_distinct_and_one_is_asked():
     s = tasks.generate("niah_multikey_3", 0, 2048, count, "dev")
     keys = re.findall(r"magic uuids for ([0-9a-f-]{36}) is", s.context)
