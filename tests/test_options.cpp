@@ -29,6 +29,7 @@ TEST(Options, DefaultsAreTheDevChoice) {
   EXPECT_DOUBLE_EQ(o.select.base_share, 0.0);
   EXPECT_FALSE(o.score.normalize_terms);
   EXPECT_FALSE(o.score.rope.derotate);
+  EXPECT_DOUBLE_EQ(o.score.mean_weight, 0.0);
   EXPECT_EQ(o.allocate.mode, fc::Allocation::dynamic);
   EXPECT_TRUE(fc::check_options(o).ok());
 }
@@ -81,8 +82,21 @@ TEST(Options, PaperPresetIsThePaperExactly) {
   EXPECT_EQ(p.select.base_share, 0.0);
   EXPECT_FALSE(p.score.normalize_terms);
   EXPECT_FALSE(p.score.rope.derotate);
+  EXPECT_DOUBLE_EQ(p.score.mean_weight, 0.0);
   EXPECT_EQ(p.allocate.mode, fc::Allocation::dynamic);
   EXPECT_TRUE(fc::check_options(p).ok());
+}
+
+TEST(Options, MeanWeightIsCheckedByName) {
+  fc::Options o;
+  o.score.mean_weight = 1.5;
+  EXPECT_NE(fc::check_options(o).message().find("mean_weight 1.5 is outside [0, 1]"), std::string::npos);
+  o.score.mean_weight = std::nan("");
+  EXPECT_NE(fc::check_options(o).message().find("mean_weight nan"), std::string::npos)
+      << fc::check_options(o).message();
+  o.score.mean_weight = 1.0;
+  o.score.mean_mix = static_cast<fc::TailMix>(7);
+  EXPECT_NE(fc::check_options(o).message().find("unknown mean_mix"), std::string::npos);
 }
 
 TEST(Options, SharesAndRopeAreCheckedByName) {

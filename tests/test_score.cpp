@@ -256,6 +256,59 @@ TEST(Score, NormalizedTermsAreDividedByTheirHeadMeans) {
   }
 }
 
+// mean_weight: each token's distance from its head's mean K and V (a naive double
+// reference, the mean over the finite tokens; a non-finite token reads the nearest
+// finite one before it and keeps +inf), mixed with the residual by sum or max;
+// weight 0 leaves the residual alone bit for bit.
+TEST(Score, MeanWeightMixesEachTokensDistanceFromTheHeadMean) {
+  const std::int64_t heads = 2, n = 61, dim = 6;
+  Layer l = random_layer(heads, n, dim, 41);
+  l.v[static_cast<std::size_t>((1 * n + 30) * dim + 2)] = std::numeric_limits<float>::quiet_NaN();  // head 1, token 30
+  const auto kv = fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
+             vv = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
+  fc::Options opt;
+  const fc::LayerScores residual = fc::score_layer<double>(kv, vv, opt.score);
+  opt.score.mean_weight = 0.0;
+  const fc::LayerScores same = fc::score_layer<double>(kv, vv, opt.score);
+  EXPECT_EQ(same.score, residual.score);
+  for (const fc::TailMix mix : {fc::TailMix::sum, fc::TailMix::max}) {
+    const double w = 0.3;
+    opt.score.mean_weight = w;
+    opt.score.mean_mix = mix;
+    const fc::LayerScores s = fc::score_layer<double>(kv, vv, opt.score);
+    for (std::int64_t h = 0; h < heads; ++h) {
+      auto bad = [&](std::int64_t t) { return h == 1 && t == 30; };
+      std::vector<double> mean(static_cast<std::size_t>(2 * dim), 0.0), dist(static_cast<std::size_t>(n));
+      for (std::int64_t t = 0; t < n; ++t)
+        for (std::int64_t c = 0; c < dim && !bad(t); ++c) {
+          mean[static_cast<std::size_t>(c)] += l.k[static_cast<std::size_t>((h * n + t) * dim + c)] / (n - (h == 1));
+          mean[static_cast<std::size_t>(dim + c)] += l.v[static_cast<std::size_t>((h * n + t) * dim + c)] / (n - (h == 1));
+        }
+      double sum_r = 0, sum_d = 0;
+      for (std::int64_t t = 0; t < n; ++t) {
+        const std::int64_t src = bad(t) ? t - 1 : t;
+        double d2 = 0;
+        for (std::int64_t c = 0; c < dim; ++c) {
+          const double dk = l.k[static_cast<std::size_t>((h * n + src) * dim + c)] - mean[static_cast<std::size_t>(c)];
+          const double dv = l.v[static_cast<std::size_t>((h * n + src) * dim + c)] - mean[static_cast<std::size_t>(dim + c)];
+          d2 += dk * dk + dv * dv;
+        }
+        dist[static_cast<std::size_t>(t)] = d2 / dim;
+        if (!bad(t)) sum_r += residual(h, t), sum_d += dist[static_cast<std::size_t>(t)];
+      }
+      const double finite = static_cast<double>(n - (h == 1));
+      for (std::int64_t t = 0; t < n; ++t) {
+        if (bad(t)) {
+          EXPECT_TRUE(std::isinf(s(h, t)));
+          continue;
+        }
+        const double a = (1 - w) * residual(h, t) / (sum_r / finite), b = w * dist[static_cast<std::size_t>(t)] / (sum_d / finite);
+        EXPECT_NEAR(s(h, t), mix == fc::TailMix::sum ? a + b : std::max(a, b), 1e-5 * (1 + a + b)) << h << " " << t;
+      }
+    }
+  }
+}
+
 // Keys rotated by RoPE and scored with derotate score as the unrotated keys do.
 TEST(Score, DerotatedKeysScoreAsBeforeRope) {
   const std::int64_t heads = 2, n = 83, dim = 8, first = 11;

@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
       const fc::SharedKeepOptions shared = shared_from(options);
 
       // Query tails: the residual scores (without tails) and the tails of this feed, each
-      // computed once, mixed as the Scorer mixes them (mix_query_tail).
+      // computed once, mixed as the Scorer mixes them (mix_term).
       const bool with_tail = policy == fp::Policy::flashcache && opt.score.query == fc::QueryInput::tail;
       fc::Options residual_opt = opt;
       residual_opt.score.query = fc::QueryInput::none;
@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
           std::vector<fc::LayerScores> scores = base_it->second;
           for (std::size_t l = 0; l < scores.size(); ++l)
             for (std::int64_t h = 0; h < scores[l].heads; ++h)
-              fc::mix_query_tail(opt.score.tail_weight, opt.score.tail_mix, tail_it->second[l].data() + h * scores[l].tokens,
+              fc::mix_term(opt.score.tail_weight, opt.score.tail_mix, tail_it->second[l].data() + h * scores[l].tokens,
                                  scores[l].score.data() + h * scores[l].tokens, scores[l].tokens);
           it = scored.emplace(key, std::move(scores)).first;
         }

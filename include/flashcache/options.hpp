@@ -125,6 +125,13 @@ struct ScoreOptions {
   QueryInput query = QueryInput::none;
   double tail_weight = 0.5;
   TailMix tail_mix = TailMix::sum;
+  // A second, coarser base: each token's distance from its head's mean K and V
+  // (the DC base alone: how far it stands from the whole context, where the
+  // residual tells how far from its neighbourhood), mixed in as the tails are,
+  // (1 - mean_weight) * residual / mean + mean_weight * distance / mean (or the
+  // larger term: mean_mix). 0: the residual alone. CPU only.
+  double mean_weight = 0.0;
+  TailMix mean_mix = TailMix::sum;
   // Image spans (given per request, grid.hpp's ImageSpans) are scored by a 2D
   // DCT over their patch grid with a low-pass zone of about gamma of the 2D
   // coefficients; with Transform::blocked a span is cut into grid_tile x
@@ -224,6 +231,9 @@ inline Status check_options(const ScoreOptions& o) {
     return make_error(Errc::invalid_option, "block_size ", o.block_size, " must be at least 1");
   if (!(o.tail_weight >= 0.0 && o.tail_weight <= 1.0))
     return make_error(Errc::invalid_option, "tail_weight ", o.tail_weight, " is outside [0, 1]");
+  if (!is_known(o.mean_mix)) return make_error(Errc::invalid_option, "unknown mean_mix");
+  if (!(o.mean_weight >= 0.0 && o.mean_weight <= 1.0))
+    return make_error(Errc::invalid_option, "mean_weight ", o.mean_weight, " is outside [0, 1]");
   if (o.grid_tile < 1) return make_error(Errc::invalid_option, "grid_tile ", o.grid_tile, " must be at least 1");
   if (o.rope.derotate && !(o.rope.theta > 1.0 && std::isfinite(o.rope.theta)))
     return make_error(Errc::invalid_option, "rope theta ", o.rope.theta, " must be finite and > 1");

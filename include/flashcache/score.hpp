@@ -83,25 +83,26 @@ struct LayerScores {
   }
 };
 
-// One head's residual scores mixed with its keys' tails (QueryInput::tail):
-// r = (1 - w) score[t] / mean, t = w tail[t] / mean, means over the finite
-// tokens, and score[t] = r + t (TailMix::sum) or max(r, t) (TailMix::max); a
-// non-finite token's +inf stays, and a term whose mean is 0 is 0. The Scorer
-// calls it; a caller that keeps the residual scores can mix them with several
-// weights without scoring again.
-inline void mix_query_tail(double weight, TailMix mix, const float* tail, float* score, std::int64_t n) {
+// One head's residual scores mixed with a second term per token (its keys'
+// tails with QueryInput::tail, its distance from the head's mean with
+// mean_weight): r = (1 - w) score[t] / mean, t = w term[t] / mean, means over
+// the finite tokens, and score[t] = r + t (TailMix::sum) or max(r, t)
+// (TailMix::max); a non-finite token's +inf stays, and a term whose mean is 0
+// is 0. The Scorer calls it; a caller that keeps the residual scores can mix
+// them with several weights without scoring again.
+inline void mix_term(double weight, TailMix mix, const float* term, float* score, std::int64_t n) {
   double sum_r = 0, sum_t = 0;
   std::int64_t rankable = 0;
   for (std::int64_t t = 0; t < n; ++t)
     if (!rules::always_kept_score(score[t])) {
       sum_r += static_cast<double>(score[t]);
-      sum_t += static_cast<double>(tail[t]);
+      sum_t += static_cast<double>(term[t]);
       ++rankable;
     }
   const rules::TailMixScales s = rules::tail_mix_scales(weight, sum_r, sum_t, static_cast<double>(rankable));
   for (std::int64_t t = 0; t < n; ++t)
     if (!rules::always_kept_score(score[t]))
-      score[t] = rules::mixed_tail_score(s, mix == TailMix::max, score[t], tail[t]);
+      score[t] = rules::mixed_tail_score(s, mix == TailMix::max, score[t], term[t]);
 }
 
 // What a layer's score reads besides K and V; both are optional.
@@ -206,8 +207,9 @@ class Scorer {
         residuals(k, v, h, opt, in.spans, &e);
       }
       write_scores(opt.normalize_terms, k.head_dim, score + h * n);
+      if (opt.mean_weight > 0) mix_distance_from_mean(k, v, h, opt, score + h * n);
       if (opt.query == QueryInput::tail)
-        mix_query_tail(opt.tail_weight, opt.tail_mix, in.tails.data + h * in.tails.tokens, score + h * n, n);
+        mix_term(opt.tail_weight, opt.tail_mix, in.tails.data + h * in.tails.tokens, score + h * n, n);
     }
     if (out.nonfinite != nullptr) *out.nonfinite = bad;
     return Status::success();
@@ -263,6 +265,24 @@ class Scorer {
                                           rv[static_cast<std::size_t>(t)] * scale_v);
   }
 
+  // ScoreOptions::mean_weight: each token's distance from the head's mean K and
+  // V (as the transform read them: de-rotated keys with RoPE), mixed into its score.
+  template <class T>
+  void mix_distance_from_mean(KVView<const T> k, KVView<const T> v, std::int64_t h, const ScoreOptions& opt,
+                              float* score) {
+    if (opt.rope.derotate) {
+      const std::int64_t n = k.tokens, d = k.head_dim;
+      detail::distance_from_mean(hnd<const float>(derotated_.k.data(), Heads(1), Tokens(n), HeadDim(d)),
+                                 hnd<const float>(derotated_.v.data(), Heads(1), Tokens(n), HeadDim(d)), 0, source_,
+                                 &mean_row_, &distance_);
+    } else {
+      detail::distance_from_mean(k, v, h, source_, &mean_row_, &distance_);
+    }
+    distance_f_.resize(distance_.size());
+    for (std::size_t t = 0; t < distance_.size(); ++t) distance_f_[t] = static_cast<float>(distance_[t]);
+    mix_term(opt.mean_weight, opt.mean_mix, distance_f_.data(), score, k.tokens);
+  }
+
   // Tails go with QueryInput::tail and nothing else, one per key and head.
   static Status check_query_input(const ScoreOptions& opt, TailView<const float> tails, std::int64_t heads,
                                   std::int64_t tokens) {
@@ -294,6 +314,8 @@ class Scorer {
 
   std::vector<std::int64_t> source_;  // the row each token reads (map_nonfinite_rows)
   detail::DerotatedHead derotated_;
+  std::vector<Real> mean_row_, distance_;  // mean_weight: the head's mean K and V row, each token's distance
+  std::vector<float> distance_f_;
   detail::TokenResiduals<Real> sums_;
   detail::GlobalResidual<Real> global_;
   detail::BlockedResidual<Real> blocked_;

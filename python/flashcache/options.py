@@ -92,11 +92,20 @@ class ScoreOptions(_Mirror):
     query: QueryInput = _DEFAULT.score.query
     tail_weight: float = _DEFAULT.score.tail_weight
     tail_mix: TailMix = _DEFAULT.score.tail_mix
+    mean_weight: float = _DEFAULT.score.mean_weight
+    mean_mix: TailMix = _DEFAULT.score.mean_mix
     grid_zone: GridZone = _DEFAULT.score.grid_zone
     grid_tile: int = _DEFAULT.score.grid_tile
 
     _core_type = _core.ScoreOptions
-    _enums = {"base": Base, "transform": Transform, "query": QueryInput, "tail_mix": TailMix, "grid_zone": GridZone}
+    _enums = {
+        "base": Base,
+        "transform": Transform,
+        "query": QueryInput,
+        "tail_mix": TailMix,
+        "mean_mix": TailMix,
+        "grid_zone": GridZone,
+    }
 
 
 @dataclass

@@ -64,6 +64,8 @@ void bind_options(nb::module_& m) {
       .def_rw("query", &ScoreOptions::query)
       .def_rw("tail_weight", &ScoreOptions::tail_weight)
       .def_rw("tail_mix", &ScoreOptions::tail_mix)
+      .def_rw("mean_weight", &ScoreOptions::mean_weight)
+      .def_rw("mean_mix", &ScoreOptions::mean_mix)
       .def_rw("grid_zone", &ScoreOptions::grid_zone)
       .def_rw("grid_tile", &ScoreOptions::grid_tile);
   bind_struct<SelectOptions>(m, "SelectOptions")

@@ -46,6 +46,7 @@ def test_presets_match_the_cpp_ones():
 def test_enums_by_name_and_unknown_names_refused():
     assert fc.ScoreOptions(base="lowpass").base is fc.Base.lowpass
     assert fc.ScoreOptions(transform=fc.Transform.blocked).transform is fc.Transform.blocked
+    assert fc.ScoreOptions(mean_mix="max").mean_mix is fc.TailMix.max
     with pytest.raises(ValueError, match="ScoreOptions.base: 'lowpas' is not one of lowpass, peak, mixed"):
         fc.ScoreOptions(base="lowpas")
 
@@ -65,6 +66,7 @@ def test_enum_names_assigned_after_construction_reach_cpp():
         (fc.Options(score=fc.ScoreOptions(gamma=0.0)), "gamma 0 is outside"),
         (fc.Options(score=fc.ScoreOptions(gamma=float("nan"))), "gamma nan is outside"),
         (fc.Options(select=fc.SelectOptions(window_share=1.5)), "window_share 1.5 is outside"),
+        (fc.Options(score=fc.ScoreOptions(mean_weight=2.0)), "mean_weight 2 is outside"),
         (fc.Options(allocate=fc.AllocateOptions(min_layer_ratio=-0.1)), "min_layer_ratio -0.1 is outside"),
     ],
 )

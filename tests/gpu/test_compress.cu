@@ -48,6 +48,17 @@ TEST(GpuCanImplement, RefusesLayerCounts) {
   expect_error(fcc::can_implement(g.cache, Budget::ratio(0.2), blocked()), Errc::unsupported, "layers");
 }
 
+// Score options only the CPU has are refused by name, before any launch.
+TEST(GpuCanImplement, RefusesCpuOnlyScoreOptionsByName) {
+  DenseFixture f(1, 2, 16, 64);
+  Options opt = blocked();
+  opt.score.normalize_terms = true;
+  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::unsupported, "normalize_terms");
+  opt = blocked();
+  opt.score.mean_weight = 0.5;
+  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::unsupported, "mean_weight");
+}
+
 // Query tails: Cache::tails given exactly when ScoreOptions::query asks for them.
 TEST(GpuCanImplement, QueryTailsNeedTheCachesTails) {
   DenseFixture f(1, 2, 16, 64);

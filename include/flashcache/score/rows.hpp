@@ -63,6 +63,39 @@ Real source_element(KVView<const T> x, std::int64_t h, std::int64_t src, std::in
   return src < 0 ? Real(0) : static_cast<Real>(to_float(x(h, src, c)));
 }
 
+// Each token's squared distance from head h's mean K and V row, over the rows
+// the transform reads (map_nonfinite_rows' src; the mean over the finite
+// tokens): the residual against the DC base alone, what ScoreOptions::mean_weight
+// mixes in. *mean is scratch [2 d]; *out gets [tokens].
+template <class Real, class T>
+void distance_from_mean(KVView<const T> k, KVView<const T> v, std::int64_t h, const std::vector<std::int64_t>& src,
+                        std::vector<Real>* mean, std::vector<Real>* out) {
+  const std::int64_t n = k.tokens, d = k.head_dim;
+  mean->assign(static_cast<std::size_t>(2 * d), Real(0));
+  out->resize(static_cast<std::size_t>(n));
+  std::int64_t finite = 0;
+  for (std::int64_t t = 0; t < n; ++t) {
+    if (src[static_cast<std::size_t>(t)] != t) continue;
+    ++finite;
+    for (std::int64_t c = 0; c < d; ++c) {
+      (*mean)[static_cast<std::size_t>(c)] += static_cast<Real>(to_float(k(h, t, c)));
+      (*mean)[static_cast<std::size_t>(d + c)] += static_cast<Real>(to_float(v(h, t, c)));
+    }
+  }
+  if (finite > 0)
+    for (Real& x : *mean) x /= static_cast<Real>(finite);
+  for (std::int64_t t = 0; t < n; ++t) {
+    const std::int64_t s = src[static_cast<std::size_t>(t)];
+    Real sum = 0;
+    for (std::int64_t c = 0; c < d; ++c) {
+      const Real dk = source_element<Real>(k, h, s, c) - (*mean)[static_cast<std::size_t>(c)];
+      const Real dv = source_element<Real>(v, h, s, c) - (*mean)[static_cast<std::size_t>(d + c)];
+      sum += dk * dk + dv * dv;
+    }
+    (*out)[static_cast<std::size_t>(t)] = sum / static_cast<Real>(d);
+  }
+}
+
 // One head of K rotated back to its pre-RoPE form, and V, as float rows
 // [tokens][head_dim]; inv_freq is scratch. Kept between heads and layers.
 struct DerotatedHead {

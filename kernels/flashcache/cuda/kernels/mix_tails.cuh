@@ -2,7 +2,7 @@
 // Stage 1c, query tails (ScoreOptions::query = tail): per (sequence, head, layer)
 // the residual scores and the keys' tails, each over its mean on the rankable
 // tokens, mixed by sum or by max (rules::tail_mix_scales, rules::mixed_tail_score:
-// the CPU's mix_query_tail, one definition).
+// the CPU's mix_term, one definition).
 //
 // One CTA per (sequence, head, layer) sums the rankable tokens' scores and tails
 // in double, strided per thread and then by a CUB block reduce (a fixed tree), so
