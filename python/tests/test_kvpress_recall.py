@@ -67,8 +67,8 @@ def test_a_recall_brings_back_whole_blocks_within_its_budget_as_they_were():
 
 def test_recalling_every_block_answers_as_the_full_cache():
     """With room for the whole archive every evicted token comes back (scores are softmax
-    probabilities, all above 0): the cache is the full one in another order, and greedy decoding
-    through kvpress's pipeline gives the full cache's answer."""
+    probabilities, all above 0): the cache is the full one in another order, and with two question
+    passes greedy decoding through kvpress's pipeline gives the full cache's answer."""
     model, tokenizer = tiny_llama(), word_tokenizer()
     torch.manual_seed(5)
     context, question = text(torch.randint(3, 256, (300,))), text(torch.randint(3, 256, (10,)))
@@ -80,7 +80,7 @@ def test_recalling_every_block_answers_as_the_full_cache():
             super()._compact_and_archive(model, cache)
             self.recall_budget = self.archive.tokens
 
-    press = EverythingPress(compression_ratio=0.75)
+    press = EverythingPress(compression_ratio=0.75, question_passes=2)  # the question runs again over them
     assert pipe(context, question=question, press=press, max_new_tokens=12)["answer"] == full
     assert press.last.recalled == press.archive.tokens
     # Without a recall the same compression loses it (the test would pass trivially otherwise).
@@ -110,11 +110,12 @@ def test_one_question_pass_decodes_as_kvpress_and_recalls_within_its_budget():
     context, question = text(torch.randint(3, 256, (300,))), text(torch.randint(3, 256, (10,)))
     pipe = RecallPipeline(model=model, tokenizer=tokenizer)
     for ratio in (0.0, 0.75):
-        two = FlashCacheRecallPress(compression_ratio=ratio, recall_share=0.0)
+        two = FlashCacheRecallPress(compression_ratio=ratio, recall_share=0.0, question_passes=2)
         one = FlashCacheRecallPress(compression_ratio=ratio, recall_share=0.0, question_passes=1)
         want = pipe(context, question=question, press=two, max_new_tokens=12)["answer"]
         assert pipe(context, question=question, press=one, max_new_tokens=12)["answer"] == want
-    press = FlashCacheRecallPress(compression_ratio=0.75, question_passes=1)
+    press = FlashCacheRecallPress(compression_ratio=0.75)  # one pass: the default
+    assert press.question_passes == 1
     answers = pipe(context, questions=[question, question], press=press, max_new_tokens=12)["answers"]
     assert answers[0] == answers[1]  # the first question's recall left nothing behind
     assert 0 < press.last.recalled <= press.recall_budget and press.last.seconds > 0
