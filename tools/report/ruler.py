@@ -171,6 +171,44 @@ def judged(path: str, round_number: int) -> list[str]:
     return lines + [""]
 
 
+def pooled(folder: str) -> list[str]:
+    """SmolLM2's query-agnostic held-out samples at 1,024 tokens, every file pooled: each row's mean per
+    ratio over every sample it ran beside the full cache, the issue's goals at a glance. Settings may
+    differ between files (the recall row: two question passes until seed 1001, one from seed 1002)."""
+    runs = defaultdict(list)  # (row, ratio) -> scores
+    samples = defaultdict(set)  # row -> (file, task, seed)
+    for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
+        head, records = load(path)
+        if (head.get("model"), head.get("protocol"), head.get("split")) != ("smollm2", "agnostic", "heldout"):
+            continue
+        at = [r for r in records if r["length"] == 1024]
+        ratios = {r["ratio"] for r in at if r["row"] != "full"}
+        full = {(r["task"], r["seed"]) for r in at if r["row"] == "full"}
+        have = defaultdict(set)  # (row, task, seed) -> ratios run
+        for r in at:
+            have[(r["row"], r["task"], r["seed"])].add(r["ratio"])
+        for r in at:  # a sample counts for a row once it has run every ratio there (a run in progress)
+            if (r["task"], r["seed"]) in full and (r["row"] == "full" or have[(r["row"], r["task"], r["seed"])] == ratios):
+                runs[(r["row"], r["ratio"])].append(r["score"])
+                samples[r["row"]].add((path, r["task"], r["seed"]))
+    if not runs:
+        return []
+    ratios = sorted({ratio for (row, ratio) in runs if row != "full"})
+    lines = ["### SmolLM2-135M-Instruct, agnostic, every held-out sample at 1024 tokens, pooled", "",
+             "Each row's mean over every held-out sample it ran (one per task and seed, each file's rows on the "
+             "same samples); the samples column counts them. The recall row ran with two question passes on seeds "
+             "1000 and 1001 and with one (the default since 2026-12-06) from seed 1002; every other row's settings "
+             "are the same in every file. One sample's worth, over 11 tasks and n seeds, is 9.1 / n points.", "",
+             f"Full cache: {mean(runs[('full', 0.0)]):.1f} ({len(samples['full'])} samples).", "",
+             "| method | " + " | ".join(f"{r:g}" for r in ratios) + " | mean | samples |",
+             "| --- |" + " ---: |" * (len(ratios) + 2)]
+    for row in [r for r in ORDER if r in samples]:
+        cells = [mean(runs.get((row, ratio), [])) for ratio in ratios]
+        lines.append(f"| {LABEL.get(row, row)} | " + " | ".join(f"{c:.1f}" for c in cells) +
+                     f" | {mean(cells):.1f} | {len(samples[row])} |")
+    return lines + [""]
+
+
 def render(folder: str) -> str:
     parts = ["## RULER-style tasks beside kvpress's presses", "",
              "Tasks generated locally from the RULER paper's definitions (bench/ruler, its README), every row "
@@ -180,6 +218,7 @@ def render(folder: str) -> str:
              "compression and brings back up to the difference, so it never holds more than the others at the "
              "answer. Cost: the row's prefill and compression time (and, for recall, the question's extra pass "
              "and the archive's scoring) over the full cache's prefill, on this CPU.", ""]
+    parts += pooled(folder)
     tasks = task_count()
     for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
         head, records = load(path)
