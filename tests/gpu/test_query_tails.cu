@@ -1,7 +1,7 @@
 // Query tails on the GPU: the tail kernel (query_tails.cuh) and the mix of tails
 // into the scores (mix_tails.cuh). Host runs of each kernel's arithmetic, in the
 // kernel's order, against independent references (naive double tails, the CPU's
-// mix_query_tail) run anywhere; the device tests compare the kernels with the
+// mix_term) run anywhere; the device tests compare the kernels with the
 // CPU accumulator and scorer, and skip without a device.
 #include <gtest/gtest.h>
 
@@ -211,7 +211,7 @@ void host_run_mix(const std::vector<std::int64_t>& lengths, std::int64_t heads, 
 
 // Three packed sequences (one of more tokens than the CTA has threads, one empty),
 // +inf and NaN scores that must stay, a head whose tails are all 0 (its tail term
-// counts 0), both mixes: the CPU's mix_query_tail per sequence and head.
+// counts 0), both mixes: the CPU's mix_term per sequence and head.
 TEST(GpuMixTailsHost, HostRunOfTheKernelArithmeticMatchesTheCpuMix) {
   const std::vector<std::int64_t> lengths{301, 0, 57};
   const std::int64_t heads = 3, capacity = 400;
@@ -230,8 +230,8 @@ TEST(GpuMixTailsHost, HostRunOfTheKernelArithmeticMatchesTheCpuMix) {
       std::int64_t offset = 0;
       for (std::int64_t n : lengths) {
         for (std::int64_t h = 0; h < heads; ++h)
-          fc::mix_query_tail(weight, by_max ? fc::TailMix::max : fc::TailMix::sum, tails.data() + h * capacity + offset,
-                             cpu.data() + h * capacity + offset, n);
+          fc::mix_term(weight, by_max ? fc::TailMix::max : fc::TailMix::sum, tails.data() + h * capacity + offset,
+                       cpu.data() + h * capacity + offset, n);
         offset += n;
       }
       for (std::size_t i = 0; i < host.size(); ++i) {
