@@ -11,7 +11,8 @@ query-agnostic only; ``flashcache_tails``: the prompt's queries mixed into the s
 leaderboard: the context is compressed, then the question comes) and ``aware`` (the question is in
 the compressed context). Every row re-runs the same deterministic prefill of the same tokens,
 so its time against the full row's is its cost; a row's cost includes its scoring and, for the
-recall row, the question's extra pass and the archive's scoring.
+recall row, what the recall adds (``RecallStats.seconds``: the archive's scoring and copies, and with
+two question passes the question's extra pass).
 
 One JSON line per (sample, row, ratio) is appended to ``--out`` as it finishes: a run that stops
 loses nothing and resumes where it was. The header line names the model, machine, date and command.

@@ -3,8 +3,9 @@
 One table per (model, protocol, split), laid out as kvpress's leaderboard: rows are methods, columns
 the compression ratios, then the mean over the ratios; niah_multikey_3 apart; the full cache's
 score beside; each row's cost as the median, over its runs, of its prefill-and-compression time over
-the full row's on the same sample (the recall row adds the question's extra pass and the archive's
-scoring; a median, so that a run slowed by other work on the machine does not move it).
+the full row's on the same sample (the recall row adds the archive's scoring and copies, and with two
+question passes the question's extra pass; a median, so that a run slowed by other work on the
+machine does not move it).
 """
 
 from __future__ import annotations
@@ -216,8 +217,9 @@ def render(folder: str) -> str:
              "mean over tasks and samples. Ratios are kvpress's compression ratios (the share of the cache "
              "removed; cells kept per head: max(1, int(N (1 - ratio)))). The recall row keeps fewer cells at "
              "compression and brings back up to the difference, so it never holds more than the others at the "
-             "answer. Cost: the row's prefill and compression time (and, for recall, the question's extra pass "
-             "and the archive's scoring) over the full cache's prefill, on this CPU.", ""]
+             "answer. Cost: the row's prefill and compression time (and, for recall, what the recall adds: the "
+             "archive's scoring and copies, and with two question passes, the default until seed 1001, the "
+             "question's extra pass) over the full cache's prefill, on this CPU.", ""]
     parts += pooled(folder)
     tasks = task_count()
     for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
