@@ -207,7 +207,7 @@ class Scorer {
         residuals(k, v, h, opt, in.spans, &e);
       }
       write_scores(opt.normalize_terms, k.head_dim, score + h * n);
-      if (opt.mean_weight > 0) mix_distance_from_mean(k, v, h, opt, score + h * n);
+      if (opt.mean_weight > 0) mix_term(opt.mean_weight, opt.mean_mix, distance_.data(), score + h * n, n);
       if (opt.query == QueryInput::tail)
         mix_term(opt.tail_weight, opt.tail_mix, in.tails.data + h * in.tails.tokens, score + h * n, n);
     }
@@ -216,7 +216,8 @@ class Scorer {
   }
 
   // Per-token residual and total energies of head h (1D, then the 2D spans
-  // over their own tokens), and the head's energies from them (Parseval).
+  // over their own tokens), and the head's energies from them (Parseval); with
+  // mean_weight, each token's distance from the head's mean too (distance_).
   template <class T>
   void residuals(KVView<const T> k, KVView<const T> v, std::int64_t h, const ScoreOptions& opt, ImageSpans spans,
                  HeadEnergy* e) {
@@ -231,6 +232,7 @@ class Scorer {
       for (std::int64_t q = 0; q < tiling.count(); ++q)
         grid_.compute(k, v, h, source_, g, tiling.at(q), opt.grid_zone, opt.gamma, &sums_);
     }
+    if (opt.mean_weight > 0) detail::distance_from_mean(k, v, h, source_, &mean_row_, &distance_);
     // Energies of the finite tokens: E from the input, E_high from the residual.
     for (std::int64_t t = 0; t < k.tokens; ++t)
       if (source_[static_cast<std::size_t>(t)] == t)
@@ -265,24 +267,6 @@ class Scorer {
                                           rv[static_cast<std::size_t>(t)] * scale_v);
   }
 
-  // ScoreOptions::mean_weight: each token's distance from the head's mean K and
-  // V (as the transform read them: de-rotated keys with RoPE), mixed into its score.
-  template <class T>
-  void mix_distance_from_mean(KVView<const T> k, KVView<const T> v, std::int64_t h, const ScoreOptions& opt,
-                              float* score) {
-    if (opt.rope.derotate) {
-      const std::int64_t n = k.tokens, d = k.head_dim;
-      detail::distance_from_mean(hnd<const float>(derotated_.k.data(), Heads(1), Tokens(n), HeadDim(d)),
-                                 hnd<const float>(derotated_.v.data(), Heads(1), Tokens(n), HeadDim(d)), 0, source_,
-                                 &mean_row_, &distance_);
-    } else {
-      detail::distance_from_mean(k, v, h, source_, &mean_row_, &distance_);
-    }
-    distance_f_.resize(distance_.size());
-    for (std::size_t t = 0; t < distance_.size(); ++t) distance_f_[t] = static_cast<float>(distance_[t]);
-    mix_term(opt.mean_weight, opt.mean_mix, distance_f_.data(), score, k.tokens);
-  }
-
   // Tails go with QueryInput::tail and nothing else, one per key and head.
   static Status check_query_input(const ScoreOptions& opt, TailView<const float> tails, std::int64_t heads,
                                   std::int64_t tokens) {
@@ -314,8 +298,8 @@ class Scorer {
 
   std::vector<std::int64_t> source_;  // the row each token reads (map_nonfinite_rows)
   detail::DerotatedHead derotated_;
-  std::vector<Real> mean_row_, distance_;  // mean_weight: the head's mean K and V row, each token's distance
-  std::vector<float> distance_f_;
+  std::vector<Real> mean_row_;    // mean_weight: the head's mean K and V row
+  std::vector<float> distance_;  // mean_weight: each token's distance from it
   detail::TokenResiduals<Real> sums_;
   detail::GlobalResidual<Real> global_;
   detail::BlockedResidual<Real> blocked_;

@@ -1,9 +1,10 @@
-"""The door's checks on what comes in, before C++ sees it: the kind of array, its layout."""
+"""The door's checks on what comes in, before C++ sees it: the kind of array, its layout, the arguments beside."""
 
 from __future__ import annotations
 
 import math
 import numbers
+import os
 from typing import Any
 
 from . import _core
@@ -63,3 +64,8 @@ def spans(value: Any) -> list[tuple[int, int, int]]:
         first, rows, cols = (int(x) for x in s)
         out.append((first, rows, cols))
     return out
+
+
+def threads(count: int | None) -> int:
+    """Threads for the C++ scoring: ``count``, or every CPU of the machine when None."""
+    return (os.cpu_count() or 1) if count is None else count

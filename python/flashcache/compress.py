@@ -10,7 +10,6 @@ framework; K'/V' are always [heads, budget, head_dim].
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -180,7 +179,7 @@ def compress_model(
         [] if masks is None else [None if m is None else _arrays.readable(m, "masks") for m in masks],
         _arrays.spans(spans),
         [] if tails is None else [_tails(t) for t in tails],
-        (os.cpu_count() or 1) if threads is None else threads,
+        _arrays.threads(threads),
         pairs[0][2],
     )
     return CompressedModel([CompressedLayer(*layer) for layer in layers], budgets, ratios, nonfinite)

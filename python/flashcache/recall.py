@@ -9,7 +9,6 @@ blocks, whole, within a budget (include/flashcache/archive.hpp, recall.hpp).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -84,8 +83,9 @@ class RecallScorer:
     ):
         self._archive = archive
         self._r = _core.RecallScorer()
-        count = (os.cpu_count() or 1) if threads is None else threads
-        self._r.reset(archive._a, _enum(RecallScope, scope, "scope"), _enum(RecallScore, score, "score"), count)
+        self._r.reset(
+            archive._a, _enum(RecallScope, scope, "scope"), _enum(RecallScore, score, "score"), _arrays.threads(threads)
+        )
 
     def add_layer(self, layer: int, q: Array, resident: Array, question: Array, *, layout: str = "hnd") -> None:
         """The question's queries q [q_heads, m, d], the layer's resident keys [kv_heads, R, d] and the

@@ -66,10 +66,11 @@ Real source_element(KVView<const T> x, std::int64_t h, std::int64_t src, std::in
 // Each token's squared distance from head h's mean K and V row, over the rows
 // the transform reads (map_nonfinite_rows' src; the mean over the finite
 // tokens): the residual against the DC base alone, what ScoreOptions::mean_weight
-// mixes in. *mean is scratch [2 d]; *out gets [tokens].
+// mixes in (summed in Real, kept as float, as scores are). *mean is scratch
+// [2 d]; *out gets [tokens].
 template <class Real, class T>
 void distance_from_mean(KVView<const T> k, KVView<const T> v, std::int64_t h, const std::vector<std::int64_t>& src,
-                        std::vector<Real>* mean, std::vector<Real>* out) {
+                        std::vector<Real>* mean, std::vector<float>* out) {
   const std::int64_t n = k.tokens, d = k.head_dim;
   mean->assign(static_cast<std::size_t>(2 * d), Real(0));
   out->resize(static_cast<std::size_t>(n));
@@ -92,7 +93,7 @@ void distance_from_mean(KVView<const T> k, KVView<const T> v, std::int64_t h, co
       const Real dv = source_element<Real>(v, h, s, c) - (*mean)[static_cast<std::size_t>(d + c)];
       sum += dk * dk + dv * dv;
     }
-    (*out)[static_cast<std::size_t>(t)] = sum / static_cast<Real>(d);
+    (*out)[static_cast<std::size_t>(t)] = static_cast<float>(sum / static_cast<Real>(d));
   }
 }
 
