@@ -2,8 +2,8 @@
 // Stage 1b (flashcache/cuda/kernels/energy.cuh): per-(layer, sequence) energy sums,
 // R_l and the largest protected count over the heads; or, in a tensor-parallel
 // run, R_l alone from sums already reduced over the ranks.
-#include "flashcache/cuda/run_context.cuh"
 #include "flashcache/cuda/kernels/energy.cuh"
+#include "flashcache/cuda/run_context.cuh"
 
 namespace flashcache::gpu::detail {
 
@@ -27,7 +27,7 @@ Status sum_energy(const RunContext<T>& run, float* ratio_out, cudaStream_t strea
   p.ratio_out = ratio_out;
   p.status = run.status;
   kernels::energy_kernel<><<<dim3(static_cast<unsigned>(run.cache.sequences), static_cast<unsigned>(run.cache.layers)),
-                             kernels::kEnergyThreads, 0, stream>>>(p);
+                             kernels::kEnergyThreads, kernels::energy_smem_bytes(p.heads), stream>>>(p);
   return launched("energy_kernel");
 }
 

@@ -4,8 +4,9 @@
 // protected count over the heads (the least budget the layer can take).
 //
 // One CTA per (sequence, layer) sums the per-tile partials of the score pass
-// in double, in a fixed order (strided per thread, then a CUB block reduce,
-// itself a fixed tree), so the result does not change from run to run. With
+// in double, in a fixed order (strided per thread over every head's tiles, then
+// a CUB block reduce, itself a fixed tree), so the result does not change from
+// run to run. With
 // image spans, the 2D pass's per-tile partials join the same sums.
 #include <cub/block/block_reduce.cuh>
 
@@ -37,41 +38,52 @@ inline constexpr int kEnergyThreads = 128;
 
 // A template (never instantiated with another argument) so that the kernel has
 // vague linkage: any number of translation units may include this header.
+// Dynamic shared memory: one int per head (the protected counts).
+inline std::size_t energy_smem_bytes(int heads) { return static_cast<std::size_t>(heads) * sizeof(int); }
+
+// A template (never instantiated with another argument) so that the kernel has
+// vague linkage: any number of translation units may include this header.
 template <int kOneDefinition = 0>
 __global__ void __launch_bounds__(kEnergyThreads) energy_kernel(EnergyParams p) {
   using Reduce = cub::BlockReduce<double, kEnergyThreads>;
   using ReduceInt = cub::BlockReduce<long long, kEnergyThreads>;
   __shared__ typename Reduce::TempStorage storage;
   __shared__ typename ReduceInt::TempStorage int_storage;
+  extern __shared__ int head_count[];  // [heads]
   const int tid = static_cast<int>(threadIdx.x);
   if (stop_requested(p.status)) return;
   const int b = static_cast<int>(blockIdx.x), layer = static_cast<int>(blockIdx.y);
-  const std::int64_t s0 = p.slots[b], s1 = p.slots[b + 1];
+  const std::int64_t s0 = p.slots[b], s1 = p.slots[b + 1], n = s1 - s0;
+  for (int h = tid; h < p.heads; h += kEnergyThreads) head_count[h] = 0;
+  __syncthreads();
 
+  // Every (head, slot) at once, strided over the threads in a fixed order, so
+  // that no head's loads wait for another head's sum; the per-head counts are
+  // integer sums (any order gives the same), the energies each thread's own.
   double e[4] = {0, 0, 0, 0};
-  long long most = 0;
-  for (int h = 0; h < p.heads; ++h) {
-    const std::int64_t base = (std::int64_t{layer} * p.heads + h) * p.slot_count;
-    long long count = 0;
-    for (std::int64_t s = s0 + tid; s < s1; s += kEnergyThreads) {
-      const float4 part = p.energy_part[base + s];
-      e[0] += part.x;
-      e[1] += part.y;
-      e[2] += part.z;
-      e[3] += part.w;
-      count += p.protected_part[base + s];
-    }
-    const std::int64_t grid_base = ((std::int64_t{layer} * p.heads + h) * p.sequences + b) * p.grid_tiles;
-    for (int s = tid; s < p.grid_tiles; s += kEnergyThreads) {
-      const float2 part = p.grid_energy[grid_base + s];
-      e[1] += part.x;
-      e[3] += part.y;
-      count += p.grid_protected[grid_base + s];
-    }
-    const long long head_count = ReduceInt(int_storage).Sum(count);
-    __syncthreads();
-    if (tid == 0 && head_count > most) most = head_count;
+  const std::int64_t layer_base = std::int64_t{layer} * p.heads;
+  for (std::int64_t i = tid; i < p.heads * n; i += kEnergyThreads) {
+    const int h = static_cast<int>(i / n);
+    const std::int64_t at = (layer_base + h) * p.slot_count + s0 + i % n;
+    const float4 part = p.energy_part[at];
+    e[0] += part.x;
+    e[1] += part.y;
+    e[2] += part.z;
+    e[3] += part.w;
+    if (const int count = p.protected_part[at]) atomicAdd(&head_count[h], count);
   }
+  for (std::int64_t i = tid; i < std::int64_t{p.heads} * p.grid_tiles; i += kEnergyThreads) {
+    const int h = static_cast<int>(i / p.grid_tiles);
+    const std::int64_t at = ((layer_base + h) * p.sequences + b) * p.grid_tiles + i % p.grid_tiles;
+    const float2 part = p.grid_energy[at];
+    e[1] += part.x;
+    e[3] += part.y;
+    if (const int count = p.grid_protected[at]) atomicAdd(&head_count[h], count);
+  }
+  __syncthreads();
+  long long most_here = 0;
+  for (int h = tid; h < p.heads; h += kEnergyThreads) most_here = most_here > head_count[h] ? most_here : head_count[h];
+  const long long most = ReduceInt(int_storage).Reduce(most_here, cub::Max());
   double sum[4];
   for (int i = 0; i < 4; ++i) {
     sum[i] = Reduce(storage).Sum(e[i]);
@@ -89,7 +101,7 @@ __global__ void __launch_bounds__(kEnergyThreads) energy_kernel(EnergyParams p) 
 
 // ---- R_l again, from sums reduced over tensor-parallel ranks ---------------------
 struct RatioParams {
-  int count = 0;                  // layers x sequences
+  int count = 0;                   // layers x sequences
   const double* energy = nullptr;  // [L][B][4], reduced
   double* ratio = nullptr;         // [L][B]
   float* ratio_out = nullptr;      // optional caller copy

@@ -65,12 +65,11 @@ struct BlockedParams : LayerRows<T> {
 template <int kN, int kHalf, int kOffset>
 __device__ __forceinline__ void transpose_reduce_step(float (&x)[kN], int lane) {
   const bool upper = (lane & kOffset) != 0;
+  float got[kHalf];  // every shuffle of the step issued before the first add waits on one
 #pragma unroll
-  for (int i = 0; i < kHalf; ++i) {
-    const float send = upper ? x[i] : x[i + kHalf];
-    const float keep = upper ? x[i + kHalf] : x[i];
-    x[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOffset);
-  }
+  for (int i = 0; i < kHalf; ++i) got[i] = __shfl_xor_sync(0xffffffffu, upper ? x[i] : x[i + kHalf], kOffset);
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) x[i] = (upper ? x[i + kHalf] : x[i]) + got[i];
   if constexpr (kOffset > 1) transpose_reduce_step<kN, kHalf / 2, kOffset / 2>(x, lane);
 }
 
@@ -109,6 +108,182 @@ __device__ bool row_is_finite(const T* k, const T* v, int head_dim, int lane, bo
   return __all_sync(0xffffffffu, ok);
 }
 
+// Exponent bits of every element packed in a 32-bit word, one unit of the
+// exponent, and each element's top bit: an element is NaN or infinite exactly
+// when its exponent is all ones, and adding one unit to the masked exponent
+// then carries into its top bit (never past it, so elements do not mix).
+template <class T>
+struct PackedExponent;
+template <>
+struct PackedExponent<float> {
+  static constexpr std::uint32_t kMask = 0x7F800000u, kUnit = 0x00800000u, kTop = 0x80000000u;
+};
+template <>
+struct PackedExponent<flashcache::half_t> {
+  static constexpr std::uint32_t kMask = 0x7C007C00u, kUnit = 0x04000400u, kTop = 0x80008000u;
+};
+template <>
+struct PackedExponent<flashcache::bfloat16_t> {
+  static constexpr std::uint32_t kMask = 0x7F807F80u, kUnit = 0x00800080u, kTop = 0x80008000u;
+};
+
+// Do a K and a V 16-byte load hold a NaN or an infinity? Three integer
+// operations per word, where converting and testing each element would take
+// several each.
+template <class T>
+__device__ __forceinline__ bool has_non_finite(const uint4& k, const uint4& v) {
+  using E = PackedExponent<T>;
+  auto carry = [](std::uint32_t w) { return (w & E::kMask) + E::kUnit; };
+  const std::uint32_t any =
+      carry(k.x) | carry(k.y) | carry(k.z) | carry(k.w) | carry(v.x) | carry(v.y) | carry(v.z) | carry(v.w);
+  return (any & E::kTop) != 0;
+}
+
+// One step of full_block_residual: frequency k (even: its row `even` of the
+// basis) folded out of s, and with kPair frequency k + 1 (odd: the next row)
+// out of t. Adds their coefficients' energy to *kept.
+template <bool kPair, int kHalf>
+__device__ __forceinline__ void fold_frequencies(float (&s)[kHalf], float (&t)[kHalf], const float4* even, int reload,
+                                                 float* kept) {
+  constexpr int kRow4 = kHalf / 2;  // float4s per basis row (kTile floats)
+  const float4* odd = even + kRow4;
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float e0 = 0, e1 = 0, e2 = 0, e3 = 0, o0 = 0, o1 = 0, o2 = 0, o3 = 0;
+  // Each step's basis is read one step ahead: no multiply-add waits on its own load.
+  float4 we = even[0], wo = kPair ? odd[0] : zero;
+#pragma unroll
+  for (int q = 0; q < kHalf / 4; ++q) {
+    const bool ahead = q + 1 < kHalf / 4;
+    const float4 ne = ahead ? even[q + 1] : we, no = kPair && ahead ? odd[q + 1] : wo;
+    e0 = fmaf(we.x, s[4 * q], e0);
+    e1 = fmaf(we.y, s[4 * q + 1], e1);
+    e2 = fmaf(we.z, s[4 * q + 2], e2);
+    e3 = fmaf(we.w, s[4 * q + 3], e3);
+    if constexpr (kPair) {
+      o0 = fmaf(wo.x, t[4 * q], o0);
+      o1 = fmaf(wo.y, t[4 * q + 1], o1);
+      o2 = fmaf(wo.z, t[4 * q + 2], o2);
+      o3 = fmaf(wo.w, t[4 * q + 3], o3);
+    }
+    we = ne;
+    wo = no;
+  }
+  const float ye = (e0 + e1) + (e2 + e3), yo = (o0 + o1) + (o2 + o3);
+  *kept = fmaf(ye, ye, fmaf(yo, yo, *kept));
+  const float minus_2ye = -2.0f * ye, minus_2yo = -2.0f * yo;  // negated once, not in every multiply-add
+  we = even[reload];                                           // `reload`: as in the general loop (block_residual)
+  wo = kPair ? odd[reload] : zero;
+#pragma unroll
+  for (int q = 0; q < kHalf / 4; ++q) {
+    const bool ahead = q + 1 < kHalf / 4;
+    const float4 ne = ahead ? even[q + 1 + reload] : we, no = kPair && ahead ? odd[q + 1 + reload] : wo;
+    s[4 * q] = fmaf(we.x, minus_2ye, s[4 * q]);
+    s[4 * q + 1] = fmaf(we.y, minus_2ye, s[4 * q + 1]);
+    s[4 * q + 2] = fmaf(we.z, minus_2ye, s[4 * q + 2]);
+    s[4 * q + 3] = fmaf(we.w, minus_2ye, s[4 * q + 3]);
+    if constexpr (kPair) {
+      t[4 * q] = fmaf(wo.x, minus_2yo, t[4 * q]);
+      t[4 * q + 1] = fmaf(wo.y, minus_2yo, t[4 * q + 1]);
+      t[4 * q + 2] = fmaf(wo.z, minus_2yo, t[4 * q + 2]);
+      t[4 * q + 3] = fmaf(wo.w, minus_2yo, t[4 * q + 3]);
+    }
+    we = ne;
+    wo = no;
+  }
+}
+
+// The residual of one column of a full, clean block (kTile rows, all finite),
+// by the DCT's symmetry: C[k][kTile-1-n] = (-1)^k C[k][n]. With
+// s[n] = x[n] + x[kTile-1-n] and t[n] = x[n] - x[kTile-1-n] (n < kTile/2), an even
+// frequency reads and changes only s, an odd one only t, each over half the
+// rows: half the multiply-adds and basis reads of the general loop. Leaves FOUR
+// times the squared residuals in sq[] ((s +- t)^2: the caller scales the sums
+// once instead of every element) and returns the energy of the column's kept
+// frequencies: by Parseval, its sum of squares is that plus the residual's.
+template <class T, int kTile>
+__device__ __forceinline__ float full_block_residual(const T* tile, int d, int c, bool active, int m,
+                                                     const float4* basis4, int reload, float (&sq)[kTile]) {
+  constexpr int kHalf = kTile / 2, kRow4 = kTile / 4;
+  float s[kHalf], t[kHalf];
+  T raw[kTile];  // every load issued before the first use: no wait on each one in turn
+#pragma unroll
+  for (int n = 0; n < kTile; ++n) raw[n] = active ? tile[n * d + c] : T{};
+#pragma unroll
+  for (int n = 0; n < kHalf; ++n) {
+    const float a = load_float(raw[n]), b = load_float(raw[kTile - 1 - n]);
+    s[n] = a + b;
+    t[n] = a - b;
+  }
+  // x -= y_k C_k on both halves at once: the folded half loses 2 y_k C_k. An
+  // even and an odd frequency at a time (independent: s and t), for twice the
+  // instructions in flight; an odd count ends with an even one alone.
+  float kept = 0.0f;
+  int k = 0;
+  for (; k + 1 < m; k += 2) fold_frequencies<true, kHalf>(s, t, basis4 + k * kRow4, reload, &kept);
+  if (k < m) fold_frequencies<false, kHalf>(s, t, basis4 + k * kRow4, reload, &kept);
+#pragma unroll
+  for (int n = 0; n < kHalf; ++n) {
+    const float lo = s[n] + t[n], hi = s[n] - t[n];  // twice the residuals of rows n and kTile-1-n
+    sq[n] = lo * lo;
+    sq[kTile - 1 - n] = hi * hi;
+  }
+  return kept;
+}
+
+// The residual of one column of any block: rows read through src (a stand-in
+// for a non-finite one), the non-finite and span rows left out of the column's
+// energies. Leaves the squared residuals in x[], adds the finite rows' squared
+// residuals outside the spans to *high and returns their sum of squares of x.
+template <class T, int kTile>
+__device__ __forceinline__ float block_residual(const T* tile, const T* ext, const int* src, const int* bad, int d,
+                                                int c, bool active, int len, int m, const float4* basis4, int reload,
+                                                float (&x)[kTile], float* high) {
+  float total = 0.0f;
+#pragma unroll
+  for (int n = 0; n < kTile; ++n) {
+    float value = 0.0f;
+    if (active && n < len) {
+      const int s = src[n];
+      value = s >= 0 ? load_float(tile[s * d + c]) : (s == -2 ? load_float(ext[c]) : 0.0f);
+      if (!(bad[n] & 1)) total += value * value;
+    }
+    x[n] = value;
+  }
+  // No `n < len` guards: past len the basis and x are zero, so the padded
+  // columns add nothing to y_k and stay zero (predicates would cost more
+  // than the FMAs they skip, and only the last block of a sequence is short).
+  for (int k = 0; k < m; ++k) {
+    float y0 = 0, y1 = 0, y2 = 0, y3 = 0;
+#pragma unroll
+    for (int q = 0; q < kTile / 4; ++q) {
+      const float4 w = basis4[k * (kTile / 4) + q];
+      y0 = fmaf(w.x, x[4 * q], y0);
+      y1 = fmaf(w.y, x[4 * q + 1], y1);
+      y2 = fmaf(w.z, x[4 * q + 2], y2);
+      y3 = fmaf(w.w, x[4 * q + 3], y3);
+    }
+    const float minus_y = -((y0 + y1) + (y2 + y3));  // negated once, not in every multiply-add
+    // Read the basis again below rather than keep its row live in registers
+    // across both loops (at kTile 128 that spills; at 64 it takes the kernel
+    // past 128 registers, 4 CTAs per SM to 3): `reload` is 0, but the compiler
+    // cannot know it, so the loads are not merged.
+#pragma unroll
+    for (int q = 0; q < kTile / 4; ++q) {
+      const float4 w = basis4[k * (kTile / 4) + q + reload];
+      x[4 * q] = fmaf(w.x, minus_y, x[4 * q]);
+      x[4 * q + 1] = fmaf(w.y, minus_y, x[4 * q + 1]);
+      x[4 * q + 2] = fmaf(w.z, minus_y, x[4 * q + 2]);
+      x[4 * q + 3] = fmaf(w.w, minus_y, x[4 * q + 3]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < kTile; ++n) {
+    x[n] = x[n] * x[n];                     // zero for padding rows and inactive lanes
+    if (n < len && !bad[n]) *high += x[n];  // finite rows outside the spans
+  }
+  return total;
+}
+
 template <class T, int kHeadDim, int kTile>
 __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_kernel(BlockedParams<T> p) {
   constexpr int kThreads = blocked_threads<kHeadDim>();
@@ -144,20 +319,41 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
   int* bad = reinterpret_cast<int*>(smem + lay.bad);  // bit 0: non-finite row; bit 1: row of an image span
   int* src = reinterpret_cast<int*>(smem + lay.src);
   float* energy = reinterpret_cast<float*>(smem + lay.energy);
-  int* misc =
-      reinterpret_cast<int*>(smem + lay.misc);  // [0] protected count, [2] first finite row of the block, [3] zero
+  int* misc = reinterpret_cast<int*>(
+      smem + lay.misc);  // [0] protected count, [1] any non-finite or span row, [2] first finite row, [3] zero
 
-  // 1. Load the block's rows as stored, 16 bytes at a time when allowed.
+  // 1. Which rows belong to an image span (bit 1); nothing is non-finite yet.
+  for (int n = tid; n < kTile; n += kThreads) bad[n] = (n < len && p.grids.contains(t0 + n)) ? 2 : 0;
+  if (tid == 0) misc[0] = misc[1] = misc[3] = 0;
+  __syncthreads();
+
+  // 2. Load the block's rows as stored, 16 bytes at a time when allowed, and
+  // mark rows holding a NaN or infinity in K or V (bit 0) on the way.
   if (p.vector_ok) {
     constexpr int kPerVec = 16 / sizeof(T);
-    const int vec_per_row = d / kPerVec;
-    for (int i = tid; i < len * vec_per_row; i += kThreads) {
-      const int n = i / vec_per_row, q = i % vec_per_row;
-      const std::int64_t off = p.rows.offset(b, head, t0 + n) + std::int64_t{q} * kPerVec;
-      reinterpret_cast<uint4*>(tile_k)[std::int64_t{n} * vec_per_row + q] =
-          *reinterpret_cast<const uint4*>(kbase + off);
-      reinterpret_cast<uint4*>(tile_v)[std::int64_t{n} * vec_per_row + q] =
-          *reinterpret_cast<const uint4*>(vbase + off);
+    constexpr int kBatch = 4;  // loads in flight per thread before the first store waits on one
+    const int vec_per_row = d / kPerVec, vectors = len * vec_per_row;
+    for (int i0 = tid; i0 < vectors; i0 += kBatch * kThreads) {
+      uint4 kw[kBatch], vw[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = i0 + j * kThreads;
+        if (i < vectors) {
+          const std::int64_t off =
+              p.rows.offset(b, head, t0 + i / vec_per_row) + std::int64_t{i % vec_per_row} * kPerVec;
+          kw[j] = *reinterpret_cast<const uint4*>(kbase + off);
+          vw[j] = *reinterpret_cast<const uint4*>(vbase + off);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = i0 + j * kThreads;
+        if (i < vectors) {
+          reinterpret_cast<uint4*>(tile_k)[i] = kw[j];
+          reinterpret_cast<uint4*>(tile_v)[i] = vw[j];
+          if (has_non_finite<T>(kw[j], vw[j])) atomicOr(&bad[i / vec_per_row], 1);
+        }
+      }
     }
   } else {
     for (int i = tid; i < len * d; i += kThreads) {
@@ -165,21 +361,33 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
       const std::int64_t off = p.rows.offset(b, head, t0 + n) + c;
       tile_k[i] = kbase[off];
       tile_v[i] = vbase[off];
+      if (!isfinite(load_float(tile_k[i])) || !isfinite(load_float(tile_v[i]))) atomicOr(&bad[n], 1);
     }
   }
-  for (int n = tid; n < kTile; n += kThreads) bad[n] = (n < len && p.grids.contains(t0 + n)) ? 2 : 0;
-  if (tid == 0) misc[0] = misc[3] = 0;
   __syncthreads();
-
-  // 2. Mark rows holding a NaN or infinity in K or V.
-  for (int i = tid; i < len * d; i += kThreads)
-    if (!isfinite(load_float(tile_k[i])) || !isfinite(load_float(tile_v[i]))) atomicOr(&bad[i / d], 1);
+  // Is any row non-finite or a span row? One warp asks; most blocks are clean.
+  if (warp == 0) {
+    int flags = 0;
+    for (int n = lane; n < len; n += 32) flags |= bad[n];
+    if (__any_sync(0xffffffffu, flags != 0) && lane == 0) misc[1] = 1;
+  }
   __syncthreads();
+  // misc[1] was written before the barrier above and is never rewritten: every thread agrees.
+  const bool clean = misc[1] == 0;
 
   // 3. Where each row's values come from: itself, an earlier finite row of the
   // block, or (rows before the block's first finite one) a stand-in.
   //    src >= 0: that row of the tile; -1: zeros; -2: the external row; -3: a stand-in, resolved below.
-  if (tid == 0) {
+  if (clean) {
+    for (int n = tid; n < len; n += kThreads) src[n] = n;
+    if (tid == 0) {
+      misc[2] = len > 0 ? 0 : -1;
+      if (!p.resolve) {
+        p.first_good[slot_index] = len > 0 ? static_cast<std::int32_t>(t0) : -1;
+        p.last_good[slot_index] = len > 0 ? static_cast<std::int32_t>(t0 + len - 1) : -1;
+      }
+    }
+  } else if (tid == 0) {
     int last_good = -1, first_good = -1;
     for (int n = 0; n < len; ++n) {
       if (!(bad[n] & 1)) {
@@ -216,17 +424,22 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
     __syncthreads();
   }
 
+  // A full block without non-finite or span rows takes the symmetric path (full_block_residual).
+  const bool full_clean = clean && len == kTile;
+
   // 4. The block's basis, zero-padded to kTile columns:
   //    C[k][n] = a_k cos(pi (2n+1) k / (2 len)), the angle reduced mod 2 pi exactly.
-  for (int i = tid; i < m * kTile; i += kThreads) {
-    const int k = i / kTile, n = i % kTile;
+  //    The symmetric path reads the first half of each row only.
+  const int basis_cols = full_clean ? kTile / 2 : kTile;
+  for (int i = tid; i < m * basis_cols; i += kThreads) {
+    const int k = i / basis_cols, n = i % basis_cols;
     float value = 0.0f;
     if (n < len) {
       const int r = ((2 * n + 1) * k) % (4 * len);
       const float a = k == 0 ? sqrtf(1.0f / static_cast<float>(len)) : sqrtf(2.0f / static_cast<float>(len));
       value = a * cospif(static_cast<float>(r) / static_cast<float>(2 * len));
     }
-    basis[i] = value;
+    basis[k * kTile + n] = value;
   }
   __syncthreads();
 
@@ -240,66 +453,38 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
 
   for (int c0 = 0; c0 < d; c0 += kThreads) {  // uniform trip count: every lane joins the shuffles
     const int c = c0 + tid;
-    const bool active = c < d;
+    const bool active = kHeadDim > 0 || c < d;  // a compiled head dim has one thread per column
 #pragma unroll 1
     for (int which = 0; which < 2; ++which) {
       const T* tile = which == 0 ? tile_k : tile_v;
       const T* ext = which == 0 ? ext_k : ext_v;
       float x[kTile];
-      float total = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kTile; ++n) {
-        float value = 0.0f;
-        if (active && n < len) {
-          const int s = src[n];
-          value = s >= 0 ? load_float(tile[s * d + c]) : (s == -2 ? load_float(ext[c]) : 0.0f);
-          if (!(bad[n] & 1)) total += value * value;
-        }
-        x[n] = value;
-      }
-      // No `n < len` guards: past len the basis and x are zero, so the padded
-      // columns add nothing to y_k and stay zero (predicates would cost more
-      // than the FMAs they skip, and only the last block of a sequence is short).
-      for (int k = 0; k < m; ++k) {
-        float y0 = 0, y1 = 0, y2 = 0, y3 = 0;
-#pragma unroll
-        for (int q = 0; q < kTile / 4; ++q) {
-          const float4 w = basis4[k * (kTile / 4) + q];
-          y0 = fmaf(w.x, x[4 * q], y0);
-          y1 = fmaf(w.y, x[4 * q + 1], y1);
-          y2 = fmaf(w.z, x[4 * q + 2], y2);
-          y3 = fmaf(w.w, x[4 * q + 3], y3);
-        }
-        const float y = (y0 + y1) + (y2 + y3);
-        // Read the basis again below rather than keep kTile values live in
-        // registers across both loops (at kTile 128 that spills): `reload` is
-        // 0, but the compiler cannot know it, so the loads are not merged.
-#pragma unroll
-        for (int q = 0; q < kTile / 4; ++q) {
-          const float4 w = basis4[k * (kTile / 4) + q + (kTile > 64 ? reload : 0)];
-          x[4 * q] = fmaf(-w.x, y, x[4 * q]);
-          x[4 * q + 1] = fmaf(-w.y, y, x[4 * q + 1]);
-          x[4 * q + 2] = fmaf(-w.z, y, x[4 * q + 2]);
-          x[4 * q + 3] = fmaf(-w.w, y, x[4 * q + 3]);
-        }
-      }
-      float high = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kTile; ++n) {
-        x[n] = x[n] * x[n];                    // zero for padding rows and inactive lanes
-        if (n < len && !bad[n]) high += x[n];  // finite rows outside the spans
+      float total = 0.0f, high = 0.0f;
+      if (full_clean) {
+        total = full_block_residual<T, kTile>(tile, d, c, active, m, basis4, reload, x);
+      } else {
+        total = block_residual<T, kTile>(tile, ext, src, bad, d, c, active, len, m, basis4, reload, x, &high);
       }
       transpose_reduce(x, lane);
+      const float scale = full_clean ? 0.25f : 1.0f;  // full_block_residual's squares are four times the residual's
+      if (full_clean) {
+        // Every row counts: the residual's energy is the sum of this lane's token
+        // sums (over all lanes, the block's), and the column's total adds it.
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) high += x[i];
+        high *= scale;
+        total += high;
+      }
       if (which == 0) {
         k_total += total;
         k_high += high;
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) acc_k[i] += x[i];
+        for (int i = 0; i < kPerLane; ++i) acc_k[i] = fmaf(scale, x[i], acc_k[i]);
       } else {
         v_total += total;
         v_high += high;
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) acc_v[i] += x[i];
+        for (int i = 0; i < kPerLane; ++i) acc_v[i] = fmaf(scale, x[i], acc_v[i]);
       }
     }
   }
