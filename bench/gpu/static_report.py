@@ -184,7 +184,7 @@ def function_sass(sass, mangled):
 
 
 def frequency_step(instructions, tile):
-    """The smallest loop (a backward branch) holding the step's 2 * tile FFMAs."""
+    """The smallest loop (a backward branch) holding the step's 2 * tile FFMAs (two frequencies of a full block)."""
     best = None
     for addr, op, args in instructions:
         if not op.startswith("BRA"):
@@ -222,10 +222,12 @@ def model(step, gamma):
     # Blocked: read K, V once; scores written, read by select ~6 times (forced count, 4 radix passes, emit);
     # the gather reads and writes the kept rows.
     blocked_bytes = kv_bytes + scores_bytes * 7 + 2 * kept_bytes
-    blocked_flops = elements * m * 2 * 2      # per element and frequency: one FMA for y_k, one for x -= y_k C_k
+    # A full block folds by the DCT's symmetry: per element and frequency half an FMA for y_k and half
+    # for x -= y_k C_k (each over the folded half of the rows); its step takes two frequencies at once.
+    blocked_flops = elements * m * 2
     threads = elements // c["block_size"]     # one thread per (block, column) of K or of V
     step_instructions = step["instructions"] if step else None
-    warp_instructions = threads * m * step_instructions / 32 if step else None
+    warp_instructions = threads * (m / 2) * step_instructions / 32 if step else None
     issue_s = (warp_instructions / (c["sms"] * c["warp_issue_per_sm_per_clock"] * c["clock_hz"])
                if step else None)
     blocked = {
