@@ -36,6 +36,14 @@ struct EnergyParams {
 
 inline constexpr int kEnergyThreads = 128;
 
+// The larger of two, as a reduction operator (cub::Max is gone from CUB 3, cuda::maximum is not in CUB 1).
+struct Larger {
+  template <class V>
+  __device__ V operator()(const V& a, const V& b) const {
+    return a > b ? a : b;
+  }
+};
+
 // A template (never instantiated with another argument) so that the kernel has
 // vague linkage: any number of translation units may include this header.
 // Dynamic shared memory: one int per head (the protected counts).
@@ -83,7 +91,7 @@ __global__ void __launch_bounds__(kEnergyThreads) energy_kernel(EnergyParams p) 
   __syncthreads();
   long long most_here = 0;
   for (int h = tid; h < p.heads; h += kEnergyThreads) most_here = most_here > head_count[h] ? most_here : head_count[h];
-  const long long most = ReduceInt(int_storage).Reduce(most_here, cub::Max());
+  const long long most = ReduceInt(int_storage).Reduce(most_here, Larger{});
   double sum[4];
   for (int i = 0; i < 4; ++i) {
     sum[i] = Reduce(storage).Sum(e[i]);

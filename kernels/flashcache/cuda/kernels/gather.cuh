@@ -68,11 +68,20 @@ __global__ void __launch_bounds__(kGatherThreads) gather_kernel(GatherParams p) 
   E* v_out = static_cast<E*>(p.v_out[layer]);
 
   const std::int64_t first = std::int64_t{blockIdx.x} * kGatherRowsPerCta;
+  // The warp's kept indices first: each row's copy then waits on its own load
+  // only, not on the index load before it as well.
+  std::int32_t source[kGatherRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kGatherRowsPerWarp; ++r) {
+    const std::int64_t i = first + r * (kGatherThreads / 32) + warp;
+    source[r] = i < rows_here ? kept[i] : 0;
+  }
+#pragma unroll
   for (int r = 0; r < kGatherRowsPerWarp; ++r) {
     const std::int64_t i = first + r * (kGatherThreads / 32) + warp;
     if (i >= rows_here) break;  // per warp: no barrier follows
     const int b = owner_of(indptr, p.sequences, i);
-    const std::int64_t from = p.rows.offset(b, head, kept[i]);
+    const std::int64_t from = p.rows.offset(b, head, source[r]);
     const std::int64_t to = head * p.out_head_stride + i * p.out_token_stride;
     if (p.vector_ok) {
       constexpr int kPerVec = 16 / kElemBytes;
