@@ -174,7 +174,8 @@ __device__ __forceinline__ void fold_frequencies(float (&s)[kHalf], float (&t)[k
   const float ye = (e0 + e1) + (e2 + e3), yo = (o0 + o1) + (o2 + o3);
   *kept = fmaf(ye, ye, fmaf(yo, yo, *kept));
   const float minus_2ye = -2.0f * ye, minus_2yo = -2.0f * yo;  // negated once, not in every multiply-add
-  we = even[reload];                                           // `reload`: as in the general loop (block_residual)
+  // The basis read again, `reload` as in the general loop (block_residual): no row held in registers.
+  we = even[reload];
   wo = kPair ? odd[reload] : zero;
 #pragma unroll
   for (int q = 0; q < kHalf / 4; ++q) {
