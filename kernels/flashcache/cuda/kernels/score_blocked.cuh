@@ -68,11 +68,19 @@ struct BlockedParams : LayerRows<T> {
 template <int kN, int kHalf, int kOffset>
 __device__ __forceinline__ void transpose_reduce_step(float (&x)[kN], int lane) {
   const bool upper = (lane & kOffset) != 0;
-  float got[kHalf];  // every shuffle of the step issued before the first add waits on one
+  // A group of shuffles issued before the first add waits on one; groups of at
+  // most 16 past 64 values, so that the received values do not take the kernel
+  // past its registers (at 128 values a whole step's 64 would).
+  constexpr int kGroup = kN > 64 && kHalf > 16 ? 16 : kHalf;
 #pragma unroll
-  for (int i = 0; i < kHalf; ++i) got[i] = __shfl_xor_sync(0xffffffffu, upper ? x[i] : x[i + kHalf], kOffset);
+  for (int i0 = 0; i0 < kHalf; i0 += kGroup) {
+    float got[kGroup];
 #pragma unroll
-  for (int i = 0; i < kHalf; ++i) x[i] = (upper ? x[i + kHalf] : x[i]) + got[i];
+    for (int i = 0; i < kGroup; ++i)
+      got[i] = __shfl_xor_sync(0xffffffffu, upper ? x[i0 + i] : x[i0 + i + kHalf], kOffset);
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) x[i0 + i] = (upper ? x[i0 + i + kHalf] : x[i0 + i]) + got[i];
+  }
   if constexpr (kOffset > 1) transpose_reduce_step<kN, kHalf / 2, kOffset / 2>(x, lane);
 }
 
@@ -428,8 +436,10 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
     __syncthreads();
   }
 
-  // A full block without non-finite or span rows takes the symmetric path (full_block_residual).
-  const bool full_clean = clean && len == kTile;
+  // A full block without non-finite or span rows takes the symmetric path (full_block_residual),
+  // at the 64-row tile only: at 128 rows it needs over 220 registers (2 CTAs per SM, not 4).
+  constexpr bool kSymmetric = kTile == 64;
+  const bool full_clean = kSymmetric && clean && len == kTile;
 
   // 4. The block's basis, zero-padded to kTile columns:
   //    C[k][n] = a_k cos(pi (2n+1) k / (2 len)), the angle reduced mod 2 pi exactly.
@@ -464,8 +474,12 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
       const T* ext = which == 0 ? ext_k : ext_v;
       float x[kTile];
       float total = 0.0f, high = 0.0f;
-      if (full_clean) {
-        total = full_block_residual<T, kTile>(tile, d, c, active, m, basis4, reload, x);
+      if constexpr (kSymmetric) {
+        if (full_clean) {
+          total = full_block_residual<T, kTile>(tile, d, c, active, m, basis4, reload, x);
+        } else {
+          total = block_residual<T, kTile>(tile, ext, src, bad, d, c, active, len, m, basis4, reload, x, &high);
+        }
       } else {
         total = block_residual<T, kTile>(tile, ext, src, bad, d, c, active, len, m, basis4, reload, x, &high);
       }
