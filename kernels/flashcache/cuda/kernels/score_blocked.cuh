@@ -8,8 +8,8 @@
 // the residual x - C^T C x is formed in place, one frequency at a time:
 //     y_k = <C_k, x>,  x -= y_k C_k      (k < m)
 // which equals the two-step low-pass because the rows of C are orthonormal.
-// A full block (kTile rows) without non-finite or image-span rows, the common
-// case, does it over half the rows (full_block_residual: C's even rows are
+// A full block of the 64-row tile without non-finite or image-span rows, the
+// common case, does it over half the rows (full_block_residual: C's even rows are
 // symmetric, its odd rows antisymmetric), half the multiply-adds.
 // Per-token squared residuals are summed over columns by a warp
 // "transpose-reduce" (each lane ends up owning kTile/32 tokens), then across
