@@ -6,8 +6,7 @@
 // One CTA per (sequence, layer) sums the per-tile partials of the score pass
 // in double, in a fixed order (strided per thread over every head's tiles, then
 // a CUB block reduce, itself a fixed tree), so the result does not change from
-// run to run. With
-// image spans, the 2D pass's per-tile partials join the same sums.
+// run to run. With image spans, the 2D pass's per-tile partials join the same sums.
 #include <cub/block/block_reduce.cuh>
 
 #include "flashcache/cuda/kernels/common.cuh"
@@ -44,8 +43,6 @@ struct Larger {
   }
 };
 
-// A template (never instantiated with another argument) so that the kernel has
-// vague linkage: any number of translation units may include this header.
 // Dynamic shared memory: one int per head (the protected counts).
 inline std::size_t energy_smem_bytes(int heads) { return static_cast<std::size_t>(heads) * sizeof(int); }
 
