@@ -474,12 +474,8 @@ __global__ void __launch_bounds__(blocked_threads<kHeadDim>()) score_blocked_ker
       const T* ext = which == 0 ? ext_k : ext_v;
       float x[kTile];
       float total = 0.0f, high = 0.0f;
-      if constexpr (kSymmetric) {
-        if (full_clean) {
-          total = full_block_residual<T, kTile>(tile, d, c, active, m, basis4, reload, x);
-        } else {
-          total = block_residual<T, kTile>(tile, ext, src, bad, d, c, active, len, m, basis4, reload, x, &high);
-        }
+      if (full_clean) {  // never at the 128-row tile (kSymmetric): the compiler drops the branch there
+        total = full_block_residual<T, kTile>(tile, d, c, active, m, basis4, reload, x);
       } else {
         total = block_residual<T, kTile>(tile, ext, src, bad, d, c, active, len, m, basis4, reload, x, &high);
       }
