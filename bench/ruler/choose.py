@@ -39,17 +39,19 @@ class Verdict:
 
 def compare(path: str, candidates_path: str) -> tuple[list[Verdict], list[str]]:
     """The verdicts on a dev file's candidates by the rule of their list, and those not run yet."""
+    with open(candidates_path) as f:
+        listed = json.load(f)
+    # A list may name its own ratios (candidates_6.json: the query-aware goal is at every ratio).
+    ratios = tuple(listed.get("ratios", RATIOS))
     scores = defaultdict(dict)  # row -> (task, seed, length, ratio) -> score
     seconds = defaultdict(dict)  # the same -> prefill and compression plus what the recall added
     with open(path) as f:
         for line in f:
             r = json.loads(line)
-            if not r.get("header") and r["ratio"] in RATIOS:
+            if not r.get("header") and r["ratio"] in ratios:
                 key = (r["task"], r["seed"], r["length"], r["ratio"])
                 scores[r["row"]][key] = r["score"]
                 seconds[r["row"]][key] = r["prefill_s"] + r["recall_s"]
-    with open(candidates_path) as f:
-        listed = json.load(f)
     # "cost" (candidates_4.json): a change that buys time replaces the setting when it loses less than
     # one sample's worth, keeps niah_multikey_3 and is faster (median over the same runs).
     cost_rule = listed.get("rule") == "cost"

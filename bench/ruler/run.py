@@ -112,8 +112,9 @@ def row_factories() -> dict[str, Callable[[float], Any]]:
 
 
 def candidate(row: str) -> Callable[[float], Any] | None:
-    """A dev candidate: ``flashcache@part.field=value,...`` or ``flashcache_recall@...`` is the row with
-    those options changed (``flashcache@score.gamma=0.02``, ``flashcache_recall@recall_share=0.25``)."""
+    """A dev candidate: ``flashcache@part.field=value,...`` (or ``flashcache_recall@...``,
+    ``flashcache_tails@...``) is the row with those options changed (``flashcache@score.gamma=0.02``,
+    ``flashcache_recall@recall_share=0.25``); a name without a dot is a field of the press."""
     if "@" not in row:
         return None
     base, changes = row.split("@", 1)
@@ -121,9 +122,9 @@ def candidate(row: str) -> Callable[[float], Any] | None:
     from flashcache.kvpress import FlashCachePress
     from flashcache.kvpress_recall import FlashCacheRecallPress
 
-    if base not in ("flashcache", "flashcache_recall"):
-        raise SystemExit(f"ruler: candidates are of flashcache or flashcache_recall, not {base!r}")
-    options, extra = Options(), {}
+    if base not in ("flashcache", "flashcache_recall", "flashcache_tails"):
+        raise SystemExit(f"ruler: candidates are of flashcache, flashcache_recall or flashcache_tails, not {base!r}")
+    options, extra = (Options.with_query_tail() if base == "flashcache_tails" else Options()), {}
     for change in changes.split(","):
         name, text = change.split("=", 1)
         value: Any = {"true": True, "false": False}.get(text, text)
@@ -139,7 +140,7 @@ def candidate(row: str) -> Callable[[float], Any] | None:
             setattr(target, field_name, value)
         else:
             extra[name] = value
-    if base == "flashcache":
+    if base in ("flashcache", "flashcache_tails"):
         return lambda r: FlashCachePress(compression_ratio=r, options=options, **extra)
     return lambda r: FlashCacheRecallPress(compression_ratio=r, options=options, **extra)
 

@@ -31,9 +31,9 @@ from kvpress import BasePress, ScorerPress
 from kvpress.utils import compute_n_kept
 
 from . import hf
-from ._core import QueryInput
+from ._core import TAIL_LAST_QUERIES, QueryInput
 from .compress import compress
-from .options import Options, _enum
+from .options import Options, QueryTailOptions, _enum
 from .tails import query_tails
 
 
@@ -78,6 +78,13 @@ class FlashCachePress(ScorerPress):
 
     compression_ratio: float = 0.0
     options: Options = field(default_factory=Options)
+    # With tails: how many of the prompt's last queries feed them (the library's chosen feed: 256).
+    tail_queries: int = TAIL_LAST_QUERIES
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tail_queries < 1:
+            raise ValueError(f"FlashCachePress: tail_queries {self.tail_queries} must be at least 1")
 
     def compress(
         self, module: Any, hidden_states: Any, keys: torch.Tensor, values: torch.Tensor, attentions: Any, kwargs: dict
@@ -115,7 +122,8 @@ class FlashCachePress(ScorerPress):
         out = torch.empty(keys.shape[:3], dtype=torch.float32)
         for b in range(batch):
             k, v = keys[b].cpu(), values[b].cpu()
-            tails = query_tails(queries[b].float().cpu(), k.float()) if with_tails else None
+            feed = QueryTailOptions.last_queries(tokens, self.tail_queries)
+            tails = query_tails(queries[b].float().cpu(), k.float(), feed) if with_tails else None
             layer = compress(k, v, n_kept, self.options, tails=tails)
             out[b] = _ranked(torch.as_tensor(layer.scores), torch.as_tensor(layer.kept))
         return out.to(keys.device)
