@@ -14,6 +14,7 @@ import glob
 import importlib.util
 import json
 import os
+import random
 import re
 import statistics
 import sys
@@ -155,9 +156,12 @@ def judged(path: str, round_number: int) -> list[str]:
     rule = ("the cost rule written in that file: not lower by one sample's worth or more, niah_multikey_3 not "
             "lower, and faster" if cost else "split.json's rule: a gain of at least one sample's worth, "
             "niah_multikey_3 not lower")
+    with open(listed) as f:
+        ratios = json.load(f).get("ratios", choose.RATIOS)
+    named = ", ".join(f"{x:g}" for x in ratios[:-1]) + f" and {ratios[-1]:g}"
     lines = [f"Dev candidates of round {round_number} (bench/ruler/candidates_{round_number}.json, listed before "
-             "their run), each beside its row's current setting on the same samples and the rule's ratios 0.5, "
-             f"0.75 and 0.875 ({rule}; one sample's worth is {verdicts[0].step:.1f} points here; "
+             f"their run), each beside its row's current setting on the same samples and the rule's ratios {named} "
+             f"({rule}; one sample's worth is {verdicts[0].step:.1f} points here; "
              "bench/ruler/choose.py). Time: the candidate's median prefill, compression and recall over the row's.",
              "", "| candidate | its mean | the row's mean | gain | niah_multikey_3 | time | runs | verdict |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
@@ -210,6 +214,54 @@ def pooled(folder: str) -> list[str]:
     return lines + [""]
 
 
+# The issue's goals, each a row against a reference row (query-agnostic).
+GOAL_PAIRS = [("flashcache_recall", "kvzip"), ("flashcache", "keydiff"), ("flashcache", "tova"),
+              ("flashcache", "knorm"), ("flashcache", "streaming_llm"), ("flashcache", "random"),
+              ("flashcache", "expected_attention")]
+
+
+def bootstrap_interval(diffs: list[float], reps: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """The 95% percentile interval of the mean of `diffs` over resamples of its entries (fixed seed)."""
+    rng = random.Random(seed)
+    n = len(diffs)
+    means = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(reps))
+    return means[int(0.025 * reps)], means[int(0.975 * reps) - 1]
+
+
+def gaps(folder: str) -> list[str]:
+    """The goals' differences on the pooled held-out samples (SmolLM2, agnostic, 1,024 tokens), each with a
+    95% bootstrap interval over samples: paired, since both rows ran on the same prefill of each sample."""
+    score = {}  # (row, ratio, path, task, seed) -> score
+    for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
+        head, records = load(path)
+        if (head.get("model"), head.get("protocol"), head.get("split")) != ("smollm2", "agnostic", "heldout"):
+            continue
+        for r in records:
+            if r["length"] == 1024:
+                score[(r["row"], r["ratio"], path, r["task"], r["seed"])] = r["score"]
+    ratios = sorted({k[1] for k in score if k[0] != "full"})
+    lines = []
+    for a, b in GOAL_PAIRS:
+        both = sorted({k[2:] for k in score if k[0] == a} & {k[2:] for k in score if k[0] == b})
+        both = [s for s in both if all((row, x) + s in score for row in (a, b) for x in ratios)]
+        if not both:
+            continue
+        cells = []
+        for chosen in [[x] for x in ratios] + [ratios]:
+            diffs = [mean([score[(a, x) + s] - score[(b, x) + s] for x in chosen]) for s in both]
+            lo, hi = bootstrap_interval(diffs)
+            cells.append(f"{mean(diffs):+.1f} [{lo:+.1f}, {hi:+.1f}]")
+        lines.append(f"| {LABEL.get(a, a)} - {LABEL.get(b, b)} | " + " | ".join(cells) + f" | {len(both)} |")
+    if not lines:
+        return []
+    return ["The goals' gaps on those samples: the first row's score minus the second's on the same samples "
+            "(paired: both ran on the same prefill), with a 95% bootstrap interval over the samples (4,000 "
+            "resamples, seed 0). An interval that holds 0 is a gap these samples cannot tell from none; one "
+            "wholly below 0 is a loss they show.", "",
+            "| goal | " + " | ".join(f"{x:g}" for x in ratios) + " | mean | samples |",
+            "| --- |" + " ---: |" * (len(ratios) + 2)] + lines + [""]
+
+
 def render(folder: str) -> str:
     parts = ["## RULER-style tasks beside kvpress's presses", "",
              "Tasks generated locally from the RULER paper's definitions (bench/ruler, its README), every row "
@@ -220,7 +272,7 @@ def render(folder: str) -> str:
              "answer. Cost: the row's prefill and compression time (and, for recall, what the recall adds: the "
              "archive's scoring and copies, and with two question passes, the default until seed 1001, the "
              "question's extra pass) over the full cache's prefill, on this CPU.", ""]
-    parts += pooled(folder)
+    parts += pooled(folder) + gaps(folder)
     tasks = task_count()
     for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
         head, records = load(path)
