@@ -130,7 +130,11 @@ def render(doc):
         "before any store took 5-7% more cycles (global 54,314 -> 56,933, blocked 52,447 -> 56,388) and its "
         "DRAM-full stalls rose from about 10,000 to 64,000: more requests in flight, to scattered rows (one "
         "kept in five, 256 bytes of K and 256 of V each) whose DRAM row locality a copy never loses; "
-        "reverted.",
+        "reverted. Tried again at 2,048 tokens (2026-12-06, blocked stage, against 123,326 cycles): the same "
+        "loads-first copy took 169,960; the CTAs ordered with the head fastest (CTAs that run together copying "
+        "the same stretch of every head's kept rows; 64 registers and 4 CTAs per SM instead of 80 and 3) took "
+        "138,109. Both reverted: in this model the gather's scattered 256-byte reads go faster with fewer of "
+        "them in flight, and none of the three orders reached 70% of the copy's speed at 2,048 tokens.",
         "",
         "The blocked scorer, step by step (1,024 tokens, `score_blocked_kernel` pass 0, cycles; every step's "
         "results checked against functional mode): 868,531 at first. A full block without non-finite or span "
