@@ -113,3 +113,29 @@ def test_the_query_tail_press_mixes_in_the_prompts_queries():
         for h in range(2):
             assert {tuple(r.tolist()) for r in got[h]} == {tuple(r.tolist()) for r in k[h, expect[h]]}
     assert differs, "the tails changed no kept set: the test would not see them missing"
+
+
+def test_the_tails_feed_is_the_prompts_last_tail_queries():
+    model = tiny_llama()
+    torch.manual_seed(9)
+    ids = torch.randint(0, 256, (1, 300))
+    options = fc.Options.with_query_tail()
+    with fh.captured_queries(model, range(4)) as queries:
+        full = prefill(model, ids)
+    press = FlashCachePress(compression_ratio=0.75, options=options, tail_queries=40)
+    with press(model):
+        compressed = prefill(model, ids)
+    n_kept = int(300 * 0.25)
+    differs = False
+    for layer in range(4):
+        k, v = full.layers[layer].keys[0], full.layers[layer].values[0]
+        feed = fc.QueryTailOptions.last_queries(300, 40)
+        expect = fc.compress(k, v, n_kept, options, tails=fc.query_tails(queries[layer][0], k, feed)).kept.long()
+        default = fc.compress(k, v, n_kept, options, tails=fc.query_tails(queries[layer][0], k)).kept.long()
+        differs |= not torch.equal(expect, default)
+        got = compressed.layers[layer].keys[0]
+        for h in range(2):
+            assert {tuple(r.tolist()) for r in got[h]} == {tuple(r.tolist()) for r in k[h, expect[h]]}
+    assert differs, "40 queries and 256 gave the same kept sets: the test would not see the feed ignored"
+    with pytest.raises(ValueError, match="tail_queries 0 must be at least 1"):
+        FlashCachePress(compression_ratio=0.5, tail_queries=0)
