@@ -91,16 +91,21 @@ def test_the_model_press_masks_or_compacts_and_both_decode_alike():
         FlashCacheModelPress(compression_ratio=1.0)
 
 
-def test_the_query_tail_press_mixes_in_the_prompts_queries():
+def _tails_case(press):
+    """A 300-token prompt's queries, its full cache and the cache `press` leaves, on the tiny Llama."""
     model = tiny_llama()
     torch.manual_seed(9)
     ids = torch.randint(0, 256, (1, 300))
-    options = fc.Options.with_query_tail()
     with fh.captured_queries(model, range(4)) as queries:
         full = prefill(model, ids)
-    press = FlashCachePress(compression_ratio=0.75, options=options)
     with press(model):
         compressed = prefill(model, ids)
+    return queries, full, compressed
+
+
+def test_the_query_tail_press_mixes_in_the_prompts_queries():
+    options = fc.Options.with_query_tail()
+    queries, full, compressed = _tails_case(FlashCachePress(compression_ratio=0.75, options=options))
     n_kept = int(300 * 0.25)
     differs = False
     for layer in range(4):
@@ -116,15 +121,8 @@ def test_the_query_tail_press_mixes_in_the_prompts_queries():
 
 
 def test_the_tails_feed_is_the_prompts_last_tail_queries():
-    model = tiny_llama()
-    torch.manual_seed(9)
-    ids = torch.randint(0, 256, (1, 300))
     options = fc.Options.with_query_tail()
-    with fh.captured_queries(model, range(4)) as queries:
-        full = prefill(model, ids)
-    press = FlashCachePress(compression_ratio=0.75, options=options, tail_queries=40)
-    with press(model):
-        compressed = prefill(model, ids)
+    queries, full, compressed = _tails_case(FlashCachePress(compression_ratio=0.75, options=options, tail_queries=40))
     n_kept = int(300 * 0.25)
     differs = False
     for layer in range(4):
