@@ -54,9 +54,17 @@ TEST(GpuCanImplement, RefusesCpuOnlyScoreOptionsByName) {
   Options opt = blocked();
   opt.score.normalize_terms = true;
   expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::unsupported, "normalize_terms");
-  opt = blocked();
+}
+
+// mean_weight runs on the GPU (kernels/mean_distance.cuh) up to the head dim its
+// shared mean row allows, and is refused by name past it.
+TEST(GpuCanImplement, MeanWeightUpToItsHeadDim) {
+  Options opt = blocked();
   opt.score.mean_weight = 0.5;
-  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::unsupported, "mean_weight");
+  DenseFixture f(1, 2, 16, 64);
+  EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.2), opt).ok());
+  DenseFixture wide(1, 1, 16, fcc::checks::kMeanDistanceMaxHeadDim + 8);
+  expect_error(fcc::can_implement(wide.cache, Budget::ratio(0.2), opt), Errc::unsupported, "mean_weight with head_dim");
 }
 
 // Query tails: Cache::tails given exactly when ScoreOptions::query asks for them.

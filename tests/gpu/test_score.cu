@@ -1,8 +1,8 @@
 // The score stage (flashcache/cuda/kernels/score_blocked.cuh, score_global.cuh)
 // against the CPU scorer: awkward lengths, every compiled head dim, both
 // layouts, non-finite rows wherever a block's stand-in row can come from,
-// unaligned rows, reproducibility, and the global transform's plan (its
-// lengths and its stream). Device tests skip without a GPU.
+// unaligned rows, reproducibility, the distance from the mean (mean_weight),
+// and the global transform's plan (its lengths and its stream). Device tests skip without a GPU.
 #include <gtest/gtest.h>
 
 #include "element_types.cuh"
@@ -68,6 +68,31 @@ TYPED_TEST(GpuScore, GlobalScoresAwkwardLengths) {
     c.seed = static_cast<std::uint64_t>(n) + 77;
     run_and_check<TypeParam>(c);
   }
+}
+
+// ScoreOptions::mean_weight (kernels/mean_distance.cuh, then the mix): both
+// transforms, both mixes, a ragged batch with a one-token sequence (its
+// distance and that term's mean are 0), NaN and inf rows (left out of the
+// mean), NHD and HND, paged, a generic head dim.
+TYPED_TEST(GpuScore, MeanWeightMatchesTheCpu) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  int i = 0;
+  for (const bool global : {false, true})
+    for (const TailMix mix : {TailMix::sum, TailMix::max}) {
+      Case c;
+      c.name = std::string("mean_weight ") + (global ? "global " : "blocked ") + to_string(mix);
+      c.lengths = {333, 1, 100};
+      c.heads = 3;
+      c.head_dim = i == 3 ? 40 : 64;
+      c.nhd = i % 2 == 0;
+      c.page_size = i == 2 ? 16 : 0;
+      c.bad_rows = {{0, 1, 40, 41, kNaN}, {2, 0, 99, 99, kInf}};  // not in the one-token sequence: its budget is 0
+      c.opt = global ? global_transform() : blocked(64);
+      c.opt.score.mean_weight = 0.5;
+      c.opt.score.mean_mix = mix;
+      c.seed = 900u + static_cast<std::uint64_t>(i++);
+      run_and_check<TypeParam>(c);
+    }
 }
 
 TYPED_TEST(GpuScore, BlockedScoresAreReproducible) {

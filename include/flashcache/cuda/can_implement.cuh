@@ -25,8 +25,6 @@ inline Status options(const Options& opt) {
     return make_error(Errc::unsupported, "normalize_terms: the GPU scores K and V unweighted only (CPU only)");
   if (opt.score.rope.derotate)
     return make_error(Errc::unsupported, "rope.derotate: the GPU scores keys as cached only (CPU only)");
-  if (opt.score.mean_weight > 0)
-    return make_error(Errc::unsupported, "mean_weight: the GPU scores the residual alone (CPU only)");
   // A base chosen by energy needs a block's whole spectrum; the blocked kernel
   // keeps only the m low rows of its DCT basis in shared memory.
   if (opt.score.base != Base::lowpass && opt.score.transform == Transform::blocked)
@@ -159,6 +157,17 @@ Status queries(const Cache<T>& c, const Options& opt) {
   return Status::success();
 }
 
+// ScoreOptions::mean_weight: the mean K and V row sits in shared memory (kernels/mean_distance.cuh),
+// within what any device gives a kernel without opting in.
+inline constexpr std::int64_t kMeanDistanceMaxHeadDim = 48 * 1024 / (2 * 4);
+
+inline Status mean_distance(std::int64_t head_dim, const Options& opt) {
+  if (opt.score.mean_weight > 0 && head_dim > kMeanDistanceMaxHeadDim)
+    return make_error(Errc::unsupported, "mean_weight with head_dim ", head_dim, ": the GPU takes at most ",
+                      kMeanDistanceMaxHeadDim);
+  return Status::success();
+}
+
 // Where the results go: a dense output, in-place compaction, the kept indices.
 template <class T>
 Status outputs(const Cache<T>& c, const Options& opt, const Outputs<T>& out) {
@@ -206,6 +215,7 @@ Status check_call(const Cache<T>& c, const Budget& budget, const Options& opt, c
   FLASHCACHE_RETURN_IF_ERROR(checks::options(opt));
   FLASHCACHE_RETURN_IF_ERROR(checks::cache(c));
   FLASHCACHE_RETURN_IF_ERROR(checks::budget(budget, c.capacity));
+  FLASHCACHE_RETURN_IF_ERROR(checks::mean_distance(c.head_dim, opt));
   call->smem_limit = max_shared_bytes();
   FLASHCACHE_RETURN_IF_ERROR(checks::transform(c, opt, global, call->smem_limit));
   FLASHCACHE_RETURN_IF_ERROR(checks::grids(c, opt, global, call->smem_limit, &call->grid));

@@ -4,7 +4,7 @@
 //   0   sequence table         launch/sequence_table.cuh
 //   1   scores                 launch/score_blocked.cuh | launch/score_global.cuh, launch/score_grid.cuh
 //   1b  energy sums, R_l       launch/energy.cuh
-//   1c  query tails mixed in   launch/mix_tails.cuh (ScoreOptions::query = tail)
+//   1c  second terms mixed in  launch/mix_tails.cuh (ScoreOptions::mean_weight, query = tail)
 //   2   budgets                launch/allocate.cuh
 //   3   selection              launch/select.cuh
 //   4   gather | compaction    launch/gather.cuh | launch/compact_paged.cuh
@@ -75,7 +75,7 @@ Status prepared_run(const Cache<T>& c, const Budget& budget, const Options& opt,
 }
 
 // Stages 0-1c: the sequence table, scores, per-(layer, sequence) energy sums and protected counts,
-// and the query tails mixed into the scores.
+// and the distance from the mean and the query tails mixed into the scores.
 template <class T>
 Status enqueue_scores(const RunContext<T>& run, const Outputs<T>& out, cudaStream_t stream, const GlobalTransform* global) {
   // Before anything is enqueued: the transform serves one stream and workspace (global_transform.cuh).
@@ -88,6 +88,7 @@ Status enqueue_scores(const RunContext<T>& run, const Outputs<T>& out, cudaStrea
     FLASHCACHE_RETURN_IF_ERROR(score_blocked(run, stream));
   if (!run.cache.spans.empty()) FLASHCACHE_RETURN_IF_ERROR(score_grids(run, stream));
   FLASHCACHE_RETURN_IF_ERROR(sum_energy(run, out.energy_ratio, stream));
+  if (run.opt.score.mean_weight > 0 && run.cache.capacity > 0) FLASHCACHE_RETURN_IF_ERROR(mix_mean_distance(run, stream));
   if (run.opt.score.query == QueryInput::tail && run.cache.capacity > 0) FLASHCACHE_RETURN_IF_ERROR(mix_tails(run, stream));
   return Status::success();
 }

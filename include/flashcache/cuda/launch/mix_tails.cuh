@@ -1,25 +1,50 @@
 #pragma once
-// Stage 1c (flashcache/cuda/kernels/mix_tails.cuh): with ScoreOptions::query = tail, each
-// head's residual scores mixed with its keys' tails (Cache::tails).
+// Stage 1c (flashcache/cuda/kernels/mix_tails.cuh, mean_distance.cuh): a second
+// term per token mixed into each head's residual scores, in the CPU Scorer's
+// order: with ScoreOptions::mean_weight, each token's distance from its head's
+// mean K and V; then, with ScoreOptions::query = tail, its key's tail (Cache::tails).
 #include "flashcache/cuda/run_context.cuh"
+#include "flashcache/cuda/kernels/mean_distance.cuh"
 #include "flashcache/cuda/kernels/mix_tails.cuh"
 
 namespace flashcache::gpu::detail {
 
+// term [L][H][capacity] (packed as the scores) mixed into the scores with `weight`, by sum or by max.
 template <class T>
-Status mix_tails(const RunContext<T>& run, cudaStream_t stream) {
+Status mix_term(const RunContext<T>& run, const float* term, double weight, bool by_max, cudaStream_t stream) {
   kernels::MixTailsParams p;
   p.capacity = run.cache.capacity;
   p.seq = run.layers.seq;
-  p.weight = run.opt.score.tail_weight;
-  p.by_max = run.opt.score.tail_mix == TailMix::max;
+  p.weight = weight;
+  p.by_max = by_max;
   p.scores = run.ws.scores();
-  p.tails = run.cache.tails;
+  p.tails = term;
   p.status = run.status;
   const dim3 grid(static_cast<unsigned>(run.cache.sequences), static_cast<unsigned>(run.cache.heads),
                   static_cast<unsigned>(run.cache.layers));
   kernels::mix_tails_kernel<><<<grid, kernels::kMixTailsThreads, 0, stream>>>(p);
   return launched("mix_tails_kernel");
+}
+
+template <class T>
+Status mix_mean_distance(const RunContext<T>& run, cudaStream_t stream) {
+  kernels::MeanDistanceParams<T> p;
+  run.set_layer_rows(&p);
+  p.vector_ok = run.vector_ok;
+  p.capacity = run.cache.capacity;
+  p.term = run.ws.mean_distance();
+  p.status = run.status;
+  const dim3 grid(static_cast<unsigned>(run.cache.sequences), static_cast<unsigned>(run.cache.heads),
+                  static_cast<unsigned>(run.cache.layers));
+  kernels::mean_distance_kernel<T><<<grid, kernels::kMeanDistanceThreads,
+                                     kernels::mean_distance_smem_bytes(run.cache.head_dim), stream>>>(p);
+  FLASHCACHE_RETURN_IF_ERROR(launched("mean_distance_kernel"));
+  return mix_term(run, p.term, run.opt.score.mean_weight, run.opt.score.mean_mix == TailMix::max, stream);
+}
+
+template <class T>
+Status mix_tails(const RunContext<T>& run, cudaStream_t stream) {
+  return mix_term(run, run.cache.tails, run.opt.score.tail_weight, run.opt.score.tail_mix == TailMix::max, stream);
 }
 
 }  // namespace flashcache::gpu::detail

@@ -1,0 +1,82 @@
+#pragma once
+// Stage 1c, ScoreOptions::mean_weight: each token's squared distance from its
+// head's mean K and V row over the sequence's finite tokens, divided by
+// head_dim (score/rows.hpp's distance_from_mean, the residual against the DC
+// base alone), into a [L][H][capacity] term that mix_tails_kernel then mixes
+// into the scores as it mixes the keys' tails.
+//
+// One CTA per (sequence, head, layer), three passes over the sequence's rows:
+// each row's finiteness (one warp per row) into the term buffer as a flag; the
+// mean of the finite rows, one thread per column of K and V summing in double
+// (a fixed order, so the result does not change from run to run), into shared
+// memory; then each row's distance (one warp per row). A non-finite row's term
+// is 0: its score is +inf, which the mix leaves alone.
+#include "flashcache/cuda/kernels/common.cuh"
+#include "flashcache/cuda/kernels/score_blocked.cuh"  // row_is_finite
+
+namespace flashcache::gpu::kernels {
+
+template <class T>
+struct MeanDistanceParams : LayerRows<T> {
+  bool vector_ok = false;  // rows allow 16-byte loads
+  std::int64_t capacity = 0;
+  float* term = nullptr;  // [L][H][capacity], packed tokens
+  int* status = nullptr;
+};
+
+inline constexpr int kMeanDistanceThreads = 256;
+
+// Dynamic shared memory: the mean K and V row, 2 head_dim floats.
+inline std::size_t mean_distance_smem_bytes(std::int64_t head_dim) {
+  return static_cast<std::size_t>(2 * head_dim) * sizeof(float);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kMeanDistanceThreads) mean_distance_kernel(MeanDistanceParams<T> p) {
+  extern __shared__ float mean_row[];  // [2 d]: K's mean, then V's
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  constexpr int kWarps = kMeanDistanceThreads / 32;
+  if (stop_requested(p.status)) return;
+  const int b = static_cast<int>(blockIdx.x), head = static_cast<int>(blockIdx.y), layer = static_cast<int>(blockIdx.z);
+  const std::int64_t n = p.seq.len[b], d = p.head_dim;
+  float* term = p.term + (std::int64_t{layer} * gridDim.y + head) * p.capacity + p.seq.offset[b];
+  const T* k = p.k[layer];
+  const T* v = p.v[layer];
+
+  for (std::int64_t t = warp; t < n; t += kWarps) {
+    const std::int64_t off = p.rows.offset(b, head, t);
+    const bool ok = row_is_finite(k + off, v + off, p.head_dim, lane, p.vector_ok);
+    if (lane == 0) term[t] = ok ? 1.0f : 0.0f;
+  }
+  __syncthreads();  // the flags, written by other warps, are read by every thread below
+
+  for (std::int64_t c = tid; c < 2 * d; c += kMeanDistanceThreads) {
+    const T* x = c < d ? k + c : v + (c - d);
+    double sum = 0;
+    std::int64_t finite = 0;
+    for (std::int64_t t = 0; t < n; ++t)
+      if (term[t] != 0.0f) {
+        sum += static_cast<double>(load_float(x[p.rows.offset(b, head, t)]));
+        ++finite;
+      }
+    mean_row[c] = finite > 0 ? static_cast<float>(sum / static_cast<double>(finite)) : 0.0f;
+  }
+  __syncthreads();
+
+  for (std::int64_t t = warp; t < n; t += kWarps) {
+    const std::int64_t off = p.rows.offset(b, head, t);
+    const bool finite = term[t] != 0.0f;  // this warp's row only: no other warp writes it
+    float sum = 0.0f;
+    if (finite)
+      for (std::int64_t c = lane; c < d; c += 32) {
+        const float dk = load_float(k[off + c]) - mean_row[c];
+        const float dv = load_float(v[off + c]) - mean_row[d + c];
+        sum += dk * dk + dv * dv;
+      }
+#pragma unroll
+    for (int s = 16; s > 0; s /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+    if (lane == 0) term[t] = finite ? sum / static_cast<float>(d) : 0.0f;
+  }
+}
+
+}  // namespace flashcache::gpu::kernels
