@@ -25,6 +25,7 @@ struct MeanDistanceParams : LayerRows<T> {
 };
 
 inline constexpr int kMeanDistanceThreads = 256;
+inline constexpr int kMeanUnroll = 8;  // rows per step of the mean's column sums
 
 // Dynamic shared memory: the mean K and V row, 2 head_dim floats.
 inline std::size_t mean_distance_smem_bytes(std::int64_t head_dim) {
@@ -54,11 +55,23 @@ __global__ void __launch_bounds__(kMeanDistanceThreads) mean_distance_kernel(Mea
     const T* x = c < d ? k + c : v + (c - d);
     double sum = 0;
     std::int64_t finite = 0;
-    for (std::int64_t t = 0; t < n; ++t)
-      if (term[t] != 0.0f) {
-        sum += static_cast<double>(load_float(x[p.rows.offset(b, head, t)]));
-        ++finite;
+    // kMeanUnroll rows' loads issued together (none waits on a flag), then added in token order.
+    for (std::int64_t t0 = 0; t0 < n; t0 += kMeanUnroll) {
+      float value[kMeanUnroll];
+      bool use[kMeanUnroll];
+#pragma unroll
+      for (int u = 0; u < kMeanUnroll; ++u) {
+        const std::int64_t t = t0 + u;
+        value[u] = t < n ? load_float(x[p.rows.offset(b, head, t)]) : 0.0f;
+        use[u] = t < n && term[t] != 0.0f;
       }
+#pragma unroll
+      for (int u = 0; u < kMeanUnroll; ++u)
+        if (use[u]) {
+          sum += static_cast<double>(value[u]);
+          ++finite;
+        }
+    }
     mean_row[c] = finite > 0 ? static_cast<float>(sum / static_cast<double>(finite)) : 0.0f;
   }
   __syncthreads();
