@@ -214,10 +214,13 @@ def pooled(folder: str) -> list[str]:
     return lines + [""]
 
 
-# The issue's goals, each a row against a reference row (query-agnostic).
-GOAL_PAIRS = [("flashcache_recall", "kvzip"), ("flashcache", "keydiff"), ("flashcache", "tova"),
-              ("flashcache", "knorm"), ("flashcache", "streaming_llm"), ("flashcache", "random"),
-              ("flashcache", "expected_attention")]
+# The issue's goals, each a row against a reference row, per protocol.
+GOAL_PAIRS = {
+    "agnostic": [("flashcache_recall", "kvzip"), ("flashcache", "keydiff"), ("flashcache", "tova"),
+                 ("flashcache", "knorm"), ("flashcache", "streaming_llm"), ("flashcache", "random"),
+                 ("flashcache", "expected_attention")],
+    "aware": [("flashcache_tails", "snapkv")],
+}
 
 
 def bootstrap_interval(diffs: list[float], reps: int = 4000, seed: int = 0) -> tuple[float, float]:
@@ -228,20 +231,20 @@ def bootstrap_interval(diffs: list[float], reps: int = 4000, seed: int = 0) -> t
     return means[int(0.025 * reps)], means[int(0.975 * reps) - 1]
 
 
-def gaps(folder: str) -> list[str]:
-    """The goals' differences on the pooled held-out samples (SmolLM2, agnostic, 1,024 tokens), each with a
-    95% bootstrap interval over samples: paired, since both rows ran on the same prefill of each sample."""
+def gaps(folder: str, protocol: str = "agnostic") -> list[str]:
+    """The goals' differences on the pooled held-out samples (SmolLM2, 1,024 tokens, one protocol), each with
+    a 95% bootstrap interval over samples: paired, since both rows ran on the same prefill of each sample."""
     score = {}  # (row, ratio, path, task, seed) -> score
     for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
         head, records = load(path)
-        if (head.get("model"), head.get("protocol"), head.get("split")) != ("smollm2", "agnostic", "heldout"):
+        if (head.get("model"), head.get("protocol"), head.get("split")) != ("smollm2", protocol, "heldout"):
             continue
         for r in records:
             if r["length"] == 1024:
                 score[(r["row"], r["ratio"], path, r["task"], r["seed"])] = r["score"]
     ratios = sorted({k[1] for k in score if k[0] != "full"})
     lines = []
-    for a, b in GOAL_PAIRS:
+    for a, b in GOAL_PAIRS[protocol]:
         both = sorted({k[2:] for k in score if k[0] == a} & {k[2:] for k in score if k[0] == b})
         both = [s for s in both if all((row, x) + s in score for row in (a, b) for x in ratios)]
         if not both:
@@ -254,7 +257,8 @@ def gaps(folder: str) -> list[str]:
         lines.append(f"| {LABEL.get(a, a)} - {LABEL.get(b, b)} | " + " | ".join(cells) + f" | {len(both)} |")
     if not lines:
         return []
-    return ["The goals' gaps on those samples: the first row's score minus the second's on the same samples "
+    return [f"The goals' gaps on SmolLM2's {protocol} held-out samples at 1024 tokens: the first row's score "
+            "minus the second's on the same samples "
             "(paired: both ran on the same prefill), with a 95% bootstrap interval over the samples (4,000 "
             "resamples, seed 0). An interval that holds 0 is a gap these samples cannot tell from none; one "
             "wholly below 0 is a loss they show.", "",
@@ -272,7 +276,7 @@ def render(folder: str) -> str:
              "answer. Cost: the row's prefill and compression time (and, for recall, what the recall adds: the "
              "archive's scoring and copies, and with two question passes, the default until seed 1001, the "
              "question's extra pass) over the full cache's prefill, on this CPU.", ""]
-    parts += pooled(folder) + gaps(folder)
+    parts += pooled(folder) + gaps(folder) + gaps(folder, "aware")
     tasks = task_count()
     for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
         head, records = load(path)
