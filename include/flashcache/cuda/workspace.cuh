@@ -43,7 +43,7 @@ struct WorkspaceLayout {
   // and per-(layer, head, sequence, tile) energy partials and unrankable counts.
   std::int64_t grid_tiles = 0;
   std::size_t grid_source = 0, grid_energy = 0, grid_protected = 0;
-  std::size_t base_mark = 0;  // a base sample only (samples_base): [L][H][capacity] bytes
+  std::size_t base_mark = 0;      // a base sample only (samples_base): [L][H][capacity] bytes
   std::size_t mean_distance = 0;  // ScoreOptions::mean_weight only: [L][H][capacity] floats
   std::size_t total = 0;
 };
@@ -175,7 +175,7 @@ class Workspace {
   std::int32_t* last_good() const { return at<std::int32_t>(layout_.last_good); }
   std::int32_t* source() const { return at<std::int32_t>(layout_.source); }
   std::uint32_t* page_owners() const { return at<std::uint32_t>(layout_.page_owners); }
-  float* mean_distance() const { return at<float>(layout_.mean_distance); }  // [L][H][capacity]
+  float* mean_distance() const { return at<float>(layout_.mean_distance); }            // [L][H][capacity]
   std::int32_t* grid_source() const { return at<std::int32_t>(layout_.grid_source); }  // [L][H][capacity]
   void* grid_energy() const { return at<unsigned char>(layout_.grid_energy); }         // float2 [L][H][B][tiles]
   int* grid_protected() const { return at<int>(layout_.grid_protected); }              // [L][H][B][tiles]

@@ -36,8 +36,8 @@ Status mix_mean_distance(const RunContext<T>& run, cudaStream_t stream) {
   p.status = run.status;
   const dim3 grid(static_cast<unsigned>(run.cache.sequences), static_cast<unsigned>(run.cache.heads),
                   static_cast<unsigned>(run.cache.layers));
-  kernels::mean_distance_kernel<T><<<grid, kernels::kMeanDistanceThreads,
-                                     kernels::mean_distance_smem_bytes(run.cache.head_dim), stream>>>(p);
+  kernels::mean_distance_kernel<T>
+      <<<grid, kernels::kMeanDistanceThreads, kernels::mean_distance_smem_bytes(run.cache.head_dim), stream>>>(p);
   FLASHCACHE_RETURN_IF_ERROR(launched("mean_distance_kernel"));
   return mix_term(run, p.term, run.opt.score.mean_weight, run.opt.score.mean_mix == TailMix::max, stream);
 }
