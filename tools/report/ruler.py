@@ -231,13 +231,13 @@ def bootstrap_interval(diffs: list[float], reps: int = 4000, seed: int = 0) -> t
     return means[int(0.025 * reps)], means[int(0.975 * reps) - 1]
 
 
-def gaps(folder: str, protocol: str = "agnostic") -> list[str]:
-    """The goals' differences on the pooled held-out samples (SmolLM2, 1,024 tokens, one protocol), each with
+def gaps(folder: str, protocol: str = "agnostic", model: str = "smollm2") -> list[str]:
+    """The goals' differences on one model's pooled held-out samples (1,024 tokens, one protocol), each with
     a 95% bootstrap interval over samples: paired, since both rows ran on the same prefill of each sample."""
     score = {}  # (row, ratio, path, task, seed) -> score
     for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
         head, records = load(path)
-        if (head.get("model"), head.get("protocol"), head.get("split")) != ("smollm2", protocol, "heldout"):
+        if (head.get("model"), head.get("protocol"), head.get("split")) != (model, protocol, "heldout"):
             continue
         for r in records:
             if r["length"] == 1024:
@@ -257,7 +257,7 @@ def gaps(folder: str, protocol: str = "agnostic") -> list[str]:
         lines.append(f"| {LABEL.get(a, a)} - {LABEL.get(b, b)} | " + " | ".join(cells) + f" | {len(both)} |")
     if not lines:
         return []
-    return [f"The goals' gaps on SmolLM2's {protocol} held-out samples at 1024 tokens: the first row's score "
+    return [f"The goals' gaps on {MODEL.get(model, model)}'s {protocol} held-out samples at 1024 tokens: the first row's score "
             "minus the second's on the same samples "
             "(paired: both ran on the same prefill), with a 95% bootstrap interval over the samples (4,000 "
             "resamples, seed 0). An interval that holds 0 is a gap these samples cannot tell from none; one "
@@ -276,7 +276,7 @@ def render(folder: str) -> str:
              "answer. Cost: the row's prefill and compression time (and, for recall, what the recall adds: the "
              "archive's scoring and copies, and with two question passes, the default until seed 1001, the "
              "question's extra pass) over the full cache's prefill, on this CPU.", ""]
-    parts += pooled(folder) + gaps(folder) + gaps(folder, "aware")
+    parts += pooled(folder) + gaps(folder) + gaps(folder, "aware") + gaps(folder, "aware", "gemma3")
     tasks = task_count()
     for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
         head, records = load(path)
