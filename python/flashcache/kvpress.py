@@ -119,10 +119,10 @@ class FlashCachePress(ScorerPress):
         n_kept = compute_n_kept(tokens, self.compression_ratio)
         with_tails = _enum(QueryInput, self.options.score.query, "ScoreOptions.query") is QueryInput.tail
         queries = hf.attention_queries(module, hidden_states, kwargs["position_embeddings"]) if with_tails else None
+        feed = QueryTailOptions.last_queries(tokens, self.tail_queries) if with_tails else None
         out = torch.empty(keys.shape[:3], dtype=torch.float32)
         for b in range(batch):
             k, v = keys[b].cpu(), values[b].cpu()
-            feed = QueryTailOptions.last_queries(tokens, self.tail_queries)
             tails = query_tails(queries[b].float().cpu(), k.float(), feed) if with_tails else None
             layer = compress(k, v, n_kept, self.options, tails=tails)
             out[b] = _ranked(torch.as_tensor(layer.scores), torch.as_tensor(layer.kept))
