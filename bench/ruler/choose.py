@@ -37,12 +37,17 @@ class Verdict:
     wins: bool
 
 
+def rule_ratios(listed: dict) -> tuple[float, ...]:
+    """The ratios a candidate list is judged on: its own (candidates_6.json: the query-aware goal is at every
+    ratio), else split.json's rule's."""
+    return tuple(listed.get("ratios", RATIOS))
+
+
 def compare(path: str, candidates_path: str) -> tuple[list[Verdict], list[str]]:
     """The verdicts on a dev file's candidates by the rule of their list, and those not run yet."""
     with open(candidates_path) as f:
         listed = json.load(f)
-    # A list may name its own ratios (candidates_6.json: the query-aware goal is at every ratio).
-    ratios = tuple(listed.get("ratios", RATIOS))
+    ratios = rule_ratios(listed)
     scores = defaultdict(dict)  # row -> (task, seed, length, ratio) -> score
     seconds = defaultdict(dict)  # the same -> prefill and compression plus what the recall added
     with open(path) as f:

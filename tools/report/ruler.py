@@ -157,7 +157,7 @@ def judged(path: str, round_number: int) -> list[str]:
             "lower, and faster" if cost else "split.json's rule: a gain of at least one sample's worth, "
             "niah_multikey_3 not lower")
     with open(listed) as f:
-        ratios = json.load(f).get("ratios", choose.RATIOS)
+        ratios = choose.rule_ratios(json.load(f))
     named = ", ".join(f"{x:g}" for x in ratios[:-1]) + f" and {ratios[-1]:g}"
     lines = [f"Dev candidates of round {round_number} (bench/ruler/candidates_{round_number}.json, listed before "
              f"their run), each beside its row's current setting on the same samples and the rule's ratios {named} "
@@ -176,16 +176,21 @@ def judged(path: str, round_number: int) -> list[str]:
     return lines + [""]
 
 
+def heldout_files(folder: str, model: str, protocol: str):
+    """(path, records) of every held-out file of one model and protocol, in path order."""
+    for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
+        head, records = load(path)
+        if (head.get("model"), head.get("protocol"), head.get("split")) == (model, protocol, "heldout"):
+            yield path, records
+
+
 def pooled(folder: str) -> list[str]:
     """SmolLM2's query-agnostic held-out samples at 1,024 tokens, every file pooled: each row's mean per
     ratio over every sample it ran beside the full cache, the issue's goals at a glance. Settings may
     differ between files (the recall row: two question passes until seed 1001, one from seed 1002)."""
     runs = defaultdict(list)  # (row, ratio) -> scores
     samples = defaultdict(set)  # row -> (file, task, seed)
-    for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
-        head, records = load(path)
-        if (head.get("model"), head.get("protocol"), head.get("split")) != ("smollm2", "agnostic", "heldout"):
-            continue
+    for path, records in heldout_files(folder, "smollm2", "agnostic"):
         at = [r for r in records if r["length"] == 1024]
         ratios = {r["ratio"] for r in at if r["row"] != "full"}
         full = {(r["task"], r["seed"]) for r in at if r["row"] == "full"}
@@ -235,10 +240,7 @@ def gaps(folder: str, protocol: str = "agnostic", model: str = "smollm2") -> lis
     """The goals' differences on one model's pooled held-out samples (1,024 tokens, one protocol), each with
     a 95% bootstrap interval over samples: paired, since both rows ran on the same prefill of each sample."""
     score = {}  # (row, ratio, path, task, seed) -> score
-    for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
-        head, records = load(path)
-        if (head.get("model"), head.get("protocol"), head.get("split")) != (model, protocol, "heldout"):
-            continue
+    for path, records in heldout_files(folder, model, protocol):
         for r in records:
             if r["length"] == 1024:
                 score[(r["row"], r["ratio"], path, r["task"], r["seed"])] = r["score"]
