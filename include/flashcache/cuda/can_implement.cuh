@@ -7,6 +7,7 @@
 #include "flashcache/cuda/checked_call.cuh"
 #include "flashcache/cuda/global_transform.cuh"
 #include "flashcache/cuda/kernels/compact_paged.cuh"  // kernels::kCompactStageBytes
+#include "flashcache/cuda/kernels/mean_distance.cuh"  // kernels::kMeanDistanceMaxHeadDim
 #include "flashcache/cuda/limits.cuh"
 #include "flashcache/cuda/workspace.cuh"
 #include "flashcache/error.hpp"
@@ -159,7 +160,7 @@ Status queries(const Cache<T>& c, const Options& opt) {
 
 // ScoreOptions::mean_weight: the mean K and V row sits in shared memory (kernels/mean_distance.cuh),
 // within what any device gives a kernel without opting in.
-inline constexpr std::int64_t kMeanDistanceMaxHeadDim = 48 * 1024 / (2 * 4);
+inline constexpr std::int64_t kMeanDistanceMaxHeadDim = kernels::kMeanDistanceMaxHeadDim;
 
 inline Status mean_distance(std::int64_t head_dim, const Options& opt) {
   if (opt.score.mean_weight > 0 && head_dim > kMeanDistanceMaxHeadDim)

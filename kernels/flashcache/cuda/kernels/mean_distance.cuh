@@ -28,9 +28,12 @@ inline constexpr int kMeanDistanceThreads = 256;
 inline constexpr int kMeanUnroll = 8;  // rows per step of the mean's column sums
 
 // Dynamic shared memory: the mean K and V row, 2 head_dim floats.
-inline std::size_t mean_distance_smem_bytes(std::int64_t head_dim) {
+constexpr std::size_t mean_distance_smem_bytes(std::int64_t head_dim) {
   return static_cast<std::size_t>(2 * head_dim) * sizeof(float);
 }
+// The largest head dim whose mean row fits without opting in to more.
+inline constexpr std::int64_t kMeanDistanceMaxHeadDim =
+    kDefaultDynamicSmemBytes / static_cast<std::int64_t>(mean_distance_smem_bytes(1));
 
 template <class T>
 __global__ void __launch_bounds__(kMeanDistanceThreads) mean_distance_kernel(MeanDistanceParams<T> p) {
