@@ -26,6 +26,21 @@ def _short(kernel):
     return kernel.replace("half_t", "f16").replace("bfloat16_t", "bf16")
 
 
+def _global_floor(s, blocked_cycles):
+    """The global path's DRAM bytes (its kernels' and the FFTs' estimate) at the copy's rate: the fewest
+    cycles those bytes allow, whatever the kernels do; against the blocked compression's cycles."""
+    g, fft, rate = s["stages"].get("compress_global"), s.get("fft_estimate"), s.get("copy_bytes_per_cycle")
+    if not (g and fft and rate and blocked_cycles):
+        return []
+    total = g["dram_bytes_with_deferred"] + fft["bytes"]
+    floor = total / rate
+    return ["- the global path's bytes at the copy's speed: %s MB (%.1f x the K+V bytes: complex-float spectra "
+            "written, read by cuFFT and the base's kernels and written again) take at least %d cycles, **%s x** the "
+            "blocked compression: with these bytes no kernel's speed reaches the goal of 3; fewer bytes could (the "
+            "pack, the energies, the base's mask and the residual done in cuFFT's load and store callbacks)" % (
+                _mb(total), total / s["kv_bytes"], floor, _ratio(floor, blocked_cycles))]
+
+
 def _size(s):
     st = s["stages"]
     lines = [
@@ -72,6 +87,7 @@ def _size(s):
             _ratio(g, b), _ratio(g_fft, b)),
         "- compression / one decode step: global %s x (%s x with the FFTs), blocked %s x" % (
             _ratio(g, d), _ratio(g_fft, d), _ratio(b, d)),
+    ] + _global_floor(s, b) + [
         "",
         "Per kernel launch: CTAs, the simulator's limit in CTAs per SM (from registers, threads and static shared "
         "memory only: it ignores dynamic shared memory), cycles, the simulator's IPC (thread instructions per "
