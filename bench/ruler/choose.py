@@ -102,9 +102,9 @@ def main(path: str, candidates_path: str = os.path.join(HERE, "candidates.json")
     for cand in missing:
         print(f"{cand}: not run yet")
     for v in verdicts:
-        need = (f"more than {-v.step:.1f}; time {v.time_ratio:.3f} of {v.base}'s, needs below 1" if v.cost_rule
-                else f"needs {v.step:.1f}")
-        print(f"{v.candidate}: mean {v.mean:.1f} vs {v.base} {v.base_mean:.1f} (gain {v.gain:+.1f}, {need}); "
+        need = (f"more than {-v.step:.2f}; time {v.time_ratio:.3f} of {v.base}'s, needs below 1" if v.cost_rule
+                else f"needs {v.step:.2f}")
+        print(f"{v.candidate}: mean {v.mean:.1f} vs {v.base} {v.base_mean:.1f} (gain {v.gain:+.2f}, {need}); "
               f"niah_multikey_3 {v.mk3_gain:+.1f}; {v.samples} samples -> "
               f"{'REPLACES' if v.wins else 'keeps'} the current setting")
     chosen = choices(verdicts)

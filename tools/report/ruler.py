@@ -161,12 +161,12 @@ def judged(path: str, round_number: int) -> list[str]:
     named = ", ".join(f"{x:g}" for x in ratios[:-1]) + f" and {ratios[-1]:g}"
     lines = [f"Dev candidates of round {round_number} (bench/ruler/candidates_{round_number}.json, listed before "
              f"their run), each beside its row's current setting on the same samples and the rule's ratios {named} "
-             f"({rule}; one sample's worth is {verdicts[0].step:.1f} points here; "
+             f"({rule}; one sample's worth is {verdicts[0].step:.2f} points here; "
              "bench/ruler/choose.py). Time: the candidate's median prefill, compression and recall over the row's.",
              "", "| candidate | its mean | the row's mean | gain | niah_multikey_3 | time | runs | verdict |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for v in verdicts:
-        lines.append(f"| `{v.candidate}` | {v.mean:.1f} | {v.base_mean:.1f} | {v.gain:+.1f} | {v.mk3_gain:+.1f} | "
+        lines.append(f"| `{v.candidate}` | {v.mean:.1f} | {v.base_mean:.1f} | {v.gain:+.2f} | {v.mk3_gain:+.1f} | "
                      f"{v.time_ratio:.2f} | {v.runs} | {'replaces the setting' if v.wins else 'keeps the setting'} |")
     chosen = choose.choices(verdicts)
     lines += ["", "Choice: " + ("; ".join(f"{b} -> `{v.candidate}`" for b, v in sorted(chosen.items()))
