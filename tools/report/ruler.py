@@ -20,11 +20,16 @@ import statistics
 import sys
 from collections import defaultdict
 
-ORDER = ["flashcache", "flashcache_recall", "flashcache_tails", "flashcache_model", "flashcache_paper", "kvzip", "expected_attention",
+# Round nine's choice (bench/ruler/README.md), run on held-out seeds 1006-1007 before it becomes the default.
+CHOSEN = "flashcache@score.mean_weight=0.75"
+CHOSEN_RECALL = "flashcache_recall@score.mean_weight=0.75"
+ORDER = ["flashcache", CHOSEN, "flashcache_recall", CHOSEN_RECALL, "flashcache_tails", "flashcache_model", "flashcache_paper", "kvzip", "expected_attention",
          "adakv_expected_attention", "snapkv", "keydiff", "tova", "knorm", "streaming_llm", "random"]
 LABEL = {
     "flashcache": "flashcache (defaults, per layer)",
+    CHOSEN: "flashcache, mean_weight 0.75 (round nine's choice)",
     "flashcache_recall": "flashcache + recall",
+    CHOSEN_RECALL: "flashcache + recall, mean_weight 0.75",
     "flashcache_tails": "flashcache + query tails",
     "flashcache_model": "flashcache (dynamic layer budgets)",
     "flashcache_paper": "flashcache (the paper's algorithm)",
@@ -223,7 +228,8 @@ def pooled(folder: str) -> list[str]:
 GOAL_PAIRS = {
     "agnostic": [("flashcache_recall", "kvzip"), ("flashcache", "keydiff"), ("flashcache", "tova"),
                  ("flashcache", "knorm"), ("flashcache", "streaming_llm"), ("flashcache", "random"),
-                 ("flashcache", "expected_attention")],
+                 ("flashcache", "expected_attention"), (CHOSEN, "flashcache"), (CHOSEN, "keydiff"), (CHOSEN, "tova"),
+                 (CHOSEN_RECALL, "kvzip"), (CHOSEN_RECALL, "flashcache_recall")],
     "aware": [("flashcache_tails", "snapkv")],
 }
 
