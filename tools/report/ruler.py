@@ -229,7 +229,7 @@ GOAL_PAIRS = {
     "agnostic": [("flashcache_recall", "kvzip"), ("flashcache", "keydiff"), ("flashcache", "tova"),
                  ("flashcache", "knorm"), ("flashcache", "streaming_llm"), ("flashcache", "random"),
                  ("flashcache", "expected_attention"), (CHOSEN, "flashcache"), (CHOSEN, "keydiff"), (CHOSEN, "tova"),
-                 (CHOSEN_RECALL, "kvzip"), (CHOSEN_RECALL, "flashcache_recall")],
+                 (CHOSEN_RECALL, "kvzip")],
     "aware": [("flashcache_tails", "snapkv")],
 }
 
