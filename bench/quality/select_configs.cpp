@@ -15,11 +15,12 @@
 //              "normalize_terms": false, "rope_theta": 0, "rope_layout": "half",
 //              "allocation": "dynamic", "keep_set": "per_head", "combine": "mean_normalized",
 //              "page": 1, "query": "none", "tail_weight": 0.5, "tail_mix": "max", "tail_stride": 1,
-//              "tail_min_distance": 32, "tail_last": 256},
+//              "tail_min_distance": 32, "tail_last": 256, "mean_weight": 0.75, "mean_mix": "sum"},
 //              "seed": 0}, ...]}
 // query "tail" (ScoreOptions::query) scores with each key's tail from q.npy, fed by every
 // tail_stride-th prompt query (only the last tail_last when above 0); the tail
 // fields left out take Options::with_query_tail()'s and PolicyOptions{}'s values.
+// mean_weight and mean_mix (ScoreOptions) left out take Options{}'s: a row that fixes them names them.
 // Every configuration keeps per_head * L tokens in all: per_head in every
 // layer, or that total re-split by the dynamic allocation.
 // keep_set (shared_keep.hpp): per_head (the default) keeps a set per (layer,
@@ -82,6 +83,11 @@ fc::Options options_from(const Json& j) {
   const std::string mix = j.value("tail_mix", std::string(fc::to_string(o.score.tail_mix)));
   if (mix != "sum" && mix != "max") throw std::runtime_error("options.score.tail_mix " + mix + " is not sum or max");
   o.score.tail_mix = mix == "max" ? fc::TailMix::max : fc::TailMix::sum;
+  o.score.mean_weight = j.value("mean_weight", o.score.mean_weight);
+  const std::string mean_mix = j.value("mean_mix", std::string(fc::to_string(o.score.mean_mix)));
+  if (mean_mix != "sum" && mean_mix != "max")
+    throw std::runtime_error("options.score.mean_mix " + mean_mix + " is not sum or max");
+  o.score.mean_mix = mean_mix == "max" ? fc::TailMix::max : fc::TailMix::sum;
   return o;
 }
 
@@ -108,7 +114,8 @@ std::string score_key(const std::string& policy, const Json& options, std::uint6
   if (policy == "random") return policy + "/" + std::to_string(seed);
   if (policy != "flashcache") return policy;
   Json key;
-  for (const char* field : {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout"})
+  for (const char* field :
+       {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout", "mean_weight", "mean_mix"})
     if (options.contains(field)) key[field] = options[field];
   if (with_tail)
     for (const char* field : {"query", "tail_weight", "tail_mix", "tail_stride", "tail_min_distance", "tail_last"})
