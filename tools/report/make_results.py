@@ -6,6 +6,8 @@ Each section comes from its own JSON, written by the run that measured it:
   quality_long.json  bench/quality/run_long.sh              -> quality_long.py
   quality_long_study_base.json (+ quality_long_passkey_dev*.json, optional)  the base study
                                                             -> quality_study.py
+  quality_long_mean_choice.json (+ quality_long_mean_*dev*.json)  RULER's mean_weight on the base study's data
+                                                            -> quality_study.py
   quality_long_query_choice.json (+ quality_long_query_*heldout.json)  the query study
                                                             -> quality_query.py
   quality_long_asked_choice.json (+ quality_long_asked_dev.json, _heldout.json)  the asked-later study
@@ -61,6 +63,7 @@ def main():
     for name, module, function in (("quality_long.json", "quality_long", "render"),
                                    ("quality_long_passkey.json", "quality_long", "render_passkey"),
                                    ("quality_long_study_base.json", "quality_study", "render_results"),
+                                   ("quality_long_mean_choice.json", "quality_study", "render_mean"),
                                    ("quality_long_query_choice.json", "quality_query", "render_results"),
                                    ("quality_long_asked_choice.json", "quality_asked", "render"),
                                    ("quality_grid.json", "quality_grid", "render"),

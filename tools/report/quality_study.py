@@ -151,3 +151,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+MEAN_NLL = os.path.join(RESULTS, "quality_long_mean_nll_dev.json")
+MEAN_PASSKEY = [os.path.join(RESULTS, "quality_long_mean_passkey_dev.json"),
+                os.path.join(RESULTS, "quality_long_mean_passkey_dev_two.json")]
+
+
+def render_mean(doc: Dict) -> str:
+    """RULER's mean_weight 0.75 checked on the base study's dev data (study/MEAN_RULE.md), from
+    quality_long_mean_choice.json (study/choose_mean.py) and the runs it read."""
+    ratios = choose_module().RATIOS
+    out = ["## RULER's mean_weight 0.75 on the library's own dev passkeys and NLL", "",
+           "Rule, written before the run: [`bench/quality/study/MEAN_RULE.md`](quality/study/MEAN_RULE.md) — "
+           "mean_weight 0.75 becomes the default only if, per layer and with one keep-set per sequence, its dev "
+           "passkeys (keep 0.1 plus 0.2) are at most 2 below mean_weight 0's and its NLL score at most 0.002 above. "
+           "Applied by `bench/quality/study/choose_mean.py`; rows: `bench/quality/study/mean_rows.json`.", ""]
+    for p in [MEAN_NLL] + MEAN_PASSKEY:
+        if os.path.exists(p):
+            h = _header(p)
+            out.append(f"- `{_rel(p)}`: `{h.get('how', '?')}` ({h.get('when', '?')}, git `{(h.get('git') or '?')[:10]}`).")
+    out += ["", "| keep-set | row | " + " | ".join(f"passkey @{r:g}" for r in ratios) + " | passkeys | NLL score | "
+            "mean attn err | holds |", "|---|---|" + "---|" * (len(ratios) + 4)]
+    for pair in doc["pairs"]:
+        for i, label in enumerate(pair["rows"]):
+            pk = [f"{pair['hits_by_ratio'][f'{r:g}'][i]}" for r in ratios]
+            held = "" if i == 0 else ("keys " + ("yes" if pair["keys_hold"] else "no") + ", NLL " +
+                                      ("yes" if pair["nll_holds"] else "no"))
+            out.append(f"| {pair['keep_set']} | {label} | " + " | ".join(pk) +
+                       f" | {pair['hits'][i]}/{pair['trials']} | {pair['nll_score'][i]:.4f} | "
+                       f"{_fmt(pair['attn_rel_err'][i], '{:.4f}')} | {held} |")
+    out += ["", f"Verdict: {doc['verdict']}.", ""]
+    return "\n".join(out)
