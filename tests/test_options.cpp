@@ -30,6 +30,7 @@ TEST(Options, DefaultsAreTheDevChoice) {
   EXPECT_FALSE(o.score.normalize_terms);
   EXPECT_FALSE(o.score.rope.derotate);
   EXPECT_DOUBLE_EQ(o.score.mean_weight, 0.0);
+  EXPECT_EQ(o.score.mean_mix, fc::TailMix::sum);
   EXPECT_EQ(o.allocate.mode, fc::Allocation::dynamic);
   EXPECT_TRUE(fc::check_options(o).ok());
 }

@@ -63,8 +63,9 @@ KEEP_RATIOS = (0.05, 0.1, 0.2, 0.4)
 # them (field names of flashcache::Options). DEFAULT must equal flashcache::Options{}:
 # long_eval checks it against `flashcache compress`'s summary.json (check_defaults).
 PAPER = {"gamma": 0.2, "base": "lowpass", "transform": "global", "sink": 0, "window": 0, "window_share": 0.0,
-         "base_share": 0.0, "normalize_terms": False, "rope_theta": 0, "allocation": "dynamic"}
-# The base study's choice (bench/quality/study/RULE.md): the peak base, gamma 0.1, global.
+         "base_share": 0.0, "normalize_terms": False, "rope_theta": 0, "allocation": "dynamic", "mean_weight": 0.0}
+# The base study's choice (bench/quality/study/RULE.md): the peak base, gamma 0.1, global (the
+# residual alone: RULER's mean_weight 0.75 lost dev passkeys here, study/MEAN_RULE.md).
 DEFAULT = dict(PAPER, gamma=0.1, base="peak", sink=4, window_share=0.5, transform="global", block_size=64)
 # The same with keys de-rotated with the model's RoPE base (ScoreOptions::rope, which a default
 # cannot know).
@@ -574,7 +575,7 @@ def check_defaults(cli: str) -> None:
         with open(os.path.join(work, "out", "summary.json"), encoding="utf-8") as f:
             got = json.load(f)["options"]
     for field in ("gamma", "base", "transform", "block", "sink", "window", "window_share", "base_share", "normalize_terms",
-                  "allocation"):
+                  "allocation", "mean_weight"):
         want = DEFAULT["block_size" if field == "block" else field]
         if got[field] != want:
             raise SystemExit(f"long_eval: DEFAULT[{field!r}] = {want!r} but the library's default is "

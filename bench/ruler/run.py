@@ -206,8 +206,12 @@ def header(args: argparse.Namespace) -> dict:
     import kvpress
     import torch
     import transformers
+    from flashcache import Options
 
     return {"header": True, "model": args.model, "split": args.split, "protocol": args.protocol,
+            # The score defaults a row without settings ran with (one that studies have moved; files
+            # written before 2026-12-07 lack it and ran mean_weight 0).
+            "defaults": {"score.mean_weight": Options().score.mean_weight},
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
             platform.machine(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,

@@ -129,7 +129,12 @@ struct ScoreOptions {
   // (the DC base alone: how far it stands from the whole context, where the
   // residual tells how far from its neighbourhood), mixed in as the tails are,
   // (1 - mean_weight) * residual / mean + mean_weight * distance / mean (or the
-  // larger term: mean_mix). 0: the residual alone. CPU only.
+  // larger term: mean_mix). 0: the residual alone, as the paper scores. The
+  // residual ranks a short run of tokens unlike the text around it (a number
+  // in prose) low, since the base draws that run's bump; the distance keeps it
+  // (a gain on RULER-style tasks at light compression, a loss of passkeys at
+  // heavy compression: docs/DEFAULTS.md). The GPU takes head dims up to 6,144
+  // with it (cuda/can_implement.cuh).
   double mean_weight = 0.0;
   TailMix mean_mix = TailMix::sum;
   // Image spans (given per request, grid.hpp's ImageSpans) are scored by a 2D
@@ -185,13 +190,15 @@ struct Options {
   }
 
   // The paper's algorithm exactly: no sink, no window, no base sample, K and V
-  // terms unweighted, keys as cached, global low-pass DCT, gamma 0.2, dynamic allocation.
+  // terms unweighted, keys as cached, global low-pass DCT, gamma 0.2, the residual
+  // alone (no distance from the mean), dynamic allocation.
   static Options paper() {
     Options o;
     o.score = ScoreOptions{};
     o.score.gamma = 0.2;
     o.score.base = Base::lowpass;
     o.score.transform = Transform::global;
+    o.score.mean_weight = 0.0;  // the residual alone
     o.select.sink = 0;
     o.select.window = 0;
     o.select.window_share = 0.0;

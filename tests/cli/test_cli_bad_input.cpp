@@ -298,8 +298,18 @@ TEST_F(CliTest, BadInputIsOneLineExitTwoAndNoOutput) {
        [](CliTest&) {
          return std::vector<std::string>{"--policy", "streaming", "--gamma", "0.3"};
        },
-       "--gamma, --transform, --block, --normalize-terms, --rope-* and --paper are used only by --policy "
+       "--gamma, --transform, --block, --normalize-terms, --mean-*, --rope-* and --paper are used only by --policy "
        "flashcache, not streaming"},
+      {"mean weight for a baseline",
+       [](CliTest&) {
+         return std::vector<std::string>{"--policy", "keydiff", "--mean-weight", "0.5"};
+       },
+       "are used only by --policy flashcache, not keydiff"},
+      {"mean weight above 1",
+       [](CliTest&) {
+         return std::vector<std::string>{"--mean-weight", "1.5"};
+       },
+       "--mean-weight 1.5 is outside [0, 1]"},
       {"paper for a baseline",
        [](CliTest&) {
          return std::vector<std::string>{"--policy", "knorm", "--paper"};

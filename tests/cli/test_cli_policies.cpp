@@ -29,6 +29,7 @@ TEST_F(CliTest, PolicyStreamingKeepsTheMostRecentTokens) {
   // FlashCache's own options mean nothing here, and baselines have no energy ratios.
   EXPECT_TRUE(o.summary["options"]["gamma"].is_null());
   EXPECT_TRUE(o.summary["options"]["transform"].is_null());
+  EXPECT_TRUE(o.summary["options"]["mean_weight"].is_null());
   EXPECT_EQ(o.energy_ratio, (std::vector<double>{0.0, 0.0}));
 }
 
@@ -88,10 +89,51 @@ TEST_F(CliTest, PaperIsThePapersAlgorithm) {
   EXPECT_EQ(opt["window_share"], 0.0);
   EXPECT_EQ(opt["base_share"], 0.0);
   EXPECT_EQ(opt["normalize_terms"], false);
+  EXPECT_EQ(opt["mean_weight"], 0.0);
   EXPECT_TRUE(opt["rope_theta"].is_null());
   EXPECT_EQ(opt["gamma"], 0.2);
   EXPECT_EQ(opt["transform"], "global");
   EXPECT_EQ(opt["allocation"], "dynamic");
+}
+
+// --mean-weight 1 scores each token by its distance from its head's mean K and V alone
+// (over that distance's mean: a naive double reference from the files); without the flag
+// the library's default is used and recorded.
+TEST_F(CliTest, MeanWeightScoresTheDistanceFromTheHeadMean) {
+  const Result r = run_cli(compress({"--mean-weight", "1", "--mean-mix", "max", "--keep-ratio", "0.2"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Outputs o = check_outputs(out, k, v);
+  EXPECT_EQ(o.summary["options"]["mean_weight"], 1.0);
+  EXPECT_EQ(o.summary["options"]["mean_mix"], "max");
+  const npy::Array ka = npy::read(k), va = npy::read(v), scores = npy::read(out + "/scores.npy");
+  const std::int64_t n = 37, d = 8;
+  for (std::int64_t lh = 0; lh < 4; ++lh) {  // (layer, head) rows of [2, 2, 37, 8]
+    const float* K = ka.data<float>() + lh * n * d;
+    const float* V = va.data<float>() + lh * n * d;
+    std::vector<double> mean(static_cast<std::size_t>(2 * d), 0.0), dist(static_cast<std::size_t>(n), 0.0);
+    for (std::int64_t t = 0; t < n; ++t)
+      for (std::int64_t c = 0; c < d; ++c) {
+        mean[static_cast<std::size_t>(c)] += K[t * d + c] / static_cast<double>(n);
+        mean[static_cast<std::size_t>(d + c)] += V[t * d + c] / static_cast<double>(n);
+      }
+    double total = 0;
+    for (std::int64_t t = 0; t < n; ++t) {
+      for (std::int64_t c = 0; c < d; ++c) {
+        const double dk = K[t * d + c] - mean[static_cast<std::size_t>(c)];
+        const double dv = V[t * d + c] - mean[static_cast<std::size_t>(d + c)];
+        dist[static_cast<std::size_t>(t)] += (dk * dk + dv * dv) / static_cast<double>(d);
+      }
+      total += dist[static_cast<std::size_t>(t)];
+    }
+    for (std::int64_t t = 0; t < n; ++t)
+      EXPECT_NEAR(scores.data<float>()[lh * n + t], dist[static_cast<std::size_t>(t)] / (total / n), 1e-4)
+          << lh << " " << t;
+  }
+  const Result plain = run_cli(compress({"--keep-ratio", "0.2", "--force"}));
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  const Outputs p = check_outputs(out, k, v);
+  EXPECT_EQ(p.summary["options"]["mean_weight"], ScoreOptions{}.mean_weight);
+  EXPECT_EQ(p.summary["options"]["mean_mix"], "sum");
 }
 
 TEST_F(CliTest, PolicyKeydiffRuns) {

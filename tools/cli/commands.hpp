@@ -36,6 +36,8 @@ struct CompressArgs {
   std::int64_t sink = SelectOptions{}.sink, window = SelectOptions{}.window;
   double window_share = SelectOptions{}.window_share, base_share = SelectOptions{}.base_share;
   bool normalize_terms = ScoreOptions{}.normalize_terms;
+  double mean_weight = ScoreOptions{}.mean_weight;  // flashcache: the distance from the head's mean, mixed in
+  std::string mean_mix = to_string(ScoreOptions{}.mean_mix);
   double rope_theta = 0;  // > 0: score keys de-rotated with this RoPE base
   std::string rope_layout = "half";
   std::int64_t rope_first_position = 0;

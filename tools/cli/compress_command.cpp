@@ -53,9 +53,12 @@ void check_args(const CompressArgs& a) {
     usage_error("--observation-window " + std::to_string(a.observation_window) + " must be at least 1");
   if ((a.has_transform_option || a.has_rope_option || a.paper) && p != policies::Policy::flashcache)
     usage_error(
-        "--gamma, --transform, --block, --normalize-terms, --rope-* and --paper are used only by --policy flashcache, "
+        "--gamma, --transform, --block, --normalize-terms, --mean-*, --rope-* and --paper are used only by --policy "
+        "flashcache, "
         "not " +
         a.policy + " (so is --base)");
+  if (!(a.mean_weight >= 0.0 && a.mean_weight <= 1.0))
+    usage_error("--mean-weight " + num(a.mean_weight) + " is outside [0, 1]");
   if (!(a.window_share >= 0.0 && a.window_share <= 1.0))
     usage_error("--window-share " + num(a.window_share) + " is outside [0, 1]");
   if (!(a.base_share >= 0.0 && a.base_share <= 1.0))
@@ -129,6 +132,8 @@ Plan make_plan(const CompressArgs& a, const KVCache& cache) {
     p.options.select.window_share = a.window_share;
     p.options.select.base_share = a.base_share;
     p.options.score.normalize_terms = a.normalize_terms;
+    p.options.score.mean_weight = a.mean_weight;
+    p.options.score.mean_mix = enum_flag<TailMix>("--mean-mix", a.mean_mix);
     p.options.score.rope.derotate = a.rope_theta > 0;
     p.options.score.rope.theta = a.rope_theta > 0 ? a.rope_theta : p.options.score.rope.theta;
     p.options.score.rope.layout = enum_flag<RopeLayout>("--rope-layout", a.rope_layout);
@@ -198,6 +203,8 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
       {"window_share", o.select.window_share},
       {"base_share", o.select.base_share},
       {"normalize_terms", fc ? nlohmann::ordered_json(o.score.normalize_terms) : null},
+      {"mean_weight", fc ? nlohmann::ordered_json(o.score.mean_weight) : null},
+      {"mean_mix", fc ? nlohmann::ordered_json(to_string(o.score.mean_mix)) : null},
       {"query", fc ? nlohmann::ordered_json(to_string(o.score.query)) : null},
       {"tail_weight", fc && o.score.query == QueryInput::tail ? nlohmann::ordered_json(o.score.tail_weight) : null},
       {"tail_mix",

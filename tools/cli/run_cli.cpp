@@ -105,6 +105,15 @@ int flashcache::cli::run_cli(int argc, char** argv) {
                                ->add_flag("--normalize-terms,!--no-normalize-terms", c.normalize_terms,
                                           "flashcache: divide the K and V terms of the score each by its head's mean")
                                ->capture_default_str();
+  CLI::Option* mean_weight =
+      compress
+          ->add_option("--mean-weight", c.mean_weight,
+                       "flashcache: the share of the score given to each token's distance from its head's mean K "
+                       "and V (0: the residual alone, as the paper scores)")
+          ->capture_default_str();
+  CLI::Option* mean_mix = compress->add_option("--mean-mix", c.mean_mix, "flashcache: sum or max of the two score terms")
+                              ->check(names_of<flashcache::TailMix>())
+                              ->capture_default_str();
   CLI::Option* rope = compress->add_option(
       "--rope-theta", c.rope_theta, "flashcache: score keys rotated back to their pre-RoPE form, with this RoPE base");
   compress->add_option("--rope-layout", c.rope_layout, "With --rope-theta: pairs (i, i + d/2) or (2i, 2i + 1)")
@@ -115,8 +124,9 @@ int flashcache::cli::run_cli(int argc, char** argv) {
   CLI::Option* paper = compress->add_flag(
       "--paper", c.paper,
       "The paper's algorithm exactly (Options::paper(): no sink, window or base sample, unweighted terms, keys as "
-      "cached, global DCT, gamma 0.2)");
-  for (CLI::Option* o : {sink, window, window_share, base_share, normalize, rope}) paper->excludes(o);
+      "cached, global DCT, gamma 0.2, the residual alone)");
+  for (CLI::Option* o : {sink, window, window_share, base_share, normalize, mean_weight, mean_mix, rope})
+    paper->excludes(o);
   compress->add_option("--protect", c.protect, "Bool or uint8 mask of N tokens; nonzero = always kept");
   CLI::Option* grid = compress->add_option(
       "--grid", c.grids,
@@ -210,7 +220,8 @@ int flashcache::cli::run_cli(int argc, char** argv) {
   c.has_observation_window = compress->count("--observation-window") > 0;
   c.has_transform_option = compress->count("--gamma") + compress->count("--transform") + compress->count("--block") +
                                compress->count("--base") + compress->count("--normalize-terms") +
-                               compress->count("--no-normalize-terms") >
+                               compress->count("--no-normalize-terms") + compress->count("--mean-weight") +
+                               compress->count("--mean-mix") >
                            0;
   c.has_tail_option = compress->count("--tail-weight") + compress->count("--tail-mix") +
                           compress->count("--tail-stride") + compress->count("--tail-min-distance") +
