@@ -114,8 +114,8 @@ std::string score_key(const std::string& policy, const Json& options, std::uint6
   if (policy == "random") return policy + "/" + std::to_string(seed);
   if (policy != "flashcache") return policy;
   Json key;
-  for (const char* field :
-       {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout", "mean_weight", "mean_mix"})
+  for (const char* field : {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout",
+                            "mean_weight", "mean_mix"})
     if (options.contains(field)) key[field] = options[field];
   if (with_tail)
     for (const char* field : {"query", "tail_weight", "tail_mix", "tail_stride", "tail_min_distance", "tail_last"})

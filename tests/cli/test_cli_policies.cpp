@@ -1,6 +1,8 @@
 // `flashcache compress --policy`: each baseline and FlashCache's options (window and base
 // shares, image grids, the paper's algorithm, the query-informed score), their scores
 // checked against direct computations from the files.
+#include <flashcache/options.hpp>
+
 #include "cli_harness.hpp"
 
 namespace flashcache {

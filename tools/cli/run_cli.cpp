@@ -111,9 +111,10 @@ int flashcache::cli::run_cli(int argc, char** argv) {
                        "flashcache: the share of the score given to each token's distance from its head's mean K "
                        "and V (0: the residual alone, as the paper scores)")
           ->capture_default_str();
-  CLI::Option* mean_mix = compress->add_option("--mean-mix", c.mean_mix, "flashcache: sum or max of the two score terms")
-                              ->check(names_of<flashcache::TailMix>())
-                              ->capture_default_str();
+  CLI::Option* mean_mix =
+      compress->add_option("--mean-mix", c.mean_mix, "flashcache: sum or max of the two score terms")
+          ->check(names_of<flashcache::TailMix>())
+          ->capture_default_str();
   CLI::Option* rope = compress->add_option(
       "--rope-theta", c.rope_theta, "flashcache: score keys rotated back to their pre-RoPE form, with this RoPE base");
   compress->add_option("--rope-layout", c.rope_layout, "With --rope-theta: pairs (i, i + d/2) or (2i, 2i + 1)")
