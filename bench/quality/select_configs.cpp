@@ -80,14 +80,11 @@ fc::Options options_from(const Json& j) {
   if (query != "none" && query != "tail") throw std::runtime_error("options.score.query " + query + " is not none or tail");
   if (query == "tail") o = fc::Options::with_query_tail(o);  // the preset, but for what the row sets
   o.score.tail_weight = j.value("tail_weight", o.score.tail_weight);
-  const std::string mix = j.value("tail_mix", std::string(fc::to_string(o.score.tail_mix)));
-  if (mix != "sum" && mix != "max") throw std::runtime_error("options.score.tail_mix " + mix + " is not sum or max");
-  o.score.tail_mix = mix == "max" ? fc::TailMix::max : fc::TailMix::sum;
+  fc::throw_if_error(fc::parse_enum(j.value("tail_mix", std::string(fc::to_string(o.score.tail_mix))),
+                                    &o.score.tail_mix, "options.score.tail_mix"));
   o.score.mean_weight = j.value("mean_weight", o.score.mean_weight);
-  const std::string mean_mix = j.value("mean_mix", std::string(fc::to_string(o.score.mean_mix)));
-  if (mean_mix != "sum" && mean_mix != "max")
-    throw std::runtime_error("options.score.mean_mix " + mean_mix + " is not sum or max");
-  o.score.mean_mix = mean_mix == "max" ? fc::TailMix::max : fc::TailMix::sum;
+  fc::throw_if_error(fc::parse_enum(j.value("mean_mix", std::string(fc::to_string(o.score.mean_mix))),
+                                    &o.score.mean_mix, "options.score.mean_mix"));
   return o;
 }
 
