@@ -44,12 +44,15 @@ def passkey_hits(paths: List[str]) -> Tuple[Dict[Tuple[str, float], int], Dict[T
     return hits, trials
 
 
-def nll_scores(path: str) -> Tuple[Dict[str, float], Dict[str, float], Dict[Tuple[str, float], float]]:
-    """label -> NLL score, label -> mean attention error, (label, ratio) -> median nll_ratio."""
+def nll_scores(
+    path: str, ratios: Tuple[float, ...] = RATIOS
+) -> Tuple[Dict[str, float], Dict[str, float], Dict[Tuple[str, float], float]]:
+    """label -> NLL score (the mean over `ratios` of the median nll_ratio), label -> mean attention error,
+    (label, ratio) -> median nll_ratio."""
     nll: Dict[Tuple[str, float], List[float]] = defaultdict(list)
     attn: Dict[str, List[float]] = defaultdict(list)
     for r in load(path):
-        if r.get("split") != "dev" or r["keep_ratio"] not in RATIOS:
+        if r.get("split") != "dev" or r["keep_ratio"] not in ratios:
             continue
         if r["metric"] == "nll_ratio":
             nll[(r["label"], r["keep_ratio"])].append(r["value"])
@@ -57,7 +60,7 @@ def nll_scores(path: str) -> Tuple[Dict[str, float], Dict[str, float], Dict[Tupl
             attn[r["label"]].append(r["value"])
     medians = {k: statistics.median(v) for k, v in nll.items()}
     labels = {k[0] for k in medians}
-    score = {l: statistics.mean(medians[(l, r)] for r in RATIOS) for l in labels if all((l, r) in medians for r in RATIOS)}
+    score = {l: statistics.mean(medians[(l, r)] for r in ratios) for l in labels if all((l, r) in medians for r in ratios)}
     return score, {l: statistics.mean(v) for l, v in attn.items()}, medians
 
 
