@@ -100,6 +100,49 @@ TEST(Options, MeanWeightIsCheckedByName) {
   EXPECT_NE(fc::check_options(o).message().find("unknown mean_mix"), std::string::npos);
 }
 
+// The weight that follows the budget, against the rule written out by hand:
+// full from mean_full_keep up, none up to mean_zero_keep, a straight line between.
+TEST(Options, MeanWeightFollowsTheKeepRatio) {
+  fc::ScoreOptions o;
+  o.mean_weight = 0.75;
+  for (const double keep : {0.0, 0.1, 0.6, 1.0}) EXPECT_DOUBLE_EQ(fc::mean_weight_at(o, keep), 0.75) << keep;
+  o.mean_full_keep = 0.5;
+  o.mean_zero_keep = 0.25;
+  const std::vector<std::pair<double, double>> expected = {{0.0, 0.0},  {0.2, 0.0},     {0.25, 0.0},
+                                                           {0.3, 0.15}, {0.375, 0.375}, {0.45, 0.6},
+                                                           {0.5, 0.75}, {0.875, 0.75},  {1.0, 0.75}};
+  for (const auto& [keep, w] : expected) EXPECT_NEAR(fc::mean_weight_at(o, keep), w, 1e-12) << keep;
+  o.mean_zero_keep = 0.5;  // a step: no ramp to divide by
+  EXPECT_DOUBLE_EQ(fc::mean_weight_at(o, 0.4999), 0.0);
+  EXPECT_DOUBLE_EQ(fc::mean_weight_at(o, 0.5), 0.75);
+  EXPECT_TRUE(fc::check_options(o).ok());
+}
+
+TEST(Options, MeanKeepBoundsAreCheckedByName) {
+  fc::Options o;
+  o.score.mean_zero_keep = -0.1;
+  EXPECT_NE(fc::check_options(o).message().find("mean_zero_keep -0.1 is outside [0, 1]"), std::string::npos);
+  o = {};
+  o.score.mean_zero_keep = 0.5;
+  o.score.mean_full_keep = 0.25;
+  EXPECT_NE(fc::check_options(o).message().find("mean_full_keep 0.25 is outside [mean_zero_keep 0.5, 1]"),
+            std::string::npos)
+      << fc::check_options(o).message();
+  o.score.mean_full_keep = std::nan("");
+  EXPECT_NE(fc::check_options(o).message().find("mean_full_keep nan"), std::string::npos);
+  o.score.mean_full_keep = 1.5;
+  EXPECT_NE(fc::check_options(o).message().find("mean_full_keep 1.5"), std::string::npos);
+}
+
+// The share a budget keeps, which the score's weight follows.
+TEST(Options, BudgetKeepRatio) {
+  EXPECT_DOUBLE_EQ(fc::Budget::ratio(0.3).keep_ratio(1000), 0.3);
+  EXPECT_DOUBLE_EQ(fc::Budget::tokens(25).keep_ratio(100), 0.25);
+  EXPECT_DOUBLE_EQ(fc::Budget::tokens(25).keep_ratio(0), 1.0);     // nothing there: nothing dropped
+  EXPECT_DOUBLE_EQ(fc::Budget::tokens(250).keep_ratio(100), 1.0);  // resolve() refuses it by name
+  EXPECT_DOUBLE_EQ(fc::Budget::ratio(-0.5).keep_ratio(10), 0.0);
+}
+
 TEST(Options, SharesAndRopeAreCheckedByName) {
   fc::Options o;
   o.select.window_share = 1.5;

@@ -1,5 +1,6 @@
 // Scores and energies against the direct reference (naive DCT, double).
 #include <gtest/gtest.h>
+#include <flashcache/flashcache.hpp>
 #include <flashcache/score.hpp>
 
 #include <cmath>
@@ -307,6 +308,62 @@ TEST(Score, MeanWeightMixesEachTokensDistanceFromTheHeadMean) {
       }
     }
   }
+}
+
+// A weight that follows the budget scores as the fixed weight it resolves to, bit
+// for bit, at the keep ratio given in ScoreInputs (1 when none is): compress,
+// compress_model and the policies' compress_model pass theirs, as a count or a ratio.
+TEST(Score, MeanWeightFollowsTheKeepRatioGiven) {
+  const std::int64_t heads = 2, n = 80, dim = 6;
+  Layer l = random_layer(heads, n, dim, 43);
+  const auto kv = fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
+             vv = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
+  fc::Options fade;
+  fade.score.mean_weight = 0.75;
+  fade.score.mean_full_keep = 0.5;
+  fade.score.mean_zero_keep = 0.25;
+  auto fixed = [&](double w) {
+    fc::Options o = fade;
+    o.score.mean_weight = w;
+    o.score.mean_full_keep = o.score.mean_zero_keep = 0.0;
+    return o;
+  };
+  fc::Scorer<float> scorer;
+  auto scores = [&](const fc::Options& o, double keep) {
+    fc::LayerScores s;
+    EXPECT_TRUE(
+        scorer
+            .score(fc::KVView<const float>(kv), fc::KVView<const float>(vv), o.score, &s, fc::ScoreInputs{{}, {}, keep})
+            .ok());
+    return s.score;
+  };
+  EXPECT_EQ(scores(fade, 0.375), scores(fixed(0.375), 0.375));
+  EXPECT_EQ(scores(fade, 0.2), scores(fixed(0.0), 0.2));
+  EXPECT_EQ(scores(fade, 0.6), scores(fixed(0.75), 0.6));
+  EXPECT_EQ(fc::score_layer(kv, vv, fade.score).score, scores(fixed(0.75), 1.0));  // no budget: keep 1
+  EXPECT_NE(scores(fixed(0.375), 1.0), scores(fixed(0.0), 1.0));                   // the weights above differ at all
+
+  // The entry points pass the keep ratio of their budget: 30 of 80 tokens is 0.375.
+  const auto kept = [](const auto& layer) { return layer.kept; };
+  EXPECT_EQ(kept(fc::compress(kv, vv, fc::Budget::tokens(30), fade)),
+            kept(fc::compress(kv, vv, fc::Budget::tokens(30), fixed(0.375))));
+  EXPECT_EQ(kept(fc::compress(kv, vv, fc::Budget::ratio(0.375), fade)),
+            kept(fc::compress(kv, vv, fc::Budget::ratio(0.375), fixed(0.375))));
+  EXPECT_NE(kept(fc::compress(kv, vv, fc::Budget::ratio(0.375), fixed(0.375))),
+            kept(fc::compress(kv, vv, fc::Budget::ratio(0.375), fixed(0.0))));
+  const std::vector<fc::KVView<float>> ks{kv, kv}, vs{vv, vv};
+  const auto model = [&](const fc::Options& o) {
+    std::vector<std::vector<std::int32_t>> out;
+    for (const auto& layer : fc::compress_model(ks, vs, fc::Budget::ratio(0.375), o).layers) out.push_back(layer.kept);
+    return out;
+  };
+  EXPECT_EQ(model(fade), model(fixed(0.375)));
+
+  fc::LayerScores s;
+  const fc::Status bad = scorer.score(fc::KVView<const float>(kv), fc::KVView<const float>(vv), fade.score, &s,
+                                      fc::ScoreInputs{{}, {}, 1.5});
+  EXPECT_EQ(bad.code(), fc::Errc::invalid_budget);
+  EXPECT_NE(bad.message().find("keep ratio 1.5 is outside [0, 1]"), std::string::npos) << bad.message();
 }
 
 // Keys rotated by RoPE and scored with derotate score as the unrotated keys do.

@@ -147,10 +147,10 @@ Status compress_batch(const KVView<const T>* k, const KVView<const T>* v, int la
       float* scores = ws->scores.data() + score_at;
       HeadEnergy* energy = ws->energy.data() + energy_at;
       std::int64_t nonfinite = 0;
-      FLASHCACHE_RETURN_IF_ERROR(
-          detail::at_layer(ws->scorer.score(token_range(k[l], first, len), token_range(v[l], first, len), opt.score,
-                                            ScoreBuffers{scores, energy, &nonfinite}, ScoreInputs{spans, {}}),
-                           sequences, b, l));
+      FLASHCACHE_RETURN_IF_ERROR(detail::at_layer(
+          ws->scorer.score(token_range(k[l], first, len), token_range(v[l], first, len), opt.score,
+                           ScoreBuffers{scores, energy, &nonfinite}, ScoreInputs{spans, {}, budget.keep_ratio(len)}),
+          sequences, b, l));
       ws->summary[static_cast<std::size_t>(l)] = summarize({scores, k[l].heads, len}, energy, opt.select, mask);
       if (out.nonfinite) out.nonfinite[l * sequences + b] = nonfinite;
       score_at += k[l].heads * len;

@@ -301,11 +301,11 @@ CompressedLayer<std::remove_const_t<T>> compress(KVView<T> k, KVView<T> v, Budge
                                                  TailView<const float> tails = {}) {
   using E = std::remove_const_t<T>;
   const KVView<const E> kc(k), vc(v);
-  Scorer<Real> scorer;
-  LayerScores scores;
-  throw_if_error(scorer.score(kc, vc, opt.score, &scores, ScoreInputs{spans, tails}));
   std::int64_t keep = 0;
   throw_if_error(budget.resolve(k.tokens, &keep));
+  Scorer<Real> scorer;
+  LayerScores scores;
+  throw_if_error(scorer.score(kc, vc, opt.score, &scores, ScoreInputs{spans, tails, budget.keep_ratio(k.tokens)}));
   throw_if_error(check_mask(mask, k.tokens));
   CompressedLayer<E> out;
   SelectWorkspace ws;
@@ -329,8 +329,9 @@ CompressedModel<std::remove_const_t<T>> compress_model(const std::vector<KVView<
   std::vector<LayerScores> scores(k.size());
   Scorer<Real> scorer;
   for (std::size_t l = 0; l < k.size(); ++l)
-    throw_if_error(detail::at_layer(scorer.score(kc[l], vc[l], opt.score, &scores[l], ScoreInputs{spans, {}}), 1, 0,
-                                    static_cast<int>(l)));
+    throw_if_error(detail::at_layer(
+        scorer.score(kc[l], vc[l], opt.score, &scores[l], ScoreInputs{spans, {}, budget.keep_ratio(kc[l].tokens)}), 1,
+        0, static_cast<int>(l)));
   CompressedModel<E> model;
   throw_if_error(compress_scored_model<E>(kc, vc, std::move(scores), budget, opt, kKeepPerHead, masks, spans, &model));
   return model;

@@ -137,6 +137,13 @@ struct ScoreOptions {
   // with it (cuda/can_implement.cuh).
   double mean_weight = 0.0;
   TailMix mean_mix = TailMix::sum;
+  // The weight may follow the budget (mean_weight_at): in full where the caller
+  // keeps at least mean_full_keep of the tokens, none at or below
+  // mean_zero_keep, linearly between. Both 0: mean_weight at every budget.
+  // The keep ratio reaches the score through ScoreInputs::keep, which every
+  // compressing entry point sets. CPU only.
+  double mean_full_keep = 0.0;
+  double mean_zero_keep = 0.0;
   // Image spans (given per request, grid.hpp's ImageSpans) are scored by a 2D
   // DCT over their patch grid with a low-pass zone of about gamma of the 2D
   // coefficients; with Transform::blocked a span is cut into grid_tile x
@@ -218,6 +225,15 @@ FLASHCACHE_INLINE std::int64_t lowpass_cutoff(std::int64_t n, double gamma) {
   return m < 1 ? 1 : (m > n ? n : m);
 }
 
+// The distance from the mean's weight when the caller keeps `keep` of the
+// tokens (a ratio in [0, 1]): mean_weight at keep >= mean_full_keep, 0 at keep
+// <= mean_zero_keep, linear between (ScoreOptions::mean_full_keep).
+inline double mean_weight_at(const ScoreOptions& o, double keep) {
+  if (keep >= o.mean_full_keep) return o.mean_weight;
+  if (keep <= o.mean_zero_keep) return 0.0;
+  return o.mean_weight * (keep - o.mean_zero_keep) / (o.mean_full_keep - o.mean_zero_keep);
+}
+
 // The tiles of span g's 2D pass under opt: grid_tile x grid_tile patches with
 // Transform::blocked, the whole span with Transform::global.
 inline SpanTiling span_tiling(const GridSpan& g, const ScoreOptions& opt) {
@@ -241,6 +257,11 @@ inline Status check_options(const ScoreOptions& o) {
   if (!is_known(o.mean_mix)) return make_error(Errc::invalid_option, "unknown mean_mix");
   if (!(o.mean_weight >= 0.0 && o.mean_weight <= 1.0))
     return make_error(Errc::invalid_option, "mean_weight ", o.mean_weight, " is outside [0, 1]");
+  if (!(o.mean_zero_keep >= 0.0 && o.mean_zero_keep <= 1.0))
+    return make_error(Errc::invalid_option, "mean_zero_keep ", o.mean_zero_keep, " is outside [0, 1]");
+  if (!(o.mean_full_keep >= o.mean_zero_keep && o.mean_full_keep <= 1.0))
+    return make_error(Errc::invalid_option, "mean_full_keep ", o.mean_full_keep, " is outside [mean_zero_keep ",
+                      o.mean_zero_keep, ", 1]");
   if (o.grid_tile < 1) return make_error(Errc::invalid_option, "grid_tile ", o.grid_tile, " must be at least 1");
   if (o.rope.derotate && !(o.rope.theta > 1.0 && std::isfinite(o.rope.theta)))
     return make_error(Errc::invalid_option, "rope theta ", o.rope.theta, " must be finite and > 1");
@@ -286,6 +307,15 @@ class Budget {
   bool is_ratio() const { return is_ratio_; }
   double ratio_value() const { return ratio_; }
   std::int64_t token_count() const { return count_; }
+
+  // The share of `available` tokens it keeps, for the score's mean_weight_at:
+  // the ratio itself, or the count over what is there (1 when nothing is),
+  // clamped to [0, 1] (resolve() refuses a budget outside, by name).
+  double keep_ratio(std::int64_t available) const {
+    double r = ratio_;
+    if (!is_ratio_) r = available > 0 ? static_cast<double>(count_) / static_cast<double>(available) : 1.0;
+    return r < 0.0 ? 0.0 : (r > 1.0 ? 1.0 : r);
+  }
 
   // Tokens to keep out of `available`: round(ratio * available) (halves away
   // from zero) or the count, which must not exceed what is there.

@@ -105,10 +105,14 @@ inline void mix_term(double weight, TailMix mix, const float* term, float* score
       score[t] = rules::mixed_tail_score(s, mix == TailMix::max, score[t], term[t]);
 }
 
-// What a layer's score reads besides K and V; both are optional.
+// What a layer's score reads besides K and V; all optional.
 struct ScoreInputs {
   ImageSpans spans;             // the request's image spans (grid.hpp): scored over their 2D grid
   TailView<const float> tails;  // each key's tail [heads][tokens] (query_tail.hpp), for QueryInput::tail
+  // The share of the tokens the caller will keep, in [0, 1]: what
+  // ScoreOptions::mean_weight follows (mean_weight_at). Compressing entry
+  // points set it from their budget; 1 scores as if nothing were dropped.
+  double keep = 1.0;
 };
 
 // Caller memory for one layer's scores.
@@ -175,6 +179,9 @@ class Scorer {
   Status run(KVView<const T> k, KVView<const T> v, const ScoreOptions& opt, ScoreBuffers out, const ScoreInputs& in) {
     FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
     FLASHCACHE_RETURN_IF_ERROR(check_query_input(opt, in.tails, k.heads, k.tokens));
+    if (!(in.keep >= 0.0 && in.keep <= 1.0))
+      return make_error(Errc::invalid_budget, "score: keep ratio ", in.keep, " is outside [0, 1]");
+    const double mean_weight = mean_weight_at(opt, in.keep);
     const std::int64_t heads = k.heads, n = k.tokens;
     float* score = out.score;
     HeadEnergy* energy = out.energy;
@@ -202,12 +209,12 @@ class Scorer {
         detail::derotate_head(k, v, h, opt.rope, &derotated_);
         const KVView<const float> kh = hnd(derotated_.k.data(), Heads(1), Tokens(n), HeadDim(k.head_dim));
         const KVView<const float> vh = hnd(derotated_.v.data(), Heads(1), Tokens(n), HeadDim(k.head_dim));
-        residuals(kh, vh, 0, opt, in.spans, &e);
+        residuals(kh, vh, 0, opt, mean_weight > 0, in.spans, &e);
       } else {
-        residuals(k, v, h, opt, in.spans, &e);
+        residuals(k, v, h, opt, mean_weight > 0, in.spans, &e);
       }
       write_scores(opt.normalize_terms, k.head_dim, score + h * n);
-      if (opt.mean_weight > 0) mix_term(opt.mean_weight, opt.mean_mix, distance_.data(), score + h * n, n);
+      if (mean_weight > 0) mix_term(mean_weight, opt.mean_mix, distance_.data(), score + h * n, n);
       if (opt.query == QueryInput::tail)
         mix_term(opt.tail_weight, opt.tail_mix, in.tails.data + h * in.tails.tokens, score + h * n, n);
     }
@@ -217,10 +224,10 @@ class Scorer {
 
   // Per-token residual and total energies of head h (1D, then the 2D spans
   // over their own tokens), and the head's energies from them (Parseval); with
-  // mean_weight, each token's distance from the head's mean too (distance_).
+  // `distance`, each token's distance from the head's mean too (distance_).
   template <class T>
-  void residuals(KVView<const T> k, KVView<const T> v, std::int64_t h, const ScoreOptions& opt, ImageSpans spans,
-                 HeadEnergy* e) {
+  void residuals(KVView<const T> k, KVView<const T> v, std::int64_t h, const ScoreOptions& opt, bool distance,
+                 ImageSpans spans, HeadEnergy* e) {
     sums_.total_k.assign(static_cast<std::size_t>(k.tokens), Real(0));
     sums_.total_v.assign(static_cast<std::size_t>(k.tokens), Real(0));
     if (opt.transform == Transform::global)
@@ -232,7 +239,7 @@ class Scorer {
       for (std::int64_t q = 0; q < tiling.count(); ++q)
         grid_.compute(k, v, h, source_, g, tiling.at(q), opt.grid_zone, opt.gamma, &sums_);
     }
-    if (opt.mean_weight > 0) detail::distance_from_mean(k, v, h, source_, &mean_row_, &distance_);
+    if (distance) detail::distance_from_mean(k, v, h, source_, &mean_row_, &distance_);
     // Energies of the finite tokens: E from the input, E_high from the residual.
     for (std::int64_t t = 0; t < k.tokens; ++t)
       if (source_[static_cast<std::size_t>(t)] == t)

@@ -79,17 +79,20 @@ def score(
     layout: str = "hnd",
     spans: Sequence[tuple[int, int, int]] | None = None,
     tails: Array | None = None,
+    keep: float = 1.0,
 ) -> Scores:
     """Each token's outlier score: its deviation from the layer's DCT base (stage 1 alone).
 
     ``options``: a ScoreOptions, or the Options whose ``score`` part is read. ``tails``: the
-    keys' tails [heads, tokens] (float32), read when ``options.query`` is ``tail``.
+    keys' tails [heads, tokens] (float32), read when ``options.query`` is ``tail``. ``keep``: the
+    share of the tokens the caller will keep, which ``mean_weight`` follows when
+    ``mean_full_keep`` / ``mean_zero_keep`` are set (1: as if nothing were dropped).
     """
     if isinstance(options, Options):
         options = options.score
     k, v, fw = _pair(k, v)
     s, energy, ratio, nonfinite = _core.score(
-        k, v, _arrays.layout(layout), (options or ScoreOptions())._to_core(), _arrays.spans(spans), _tails(tails), fw
+        k, v, _arrays.layout(layout), (options or ScoreOptions())._to_core(), _arrays.spans(spans), _tails(tails), keep, fw
     )
     return Scores(s, energy, ratio, nonfinite)
 

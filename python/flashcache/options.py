@@ -94,6 +94,8 @@ class ScoreOptions(_Mirror):
     tail_mix: TailMix = _DEFAULT.score.tail_mix
     mean_weight: float = _DEFAULT.score.mean_weight
     mean_mix: TailMix = _DEFAULT.score.mean_mix
+    mean_full_keep: float = _DEFAULT.score.mean_full_keep
+    mean_zero_keep: float = _DEFAULT.score.mean_zero_keep
     grid_zone: GridZone = _DEFAULT.score.grid_zone
     grid_tile: int = _DEFAULT.score.grid_tile
 

@@ -147,8 +147,8 @@ nb::tuple compress_model(const std::vector<AnyArray>& k, const std::vector<AnyAr
       std::vector<Status> status(k.size());
       auto score_layer = [&](std::int64_t l, int worker) {
         const auto i = static_cast<std::size_t>(l);
-        status[i] = scorers[static_cast<std::size_t>(worker)].score(kv[i], vv[i], opt.score, &scores[i],
-                                                                     ScoreInputs{grid, tail[i]});
+        status[i] = scorers[static_cast<std::size_t>(worker)].score(
+            kv[i], vv[i], opt.score, &scores[i], ScoreInputs{grid, tail[i], budget.keep_ratio(kv[i].tokens)});
       };
       pool.run(static_cast<std::int64_t>(k.size()), score_layer);
       for (std::size_t l = 0; l < k.size(); ++l)
@@ -164,7 +164,7 @@ nb::tuple compress_model(const std::vector<AnyArray>& k, const std::vector<AnyAr
 
 // score(): the outlier scores [H, N], per-head energies [H, 4] (E(K), E_high(K), E(V), E_high(V)), R_l, non-finite rows.
 nb::tuple score(const AnyArray& k, const AnyArray& v, Layout layout, const ScoreOptions& opt,
-                const std::vector<Span>& spans, const std::optional<AnyArray>& tails, Framework fw) {
+                const std::vector<Span>& spans, const std::optional<AnyArray>& tails, double keep, Framework fw) {
   const std::vector<GridSpan> grid = grid_spans(spans);
   const TailView<const float> t = tail_view(tails, "tails");
   return with_kv(k, v, layout, [&](auto kv, auto vv) {
@@ -172,7 +172,7 @@ nb::tuple score(const AnyArray& k, const AnyArray& v, Layout layout, const Score
     {
       nb::gil_scoped_release release;
       Scorer<float> scorer;
-      throw_if_error(scorer.score(kv, vv, opt, &s, ScoreInputs{grid, t}));
+      throw_if_error(scorer.score(kv, vv, opt, &s, ScoreInputs{grid, t, keep}));
     }
     std::vector<double> energy;
     for (const HeadEnergy& e : s.energy) energy.insert(energy.end(), {e.k_total, e.k_high, e.v_total, e.v_high});
@@ -221,7 +221,7 @@ void bind_compress(nb::module_& m) {
     });
   });
   m.def("score", &score, nb::arg("k"), nb::arg("v"), nb::arg("layout"), nb::arg("options"), nb::arg("spans"),
-        nb::arg("tails").none(), nb::arg("framework"));
+        nb::arg("tails").none(), nb::arg("keep"), nb::arg("framework"));
   m.def("compress", &compress, nb::arg("k"), nb::arg("v"), nb::arg("layout"), nb::arg("budget"), nb::arg("options"),
         nb::arg("mask").none(), nb::arg("spans"), nb::arg("tails").none(), nb::arg("framework"));
   m.def("_time_compress", &time_compress, nb::arg("k"), nb::arg("v"), nb::arg("layout"), nb::arg("budget"),

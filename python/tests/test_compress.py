@@ -110,6 +110,30 @@ def test_score_is_what_compress_ranks(rng):
     assert s.nonfinite == 0
 
 
+def test_mean_weight_follows_the_keep_ratio(rng):
+    """mean_full_keep / mean_zero_keep: the weight at a keep ratio scores as that fixed weight, bit for bit,
+    through score(keep=), compress (a ratio or a count) and compress_model."""
+    k, v = random_kv(rng, tokens=80)
+    fade = fc.ScoreOptions(mean_weight=0.75, mean_full_keep=0.5, mean_zero_keep=0.25)
+    fixed = fc.ScoreOptions(mean_weight=0.375)  # (0.375 - 0.25) / (0.5 - 0.25) * 0.75
+    np.testing.assert_array_equal(fc.score(k, v, fade, keep=0.375).score, fc.score(k, v, fixed).score)
+    np.testing.assert_array_equal(fc.score(k, v, fade, keep=0.2).score, fc.score(k, v).score)
+    assert not np.array_equal(fc.score(k, v, fixed).score, fc.score(k, v).score)
+    for keep in (0.375, 30):
+        a = fc.compress(k, v, keep, fc.Options(score=fade))
+        b = fc.compress(k, v, keep, fc.Options(score=fixed))
+        np.testing.assert_array_equal(a.scores, b.scores)
+        np.testing.assert_array_equal(a.kept, b.kept)
+    ma = fc.compress_model([k, k], [v, v], 0.375, fc.Options(score=fade))
+    mb = fc.compress_model([k, k], [v, v], 0.375, fc.Options(score=fixed))
+    for a, b in zip(ma.layers, mb.layers):
+        np.testing.assert_array_equal(a.kept, b.kept)
+    with pytest.raises(ValueError, match="keep ratio 1.5 is outside"):
+        fc.score(k, v, fade, keep=1.5)
+    with pytest.raises(ValueError, match="mean_full_keep 0.1 is outside"):
+        fc.score(k, v, fc.ScoreOptions(mean_full_keep=0.1, mean_zero_keep=0.2))
+
+
 def test_masks_spans_and_nonfinite_rows(rng):
     k, v = random_kv(rng, tokens=120)
     mask = np.zeros(120, dtype=bool)

@@ -310,6 +310,21 @@ TEST_F(CliTest, BadInputIsOneLineExitTwoAndNoOutput) {
          return std::vector<std::string>{"--mean-weight", "1.5"};
        },
        "--mean-weight 1.5 is outside [0, 1]"},
+      {"mean keep bounds out of order",
+       [](CliTest&) {
+         return std::vector<std::string>{"--mean-weight", "0.5", "--mean-full-keep", "0.2", "--mean-zero-keep", "0.4"};
+       },
+       "--mean-full-keep 0.2 is outside [--mean-zero-keep 0.4, 1]"},
+      {"mean zero keep below 0",
+       [](CliTest&) {
+         return std::vector<std::string>{"--mean-zero-keep", "-0.1"};
+       },
+       "--mean-zero-keep -0.1 is outside [0, 1]"},
+      {"mean keep bound for a baseline",
+       [](CliTest&) {
+         return std::vector<std::string>{"--policy", "knorm", "--mean-full-keep", "0.5"};
+       },
+       "are used only by --policy flashcache, not knorm"},
       {"paper for a baseline",
        [](CliTest&) {
          return std::vector<std::string>{"--policy", "knorm", "--paper"};

@@ -138,6 +138,25 @@ TEST_F(CliTest, MeanWeightScoresTheDistanceFromTheHeadMean) {
   EXPECT_EQ(p.summary["options"]["mean_mix"], "sum");
 }
 
+// --mean-full-keep / --mean-zero-keep: the weight follows the keep ratio. At keep 0.3,
+// weight 1 fading from keep 0.5 to 0.1 is 0.5: the scores of --mean-weight 0.5, bit for bit.
+TEST_F(CliTest, MeanWeightFollowsTheKeepRatio) {
+  ASSERT_EQ(run_cli(compress({"--mean-weight", "0.5", "--keep-ratio", "0.3"})).code, 0);
+  const npy::Array fixed = npy::read(out + "/scores.npy");
+  const Result r = run_cli(compress(
+      {"--mean-weight", "1", "--mean-full-keep", "0.5", "--mean-zero-keep", "0.1", "--keep-ratio", "0.3", "--force"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Outputs o = check_outputs(out, k, v);
+  EXPECT_EQ(o.summary["options"]["mean_full_keep"], 0.5);
+  EXPECT_EQ(o.summary["options"]["mean_zero_keep"], 0.1);
+  const npy::Array faded = npy::read(out + "/scores.npy");
+  EXPECT_EQ(faded.bytes, fixed.bytes);
+  ASSERT_EQ(run_cli(compress({"--keep-ratio", "0.3", "--force"})).code, 0);
+  const npy::Array plain = npy::read(out + "/scores.npy");
+  EXPECT_NE(plain.bytes, faded.bytes);
+  EXPECT_EQ(check_outputs(out, k, v).summary["options"]["mean_full_keep"], ScoreOptions{}.mean_full_keep);
+}
+
 TEST_F(CliTest, PolicyKeydiffRuns) {
   const Result r = run_cli(compress({"--policy", "keydiff", "--keep", "6", "--sink", "2"}));
   ASSERT_EQ(r.code, 0) << r.err;

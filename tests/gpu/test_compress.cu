@@ -54,6 +54,10 @@ TEST(GpuCanImplement, RefusesCpuOnlyScoreOptionsByName) {
   Options opt = blocked();
   opt.score.normalize_terms = true;
   expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::unsupported, "normalize_terms");
+  Options fade = blocked();
+  fade.score.mean_weight = 0.75;
+  fade.score.mean_full_keep = 0.5;
+  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), fade), Errc::unsupported, "mean_full_keep");
 }
 
 // mean_weight runs on the GPU (kernels/mean_distance.cuh) up to the head dim its

@@ -314,6 +314,32 @@ TEST_F(LlamaContext, ThreadsKeepTheSameCells) {
   }
 }
 
+// A mean_weight that follows the budget scores the cells as the fixed weight it
+// resolves to at the call's keep ratio (0.375 of the cells: weight 0.375).
+TEST_F(LlamaContext, MeanWeightFollowsTheCallsBudget) {
+  const std::vector<llama_token> toks = ledger_tokens(12);
+  auto kept = [&](double weight, double full_keep, double zero_keep) {
+    Ctx c;
+    make_ctx(&c, 1024);
+    EXPECT_EQ(ls::decode(c.ctx, toks.data(), static_cast<int>(toks.size()), 0, 0, false), 0);
+    fl::SequenceCompressor comp;
+    fl::CompressParams p = fl::compress_default_params();
+    p.budget = fc::Budget::ratio(0.375);
+    p.options.select.window_share = 0;  // the score chooses all but the sink and the newest cell
+    p.options.score.mean_weight = weight;
+    p.options.score.mean_full_keep = full_keep;
+    p.options.score.mean_zero_keep = zero_keep;
+    fl::CompactionStats st;
+    const fc::Status s = comp.compress(c.ctx, 0, p, &st);
+    EXPECT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(st.cells_after, std::llround(0.375 * static_cast<double>(toks.size())));
+    return comp.kept_positions();
+  };
+  const std::vector<llama_pos> fixed = kept(0.375, 0, 0);
+  EXPECT_EQ(kept(0.75, 0.5, 0.25), fixed);
+  EXPECT_NE(kept(0.75, 0, 0), fixed);  // the weights differ in what they keep
+}
+
 // Query tails in a running context. The capture follows the sequence: before any
 // renumbering its kept queries are, bit for bit, those a plain prefill of the same
 // tokens in the same chunks gives. Each compaction scores with them (its kept cells

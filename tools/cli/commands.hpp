@@ -38,6 +38,8 @@ struct CompressArgs {
   bool normalize_terms = ScoreOptions{}.normalize_terms;
   double mean_weight = ScoreOptions{}.mean_weight;  // flashcache: the distance from the head's mean, mixed in
   std::string mean_mix = to_string(ScoreOptions{}.mean_mix);
+  double mean_full_keep = ScoreOptions{}.mean_full_keep;  // flashcache: the weight follows the keep ratio
+  double mean_zero_keep = ScoreOptions{}.mean_zero_keep;
   double rope_theta = 0;  // > 0: score keys de-rotated with this RoPE base
   std::string rope_layout = "half";
   std::int64_t rope_first_position = 0;

@@ -59,6 +59,11 @@ void check_args(const CompressArgs& a) {
         a.policy + " (so is --base)");
   if (!(a.mean_weight >= 0.0 && a.mean_weight <= 1.0))
     usage_error("--mean-weight " + num(a.mean_weight) + " is outside [0, 1]");
+  if (!(a.mean_zero_keep >= 0.0 && a.mean_zero_keep <= 1.0))
+    usage_error("--mean-zero-keep " + num(a.mean_zero_keep) + " is outside [0, 1]");
+  if (!(a.mean_full_keep >= a.mean_zero_keep && a.mean_full_keep <= 1.0))
+    usage_error("--mean-full-keep " + num(a.mean_full_keep) + " is outside [--mean-zero-keep " + num(a.mean_zero_keep) +
+                ", 1]");
   if (!(a.window_share >= 0.0 && a.window_share <= 1.0))
     usage_error("--window-share " + num(a.window_share) + " is outside [0, 1]");
   if (!(a.base_share >= 0.0 && a.base_share <= 1.0))
@@ -134,6 +139,8 @@ Plan make_plan(const CompressArgs& a, const KVCache& cache) {
     p.options.score.normalize_terms = a.normalize_terms;
     p.options.score.mean_weight = a.mean_weight;
     p.options.score.mean_mix = enum_flag<TailMix>("--mean-mix", a.mean_mix);
+    p.options.score.mean_full_keep = a.mean_full_keep;
+    p.options.score.mean_zero_keep = a.mean_zero_keep;
     p.options.score.rope.derotate = a.rope_theta > 0;
     p.options.score.rope.theta = a.rope_theta > 0 ? a.rope_theta : p.options.score.rope.theta;
     p.options.score.rope.layout = enum_flag<RopeLayout>("--rope-layout", a.rope_layout);
@@ -205,6 +212,8 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
       {"normalize_terms", fc ? nlohmann::ordered_json(o.score.normalize_terms) : null},
       {"mean_weight", fc ? nlohmann::ordered_json(o.score.mean_weight) : null},
       {"mean_mix", fc ? nlohmann::ordered_json(to_string(o.score.mean_mix)) : null},
+      {"mean_full_keep", fc ? nlohmann::ordered_json(o.score.mean_full_keep) : null},
+      {"mean_zero_keep", fc ? nlohmann::ordered_json(o.score.mean_zero_keep) : null},
       {"query", fc ? nlohmann::ordered_json(to_string(o.score.query)) : null},
       {"tail_weight", fc && o.score.query == QueryInput::tail ? nlohmann::ordered_json(o.score.tail_weight) : null},
       {"tail_mix",

@@ -115,6 +115,16 @@ int flashcache::cli::run_cli(int argc, char** argv) {
       compress->add_option("--mean-mix", c.mean_mix, "flashcache: sum or max of the two score terms")
           ->check(names_of<flashcache::TailMix>())
           ->capture_default_str();
+  CLI::Option* mean_full_keep =
+      compress
+          ->add_option("--mean-full-keep", c.mean_full_keep,
+                       "flashcache: --mean-weight in full at keep ratios from this one up, falling linearly to none "
+                       "at --mean-zero-keep (both 0: the same weight at every keep ratio)")
+          ->capture_default_str();
+  CLI::Option* mean_zero_keep = compress
+                                    ->add_option("--mean-zero-keep", c.mean_zero_keep,
+                                                 "flashcache: no distance from the mean at keep ratios up to this one")
+                                    ->capture_default_str();
   CLI::Option* rope = compress->add_option(
       "--rope-theta", c.rope_theta, "flashcache: score keys rotated back to their pre-RoPE form, with this RoPE base");
   compress->add_option("--rope-layout", c.rope_layout, "With --rope-theta: pairs (i, i + d/2) or (2i, 2i + 1)")
@@ -126,7 +136,8 @@ int flashcache::cli::run_cli(int argc, char** argv) {
       "--paper", c.paper,
       "The paper's algorithm exactly (Options::paper(): no sink, window or base sample, unweighted terms, keys as "
       "cached, global DCT, gamma 0.2, the residual alone)");
-  for (CLI::Option* o : {sink, window, window_share, base_share, normalize, mean_weight, mean_mix, rope})
+  for (CLI::Option* o :
+       {sink, window, window_share, base_share, normalize, mean_weight, mean_mix, mean_full_keep, mean_zero_keep, rope})
     paper->excludes(o);
   compress->add_option("--protect", c.protect, "Bool or uint8 mask of N tokens; nonzero = always kept");
   CLI::Option* grid = compress->add_option(
@@ -222,7 +233,8 @@ int flashcache::cli::run_cli(int argc, char** argv) {
   c.has_transform_option = compress->count("--gamma") + compress->count("--transform") + compress->count("--block") +
                                compress->count("--base") + compress->count("--normalize-terms") +
                                compress->count("--no-normalize-terms") + compress->count("--mean-weight") +
-                               compress->count("--mean-mix") >
+                               compress->count("--mean-mix") + compress->count("--mean-full-keep") +
+                               compress->count("--mean-zero-keep") >
                            0;
   c.has_tail_option = compress->count("--tail-weight") + compress->count("--tail-mix") +
                           compress->count("--tail-stride") + compress->count("--tail-min-distance") +

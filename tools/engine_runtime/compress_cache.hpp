@@ -120,6 +120,7 @@ class CacheCompressor {
     pool_.resize(threads);
     if (scorers_.size() < static_cast<std::size_t>(threads)) scorers_.resize(static_cast<std::size_t>(threads));
     status_.assign(static_cast<std::size_t>(layers), fc::Status::success());
+    const fc::Budget model_budget = fc::Budget::ratio(s.keep_ratio);
     auto score_layer = [&](std::int64_t l64, int w) {
       const int l = static_cast<int>(l64);
       const auto k = view(cache.k(l, 0, 0), l), v = view(cache.v(l, 0, 0), l);
@@ -127,14 +128,14 @@ class CacheCompressor {
       const fc::TailView<const float> t = tails != nullptr ? tails->layer(l, heads) : fc::TailView<const float>{};
       fc::Status& st = status_[static_cast<std::size_t>(l)];
       st = policy == fp::Policy::flashcache
-               ? scorers_[static_cast<std::size_t>(w)].score(k, v, opt.score, &scores, fc::ScoreInputs{{}, t})
+               ? scorers_[static_cast<std::size_t>(w)].score(
+                     k, v, opt.score, &scores, fc::ScoreInputs{{}, t, model_budget.keep_ratio(cache.length(l))})
                : fp::score_with_policy(policy, {}, k, v, opt.score, fp::PolicyOptions{}, &scores);
       if (st.ok()) summary_[static_cast<std::size_t>(l)] = fc::summarize(scores.view(), scores.energy.data(), opt.select, {});
     };
     pool_.run(layers, score_layer);
     for (const fc::Status& st : status_) FLASHCACHE_RETURN_IF_ERROR(st);
-    FLASHCACHE_RETURN_IF_ERROR(
-        planner_.plan(summary_.data(), layers, fc::Budget::ratio(s.keep_ratio), opt.allocate, budgets->data()));
+    FLASHCACHE_RETURN_IF_ERROR(planner_.plan(summary_.data(), layers, model_budget, opt.allocate, budgets->data()));
 
     // A new, smaller cache: layer l holds budgets[l] tokens per head, plus room for new ones.
     std::vector<std::int64_t> capacity(static_cast<std::size_t>(layers));

@@ -168,7 +168,7 @@ class SequenceCompressor {
     if (keep == static_cast<std::int64_t>(n)) {
       for (std::int64_t i = 0; i < keep; ++i) kept_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
     } else {
-      FLASHCACHE_RETURN_IF_ERROR(score_layers(st, p.options.score, p.queries));
+      FLASHCACHE_RETURN_IF_ERROR(score_layers(st, p.options.score, p.queries, p.budget.keep_ratio(n)));
       t2 = clock::now();
       // check_compress_params checked the options and the shared ones.
       FLASHCACHE_RETURN_IF_ERROR(flashcache::detail::select_shared_tokens_trusted(
@@ -235,8 +235,9 @@ class SequenceCompressor {
   }
 
   // Scores every layer over the cells in position order into scores_ / views_,
-  // layer l on worker l % threads; the first failing layer's error is returned.
-  Status score_layers(const CompactionStats& st, const ScoreOptions& o, const QueryCapture* queries) {
+  // layer l on worker l % threads, for a budget that keeps `keep` of the cells
+  // (ScoreInputs::keep); the first failing layer's error is returned.
+  Status score_layers(const CompactionStats& st, const ScoreOptions& o, const QueryCapture* queries, double keep) {
     const SeqState& s = state_.state();
     const std::vector<std::int32_t>& order = state_.order();
     const std::uint32_t n = s.cell_count;
@@ -274,7 +275,7 @@ class SequenceCompressor {
         tails = out;
       }
       status = flashcache::detail::score_trusted(&x.scorer, k, v, o, ScoreBuffers{score, x.energy.data(), nullptr},
-                                                 ScoreInputs{ImageSpans{}, tails});
+                                                 ScoreInputs{ImageSpans{}, tails, keep});
       views_[static_cast<std::size_t>(l)] = ScoreView{score, heads, n};
     };
     pool_.run(layers, score_layer);

@@ -198,10 +198,12 @@ Status h2o_scores(KVView<const T> q, KVView<const T> k, LayerScores* out) {
 }
 
 // Scores one layer with any policy; q may be empty unless the policy needs it.
-// FlashCache scores the request's image spans over their 2D grid; the baselines do not read them.
+// FlashCache scores the request's image spans over their 2D grid and reads
+// `keep` (the share of tokens the caller keeps, ScoreInputs::keep); the
+// baselines read neither.
 template <class Real = float, class T>
 Status score_with_policy(Policy p, KVView<const T> q, KVView<const T> k, KVView<const T> v, const ScoreOptions& opt,
-                         const PolicyOptions& po, LayerScores* out, ImageSpans spans = {}) {
+                         const PolicyOptions& po, LayerScores* out, ImageSpans spans = {}, double keep = 1.0) {
   FLASHCACHE_RETURN_IF_ERROR(check_pair(k, v));
   if (needs_queries(p, opt) && q.empty() && !k.empty())
     return make_error(Errc::invalid_option, "policy ", to_string(p), p == Policy::flashcache ? " with query tail" : "",
@@ -209,11 +211,12 @@ Status score_with_policy(Policy p, KVView<const T> q, KVView<const T> k, KVView<
   switch (p) {
     case Policy::flashcache: {
       Scorer<Real> scorer;
-      if (opt.query == QueryInput::none || k.empty()) return scorer.score(k, v, opt, out, ScoreInputs{spans, {}});
+      if (opt.query == QueryInput::none || k.empty()) return scorer.score(k, v, opt, out, ScoreInputs{spans, {}, keep});
       TailAccumulator acc;
       std::vector<float> tails;
       FLASHCACHE_RETURN_IF_ERROR(prompt_tails(q, k, po, &acc, &tails));
-      return scorer.score(k, v, opt, out, ScoreInputs{spans, TailView<const float>{tails.data(), k.heads, k.tokens}});
+      return scorer.score(k, v, opt, out,
+                          ScoreInputs{spans, TailView<const float>{tails.data(), k.heads, k.tokens}, keep});
     }
     case Policy::streaming:
       streaming_scores(k.heads, k.tokens, out);
@@ -256,8 +259,10 @@ CompressedModel<std::remove_const_t<T>> compress_model(Policy p, const std::vect
   std::vector<LayerScores> scores(k.size());
   for (std::size_t l = 0; l < k.size(); ++l) {
     const KVView<const E> ql = needs_queries(p, opt.score) ? qc[l] : KVView<const E>{};
-    throw_if_error(flashcache::detail::at_layer(
-        score_with_policy<Real, E>(p, ql, kc[l], vc[l], opt.score, po, &scores[l], spans), 1, 0, static_cast<int>(l)));
+    throw_if_error(
+        flashcache::detail::at_layer(score_with_policy<Real, E>(p, ql, kc[l], vc[l], opt.score, po, &scores[l], spans,
+                                                                budget.keep_ratio(kc[l].tokens)),
+                                     1, 0, static_cast<int>(l)));
   }
   CompressedModel<E> model;
   throw_if_error(
