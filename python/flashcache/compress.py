@@ -92,7 +92,14 @@ def score(
         options = options.score
     k, v, fw = _pair(k, v)
     s, energy, ratio, nonfinite = _core.score(
-        k, v, _arrays.layout(layout), (options or ScoreOptions())._to_core(), _arrays.spans(spans), _tails(tails), keep, fw
+        k,
+        v,
+        _arrays.layout(layout),
+        (options or ScoreOptions())._to_core(),
+        _arrays.spans(spans),
+        _tails(tails),
+        keep,
+        fw,
     )
     return Scores(s, energy, ratio, nonfinite)
 
