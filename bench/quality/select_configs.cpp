@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -54,15 +55,32 @@ namespace fp = flashcache::policies;
 using Json = nlohmann::json;
 
 namespace fq = flashcache::quality;
+
+// Every key a row's "options" may hold (options_from, tail_options_from, shared_from):
+// any other is refused by name rather than ignored.
+const std::set<std::string> kOptionKeys = {
+    "gamma",       "base",        "transform",  "block_size",  "sink",       "window",     "window_share",
+    "base_share",  "normalize_terms", "rope_theta", "rope_layout", "allocation", "query",    "tail_weight",
+    "tail_mix",    "mean_weight", "mean_mix",   "tail_stride", "tail_min_distance", "tail_last", "keep_set",
+    "combine",     "page"};
+
+// The enum named at options[key] (the library's names), or `fallback` when absent.
+template <class E>
+E enum_option(const Json& j, const char* key, E fallback) {
+  E out = fallback;
+  if (j.contains(key))
+    fc::throw_if_error(fc::parse_enum(j.at(key).get<std::string>(), &out, (std::string("options.") + key).c_str()));
+  return out;
+}
+
 fc::Options options_from(const Json& j) {
+  for (const auto& item : j.items())
+    if (kOptionKeys.count(item.key()) == 0)
+      throw std::runtime_error("options key '" + item.key() + "' is not one select_configs reads");
   fc::Options o;
   o.score.gamma = j.value("gamma", o.score.gamma);
-  const std::string base = j.value("base", std::string("lowpass"));
-  if (base != "lowpass" && base != "peak" && base != "mixed")
-    throw std::runtime_error("options.score.base " + base + " is not lowpass, peak or mixed");
-  o.score.base = base == "peak" ? fc::Base::peak : base == "mixed" ? fc::Base::mixed : fc::Base::lowpass;
-  o.score.transform =
-      j.value("transform", std::string("global")) == "blocked" ? fc::Transform::blocked : fc::Transform::global;
+  o.score.base = enum_option(j, "base", fc::Base::lowpass);
+  o.score.transform = enum_option(j, "transform", fc::Transform::global);
   o.score.block_size = j.value("block_size", o.score.block_size);
   o.select.sink = j.value("sink", o.select.sink);
   o.select.window = j.value("window", o.select.window);
@@ -72,19 +90,14 @@ fc::Options options_from(const Json& j) {
   const double theta = j.value("rope_theta", 0.0);
   o.score.rope.derotate = theta > 0;
   if (theta > 0) o.score.rope.theta = theta;
-  o.score.rope.layout =
-      j.value("rope_layout", std::string("half")) == "interleaved" ? fc::RopeLayout::interleaved : fc::RopeLayout::half;
-  o.allocate.mode =
-      j.value("allocation", std::string("dynamic")) == "uniform" ? fc::Allocation::uniform : fc::Allocation::dynamic;
-  const std::string query = j.value("query", std::string("none"));
-  if (query != "none" && query != "tail") throw std::runtime_error("options.score.query " + query + " is not none or tail");
-  if (query == "tail") o = fc::Options::with_query_tail(o);  // the preset, but for what the row sets
+  o.score.rope.layout = enum_option(j, "rope_layout", fc::RopeLayout::half);
+  o.allocate.mode = enum_option(j, "allocation", fc::Allocation::dynamic);
+  if (enum_option(j, "query", fc::QueryInput::none) == fc::QueryInput::tail)
+    o = fc::Options::with_query_tail(o);  // the preset, but for what the row sets
   o.score.tail_weight = j.value("tail_weight", o.score.tail_weight);
-  fc::throw_if_error(fc::parse_enum(j.value("tail_mix", std::string(fc::to_string(o.score.tail_mix))),
-                                    &o.score.tail_mix, "options.score.tail_mix"));
+  o.score.tail_mix = enum_option(j, "tail_mix", o.score.tail_mix);
   o.score.mean_weight = j.value("mean_weight", o.score.mean_weight);
-  fc::throw_if_error(fc::parse_enum(j.value("mean_mix", std::string(fc::to_string(o.score.mean_mix))),
-                                    &o.score.mean_mix, "options.score.mean_mix"));
+  o.score.mean_mix = enum_option(j, "mean_mix", o.score.mean_mix);
   return o;
 }
 

@@ -7,6 +7,7 @@ Each section comes from its own JSON, written by the run that measured it:
   quality_long_study_base.json (+ quality_long_passkey_dev*.json, optional)  the base study
                                                             -> quality_study.py
   quality_long_mean_choice.json (+ quality_long_mean_*dev*.json)  RULER's mean_weight on the base study's data
+  quality_long_fade_choice.json (+ quality_long_fade_*dev*.json)  the budget-following weight at keep 0.5
                                                             -> quality_study.py
   quality_long_query_choice.json (+ quality_long_query_*heldout.json)  the query study
                                                             -> quality_query.py
@@ -64,6 +65,7 @@ def main():
                                    ("quality_long_passkey.json", "quality_long", "render_passkey"),
                                    ("quality_long_study_base.json", "quality_study", "render_results"),
                                    ("quality_long_mean_choice.json", "quality_study", "render_mean"),
+                                   ("quality_long_fade_choice.json", "quality_study", "render_fade"),
                                    ("quality_long_query_choice.json", "quality_query", "render_results"),
                                    ("quality_long_asked_choice.json", "quality_asked", "render"),
                                    ("quality_grid.json", "quality_grid", "render"),

@@ -156,18 +156,16 @@ if __name__ == "__main__":
 MEAN_NLL = os.path.join(RESULTS, "quality_long_mean_nll_dev.json")
 MEAN_PASSKEY = [os.path.join(RESULTS, "quality_long_mean_passkey_dev.json"),
                 os.path.join(RESULTS, "quality_long_mean_passkey_dev_two.json")]
+FADE_NLL = os.path.join(RESULTS, "quality_long_fade_nll_dev.json")
+FADE_PASSKEY = [os.path.join(RESULTS, "quality_long_fade_passkey_dev.json"),
+                os.path.join(RESULTS, "quality_long_fade_passkey_dev_two.json")]
 
 
-def render_mean(doc: Dict) -> str:
-    """RULER's mean_weight 0.75 checked on the base study's dev data (study/MEAN_RULE.md), from
-    quality_long_mean_choice.json (study/choose_mean.py) and the runs it read."""
-    ratios = choose_module().RATIOS
-    out = ["## RULER's mean_weight 0.75 on the library's own dev passkeys and NLL", "",
-           "Rule, written before the run: [`bench/quality/study/MEAN_RULE.md`](quality/study/MEAN_RULE.md) — "
-           "mean_weight 0.75 becomes the default only if, per layer and with one keep-set per sequence, its dev "
-           "passkeys (keep 0.1 plus 0.2) are at most 2 below mean_weight 0's and its NLL score at most 0.002 above. "
-           "Applied by `bench/quality/study/choose_mean.py`; rows: `bench/quality/study/mean_rows.json`.", ""]
-    for p in [MEAN_NLL] + MEAN_PASSKEY:
+def _render_pairs(doc: Dict, title: str, rule: str, runs: List[str]) -> str:
+    """A choose_mean.py verdict: each pair (per layer, per sequence) at the doc's keep ratios, the runs it read."""
+    ratios = doc.get("ratios", choose_module().RATIOS)
+    out = [title, "", rule, ""]
+    for p in runs:
         if os.path.exists(p):
             h = _header(p)
             out.append(f"- `{_rel(p)}`: `{h.get('how', '?')}` ({h.get('when', '?')}, git `{(h.get('git') or '?')[:10]}`).")
@@ -183,3 +181,28 @@ def render_mean(doc: Dict) -> str:
                        f"{_fmt(pair['attn_rel_err'][i], '{:.4f}')} | {held} |")
     out += ["", f"Verdict: {doc['verdict']}.", ""]
     return "\n".join(out)
+
+
+def render_mean(doc: Dict) -> str:
+    """RULER's mean_weight 0.75 checked on the base study's dev data (study/MEAN_RULE.md), from
+    quality_long_mean_choice.json (study/choose_mean.py) and the runs it read."""
+    return _render_pairs(
+        doc, "## RULER's mean_weight 0.75 on the library's own dev passkeys and NLL",
+        "Rule, written before the run: [`bench/quality/study/MEAN_RULE.md`](quality/study/MEAN_RULE.md) — "
+        "mean_weight 0.75 becomes the default only if, per layer and with one keep-set per sequence, its dev "
+        "passkeys (keep 0.1 plus 0.2) are at most 2 below mean_weight 0's and its NLL score at most 0.002 above. "
+        "Applied by `bench/quality/study/choose_mean.py`; rows: `bench/quality/study/mean_rows.json`.",
+        [MEAN_NLL] + MEAN_PASSKEY)
+
+
+def render_fade(doc: Dict) -> str:
+    """The budget-following weight's light end (keep 0.5, where its weight is 0.75 in full) on the base study's
+    dev data (study/FADE_RULE.md), from quality_long_fade_choice.json."""
+    return _render_pairs(
+        doc, "## A mean_weight that follows the budget, at keep 0.5 on the library's own dev passkeys and NLL",
+        "Rule, written before the run: [`bench/quality/study/FADE_RULE.md`](quality/study/FADE_RULE.md) — "
+        "`mean_weight` 0.75 in full at keep 0.5 and above, none at 0.25 and below (`mean_full_keep`, "
+        "`mean_zero_keep`): at keep 0.1 and 0.2 it is the defaults (the section above's mean_weight 0 rows); at "
+        "keep 0.5 it must hold as MEAN_RULE.md's pairs do (passkeys at most 2 below, NLL score at most 0.002 "
+        "above), and RULER's tenth dev round must choose it. Rows: `bench/quality/study/mean_rows.json`.",
+        [FADE_NLL] + FADE_PASSKEY)
