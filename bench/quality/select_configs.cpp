@@ -37,8 +37,8 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -59,10 +59,11 @@ namespace fq = flashcache::quality;
 // Every key a row's "options" may hold (options_from, tail_options_from, shared_from):
 // any other is refused by name rather than ignored.
 const std::set<std::string> kOptionKeys = {
-    "gamma",       "base",        "transform",  "block_size",  "sink",       "window",     "window_share",
-    "base_share",  "normalize_terms", "rope_theta", "rope_layout", "allocation", "query",    "tail_weight",
-    "tail_mix",    "mean_weight", "mean_mix",   "tail_stride", "tail_min_distance", "tail_last", "keep_set",
-    "combine",     "page"};
+    "gamma",       "base",         "transform",   "block_size",        "sink",
+    "window",      "window_share", "base_share",  "normalize_terms",   "rope_theta",
+    "rope_layout", "allocation",   "query",       "tail_weight",       "tail_mix",
+    "mean_weight", "mean_mix",     "tail_stride", "tail_min_distance", "tail_last",
+    "keep_set",    "combine",      "page"};
 
 // The enum named at options[key] (the library's names), or `fallback` when absent.
 template <class E>
