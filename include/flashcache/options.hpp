@@ -141,7 +141,7 @@ struct ScoreOptions {
   // keeps at least mean_full_keep of the tokens, none at or below
   // mean_zero_keep, linearly between. Both 0: mean_weight at every budget.
   // The keep ratio reaches the score through ScoreInputs::keep, which every
-  // compressing entry point sets. CPU only.
+  // compressing entry point sets (the GPU: each sequence's, from the budget).
   double mean_full_keep = 0.0;
   double mean_zero_keep = 0.0;
   // Image spans (given per request, grid.hpp's ImageSpans) are scored by a 2D
@@ -229,9 +229,7 @@ FLASHCACHE_INLINE std::int64_t lowpass_cutoff(std::int64_t n, double gamma) {
 // tokens (a ratio in [0, 1]): mean_weight at keep >= mean_full_keep, 0 at keep
 // <= mean_zero_keep, linear between (ScoreOptions::mean_full_keep).
 inline double mean_weight_at(const ScoreOptions& o, double keep) {
-  if (keep >= o.mean_full_keep) return o.mean_weight;
-  if (keep <= o.mean_zero_keep) return 0.0;
-  return o.mean_weight * (keep - o.mean_zero_keep) / (o.mean_full_keep - o.mean_zero_keep);
+  return rules::faded_weight(o.mean_weight, o.mean_full_keep, o.mean_zero_keep, keep);
 }
 
 // The tiles of span g's 2D pass under opt: grid_tile x grid_tile patches with
@@ -311,11 +309,7 @@ class Budget {
   // The share of `available` tokens it keeps, for the score's mean_weight_at:
   // the ratio itself, or the count over what is there (1 when nothing is),
   // clamped to [0, 1] (resolve() refuses a budget outside, by name).
-  double keep_ratio(std::int64_t available) const {
-    double r = ratio_;
-    if (!is_ratio_) r = available > 0 ? static_cast<double>(count_) / static_cast<double>(available) : 1.0;
-    return r < 0.0 ? 0.0 : (r > 1.0 ? 1.0 : r);
-  }
+  double keep_ratio(std::int64_t available) const { return rules::keep_share(is_ratio_, ratio_, count_, available); }
 
   // Tokens to keep out of `available`: round(ratio * available) (halves away
   // from zero) or the count, which must not exceed what is there.

@@ -34,6 +34,22 @@ FLASHCACHE_INLINE std::int64_t layer_budget(bool is_ratio, double ratio, std::in
   return is_ratio ? static_cast<std::int64_t>(llround(ratio * static_cast<double>(n))) : count;
 }
 
+// The share of n tokens a budget keeps (Budget::keep_ratio; on the GPU, per
+// sequence): the ratio, or count / n (1 when n is 0), clamped to [0, 1].
+FLASHCACHE_INLINE double keep_share(bool is_ratio, double ratio, std::int64_t count, std::int64_t n) {
+  double r = ratio;
+  if (!is_ratio) r = n > 0 ? static_cast<double>(count) / static_cast<double>(n) : 1.0;
+  return r < 0.0 ? 0.0 : (r > 1.0 ? 1.0 : r);
+}
+
+// A weight that follows the keep ratio (ScoreOptions::mean_full_keep): in full
+// at keep >= full_keep, 0 at keep <= zero_keep, linearly between.
+FLASHCACHE_INLINE double faded_weight(double weight, double full_keep, double zero_keep, double keep) {
+  if (keep >= full_keep) return weight;
+  if (keep <= zero_keep) return 0.0;
+  return weight * (keep - zero_keep) / (full_keep - zero_keep);
+}
+
 // The model-wide total that dynamic allocation splits over `layers` layers of
 // `tokens_sum` tokens in all: round(ratio * sum N_l), or count per layer.
 FLASHCACHE_INLINE std::int64_t model_total(bool is_ratio, double ratio, std::int64_t count, std::int64_t tokens_sum,

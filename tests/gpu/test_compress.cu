@@ -54,10 +54,6 @@ TEST(GpuCanImplement, RefusesCpuOnlyScoreOptionsByName) {
   Options opt = blocked();
   opt.score.normalize_terms = true;
   expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::unsupported, "normalize_terms");
-  Options fade = blocked();
-  fade.score.mean_weight = 0.75;
-  fade.score.mean_full_keep = 0.5;
-  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), fade), Errc::unsupported, "mean_full_keep");
 }
 
 // mean_weight runs on the GPU (kernels/mean_distance.cuh) up to the head dim its
@@ -66,6 +62,9 @@ TEST(GpuCanImplement, MeanWeightUpToItsHeadDim) {
   Options opt = blocked();
   opt.score.mean_weight = 0.5;
   DenseFixture f(1, 2, 16, 64);
+  EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.2), opt).ok());
+  opt.score.mean_full_keep = 0.5;  // the weight that follows the budget, too
+  opt.score.mean_zero_keep = 0.25;
   EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.2), opt).ok());
   DenseFixture wide(1, 1, 16, fcc::checks::kMeanDistanceMaxHeadDim + 8);
   expect_error(fcc::can_implement(wide.cache, Budget::ratio(0.2), opt), Errc::unsupported, "mean_weight with head_dim");

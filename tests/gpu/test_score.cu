@@ -95,6 +95,29 @@ TYPED_TEST(GpuScore, MeanWeightMatchesTheCpu) {
     }
 }
 
+// mean_full_keep / mean_zero_keep: the weight at each sequence's keep ratio. A count of
+// 30 tokens keeps 0.09 of 333 (weight 0: the residual alone), 0.75 of 40 (in full) and
+// 0.3 of 100 (on the ramp); a ratio budget gives every sequence the same weight.
+TYPED_TEST(GpuScore, MeanWeightFollowsEachSequencesKeepRatio) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  int i = 0;
+  for (const Budget budget : {Budget::tokens(30), Budget::ratio(0.3)}) {
+    Case c;
+    c.name = std::string("mean_weight fading, ") + (budget.is_ratio() ? "ratio" : "count");
+    c.lengths = {333, 40, 100};
+    c.heads = 3;
+    c.nhd = i == 0;
+    c.bad_rows = {{0, 1, 40, 41, kNaN}};
+    c.opt = blocked(64);
+    c.opt.score.mean_weight = 0.75;
+    c.opt.score.mean_full_keep = 0.5;
+    c.opt.score.mean_zero_keep = 0.25;
+    c.budget = budget;
+    c.seed = 950u + static_cast<std::uint64_t>(i++);
+    run_and_check<TypeParam>(c);
+  }
+}
+
 TYPED_TEST(GpuScore, BlockedScoresAreReproducible) {
   FLASHCACHE_REQUIRE_DEVICE();
   Case c;

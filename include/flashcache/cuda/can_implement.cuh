@@ -26,9 +26,6 @@ inline Status options(const Options& opt) {
     return make_error(Errc::unsupported, "normalize_terms: the GPU scores K and V unweighted only (CPU only)");
   if (opt.score.rope.derotate)
     return make_error(Errc::unsupported, "rope.derotate: the GPU scores keys as cached only (CPU only)");
-  if (opt.score.mean_full_keep > 0 || opt.score.mean_zero_keep > 0)
-    return make_error(Errc::unsupported,
-                      "mean_full_keep / mean_zero_keep: the GPU takes one mean_weight at every budget (CPU only)");
   // A base chosen by energy needs a block's whole spectrum; the blocked kernel
   // keeps only the m low rows of its DCT basis in shared memory.
   if (opt.score.base != Base::lowpass && opt.score.transform == Transform::blocked)

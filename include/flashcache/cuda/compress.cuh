@@ -61,7 +61,7 @@ Status compress_async(const Cache<T>& c, const Budget& budget, const Options& op
                       const GlobalTransform* global = nullptr) {
   return detail::prepared_run(c, budget, opt, out, workspace, workspace_bytes, global,
                               [&](const detail::RunContext<T>& run) {
-                                FLASHCACHE_RETURN_IF_ERROR(detail::enqueue_scores(run, out, stream, global));
+                                FLASHCACHE_RETURN_IF_ERROR(detail::enqueue_scores(run, budget, out, stream, global));
                                 return detail::enqueue_selection(run, budget, out, stream);
                               });
 }

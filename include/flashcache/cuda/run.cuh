@@ -77,7 +77,8 @@ Status prepared_run(const Cache<T>& c, const Budget& budget, const Options& opt,
 // Stages 0-1c: the sequence table, scores, per-(layer, sequence) energy sums and protected counts,
 // and the distance from the mean and the query tails mixed into the scores.
 template <class T>
-Status enqueue_scores(const RunContext<T>& run, const Outputs<T>& out, cudaStream_t stream, const GlobalTransform* global) {
+Status enqueue_scores(const RunContext<T>& run, const Budget& budget, const Outputs<T>& out, cudaStream_t stream,
+                      const GlobalTransform* global) {
   // Before anything is enqueued: the transform serves one stream and workspace (global_transform.cuh).
   const bool is_global = run.opt.score.transform == Transform::global;
   if (is_global) FLASHCACHE_RETURN_IF_ERROR(global->bind(stream, run.ws.fft_work()));
@@ -88,7 +89,8 @@ Status enqueue_scores(const RunContext<T>& run, const Outputs<T>& out, cudaStrea
     FLASHCACHE_RETURN_IF_ERROR(score_blocked(run, stream));
   if (!run.cache.spans.empty()) FLASHCACHE_RETURN_IF_ERROR(score_grids(run, stream));
   FLASHCACHE_RETURN_IF_ERROR(sum_energy(run, out.energy_ratio, stream));
-  if (run.opt.score.mean_weight > 0 && run.cache.capacity > 0) FLASHCACHE_RETURN_IF_ERROR(mix_mean_distance(run, stream));
+  if (run.opt.score.mean_weight > 0 && run.cache.capacity > 0)
+    FLASHCACHE_RETURN_IF_ERROR(mix_mean_distance(run, budget, stream));
   if (run.opt.score.query == QueryInput::tail && run.cache.capacity > 0) FLASHCACHE_RETURN_IF_ERROR(mix_tails(run, stream));
   return Status::success();
 }

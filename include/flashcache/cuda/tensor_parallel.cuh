@@ -36,10 +36,9 @@ Status energy_sums(const Cache<T>& c, const Options& opt, void* workspace, const
 template <class T>
 Status score_async(const Cache<T>& c, const Budget& budget, const Options& opt, const Outputs<T>& out, void* workspace,
                    std::size_t workspace_bytes, cudaStream_t stream, const GlobalTransform* global = nullptr) {
-  return detail::prepared_run(c, budget, opt, out, workspace, workspace_bytes, global,
-                              [&](const detail::RunContext<T>& run) {
-                                return detail::enqueue_scores(run, out, stream, global);
-                              });
+  return detail::prepared_run(
+      c, budget, opt, out, workspace, workspace_bytes, global,
+      [&](const detail::RunContext<T>& run) { return detail::enqueue_scores(run, budget, out, stream, global); });
 }
 
 // Phase 2, after the sums were reduced over the ranks: R_l from the sums,

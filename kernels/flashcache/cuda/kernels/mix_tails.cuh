@@ -1,8 +1,9 @@
 #pragma once
-// Stage 1c, query tails (ScoreOptions::query = tail): per (sequence, head, layer)
-// the residual scores and the keys' tails, each over its mean on the rankable
-// tokens, mixed by sum or by max (rules::tail_mix_scales, rules::mixed_tail_score:
-// the CPU's mix_term, one definition).
+// Stage 1c, query tails (ScoreOptions::query = tail) and the distance from the
+// mean (mean_weight): per (sequence, head, layer) the residual scores and the
+// second term, each over its mean on the rankable tokens, mixed by sum or by max
+// (rules::tail_mix_scales, rules::mixed_tail_score: the CPU's mix_term, one
+// definition), with the mean's weight at each sequence's keep ratio (rules::faded_weight).
 //
 // One CTA per (sequence, head, layer) sums the rankable tokens' scores and tails
 // in double, strided per thread and then by a CUB block reduce (a fixed tree), so
@@ -14,10 +15,21 @@
 
 namespace flashcache::gpu::kernels {
 
+// A weight that follows each sequence's keep ratio (ScoreOptions::mean_full_keep):
+// the budget as Budget holds it, and where the weight is full and where 0.
+struct WeightFade {
+  bool on = false;  // off: `weight` for every sequence
+  double full_keep = 0, zero_keep = 0;
+  bool budget_is_ratio = true;
+  double budget_ratio = 1.0;
+  std::int64_t budget_count = 0;
+};
+
 struct MixTailsParams {  // the grid is (sequence, head, layer)
   std::int64_t capacity = 0;
   SeqTable seq;
-  double weight = 0.5;         // ScoreOptions::tail_weight
+  double weight = 0.5;         // ScoreOptions::tail_weight (mean_weight)
+  WeightFade fade;             // mean_weight only; a faded weight of 0 leaves the scores as they are
   bool by_max = false;         // ScoreOptions::tail_mix == TailMix::max
   float* scores = nullptr;     // [L][H][capacity], packed tokens
   const float* tails = nullptr;  // [L][H][capacity], the same packing
@@ -49,6 +61,12 @@ __global__ void __launch_bounds__(kMixTailsThreads) mix_tails_kernel(MixTailsPar
   const std::int64_t heads = gridDim.y;
   const std::int64_t base = (std::int64_t{layer} * heads + h) * p.capacity + p.seq.offset[b];
   const std::int64_t n = p.seq.len[b];
+  double weight = p.weight;
+  if (p.fade.on) {  // the whole CTA reads the same n: it returns together, before any barrier
+    const double keep = rules::keep_share(p.fade.budget_is_ratio, p.fade.budget_ratio, p.fade.budget_count, n);
+    weight = rules::faded_weight(p.weight, p.fade.full_keep, p.fade.zero_keep, keep);
+    if (!(weight > 0)) return;  // the CPU Scorer mixes nothing at weight 0
+  }
   float* score = p.scores + base;
   const float* tail = p.tails + base;
   TailSums mine;
@@ -60,7 +78,7 @@ __global__ void __launch_bounds__(kMixTailsThreads) mix_tails_kernel(MixTailsPar
   __syncthreads();
   sum.rankable = Reduce(storage).Sum(mine.rankable);
   if (tid == 0) {
-    const rules::TailMixScales s = rules::tail_mix_scales(p.weight, sum.score, sum.tail, sum.rankable);
+    const rules::TailMixScales s = rules::tail_mix_scales(weight, sum.score, sum.tail, sum.rankable);
     scale_residual = s.residual;
     scale_tail = s.tail;
   }
