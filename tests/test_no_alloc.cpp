@@ -184,6 +184,31 @@ TEST(NoAlloc, WarmStagesAllocateNothing) {
   EXPECT_GT(allocations.load() - front_before, 0);
 }
 
+// The distance from the mean, with a weight that follows the keep ratio: warmed
+// where its weight is 0 (keep 0.1), then scored where it mixes (keep 0.9), on a
+// layer of the same shape, nothing is allocated: its buffers are sized whatever
+// the weight.
+TEST(NoAlloc, WarmMeanDistanceAllocatesNothingAtAnyKeepRatio) {
+  const Layers first(0.0), second(1.0);
+  fc::Options opt;
+  opt.score.mean_weight = 0.75;
+  opt.score.mean_full_keep = 0.5;
+  opt.score.mean_zero_keep = 0.25;
+  fc::Scorer<float> scorer;
+  std::vector<float> scores(static_cast<std::size_t>(first.heads * first.tokens[0]));
+  std::vector<fc::HeadEnergy> energy(static_cast<std::size_t>(first.heads));
+  const auto run = [&](const Layers& m, double keep) {
+    return scorer
+        .score(m.kv[0], m.vv[0], opt.score, fc::ScoreBuffers{scores.data(), energy.data()},
+               fc::ScoreInputs{{}, {}, keep})
+        .ok();
+  };
+  ASSERT_TRUE(run(first, 0.1));
+  bool ok = false;
+  EXPECT_EQ(heap_allocations([&] { ok = run(second, 0.9); }), 0);
+  EXPECT_TRUE(ok);
+}
+
 // The query tails warm: a prefill fed in chunks (tiles of queries and keys,
 // every length of the tail buffers), then the score that mixes them, on a layer
 // the accumulator and scorer have seen.

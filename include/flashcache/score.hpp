@@ -183,6 +183,10 @@ class Scorer {
       return make_error(Errc::invalid_budget, "score: keep ratio ", in.keep, " is outside [0, 1]");
     const double mean_weight = mean_weight_at(opt, in.keep);
     const std::int64_t heads = k.heads, n = k.tokens;
+    if (opt.mean_weight > 0) {  // sized whatever the weight at this keep ratio: another keep allocates nothing
+      mean_row_.resize(static_cast<std::size_t>(2 * k.head_dim));
+      distance_.resize(static_cast<std::size_t>(n));
+    }
     float* score = out.score;
     HeadEnergy* energy = out.energy;
     if (out.nonfinite != nullptr) *out.nonfinite = 0;
