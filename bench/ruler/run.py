@@ -203,6 +203,9 @@ def run_one(pipe: Any, sample: tasks.Sample, press: Any, protocol: str) -> dict:
 
 def header(args: argparse.Namespace) -> dict:
     rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    # A run from uncommitted code says so: its commit alone would not reproduce it.
+    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True).stdout.strip()
     import kvpress
     import torch
     import transformers
@@ -211,12 +214,13 @@ def header(args: argparse.Namespace) -> dict:
     return {"header": True, "model": args.model, "split": args.split, "protocol": args.protocol,
             # The score defaults a row without settings ran with (one that studies have moved; files
             # written before 2026-12-07 lack it and ran mean_weight 0).
-            "defaults": {"score.mean_weight": Options().score.mean_weight},
+            "defaults": {f"score.{name}": getattr(Options().score, name)
+                         for name in ("mean_weight", "mean_full_keep", "mean_zero_keep")},
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
             platform.machine(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                          "kvpress": kvpress.__version__ if hasattr(kvpress, "__version__") else "0.5.5"},
-            "git": rev.stdout.strip(), "command": "python3 bench/ruler/run.py " + " ".join(sys.argv[1:])}
+            "git": rev.stdout.strip() + ("+uncommitted" if dirty else ""), "command": "python3 bench/ruler/run.py " + " ".join(sys.argv[1:])}
 
 
 def main(argv: list[str] | None = None) -> int:
