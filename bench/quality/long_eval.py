@@ -582,6 +582,11 @@ def check_defaults(cli: str) -> None:
                              f"{got[field]!r}")
     if got.get("query") != "none":  # DEFAULT reads no queries; so must Options{}
         raise SystemExit(f"long_eval: the library's default query input is {got.get('query')!r}, not 'none'")
+    # select_configs has no keep-ratio fade (a fixed mean_weight per row): the library's default must not fade.
+    for field in ("mean_full_keep", "mean_zero_keep"):
+        if got.get(field) != 0:
+            raise SystemExit(f"long_eval: the library's default {field} is {got.get(field)!r}; select_configs "
+                             "scores with one mean_weight per row and cannot run it")
 
 
 def git_revision() -> Optional[str]:
