@@ -395,6 +395,11 @@ TEST_F(CliTest, BadInputIsOneLineExitTwoAndNoOutput) {
          return std::vector<std::string>{"--base-share", "-0.25"};
        },
        "--base-share -0.25 is outside [0, 1]"},
+      {"grid base share above 1",  // the library's grid_base_share, named by its flag as a whole word
+       [](CliTest&) {
+         return std::vector<std::string>{"--grid-base-share", "1.5"};
+       },
+       "--grid-base-share 1.5 is outside [0, 1]"},
       {"rope layout without theta",
        [](CliTest&) {
          return std::vector<std::string>{"--rope-layout", "interleaved"};

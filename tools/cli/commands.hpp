@@ -77,7 +77,10 @@ int run_compress(const CompressArgs& args);
 int run_recall(const RecallArgs& args);
 int run_inspect(const InspectArgs& args);
 
-// Checks --gamma and --block with the option names in the message.
+// The library's checks of `o` (check_options), a failure a usage error that
+// names the flags that set the fields.
+void check_options_as_flags(const Options& o);
+// Checks --gamma and --block (check_options_as_flags).
 void check_transform_args(const TransformArgs& t);
 Options to_options(const TransformArgs& t);
 

@@ -21,68 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void check_args(const CompressArgs& a) {
-  check_transform_args(a.transform);
-  if (a.has_keep_ratio && !(a.keep_ratio >= 0.0 && a.keep_ratio <= 1.0))
-    usage_error("--keep-ratio " + num(a.keep_ratio) + " is outside [0, 1]");
-  if (a.has_keep && a.keep < 0) usage_error("--keep " + std::to_string(a.keep) + " is negative");
-  if (a.sink < 0) usage_error("--sink " + std::to_string(a.sink) + " is negative");
-  if (a.window < 0) usage_error("--window " + std::to_string(a.window) + " is negative");
-  policies::Policy p = policies::Policy::flashcache;
-  if (!policies::parse_policy(a.policy, &p).ok()) usage_error("--policy " + a.policy + " is not a policy");
-  if (policies::needs_queries(p) && a.q.empty())
-    usage_error("--policy " + a.policy + " needs --q (the queries, [L, Hq, N, d])");
-  if (!policies::needs_queries(p) && p != policies::Policy::flashcache && !a.q.empty())
-    usage_error("--q is used only by --policy flashcache (query tails), snapkv and h2o, not " + a.policy);
-  if (a.paper && !a.q.empty())
-    usage_error("--paper is the paper's algorithm, which reads no queries: drop --q, or drop --paper for query tails");
-  if (a.has_tail_option && (p != policies::Policy::flashcache || a.q.empty()))
-    usage_error(
-        "--tail-weight, --tail-mix, --tail-stride, --tail-min-distance and --tail-last are used only by "
-        "--policy flashcache with --q");
-  if (a.tail_min_distance < 0)
-    usage_error("--tail-min-distance " + std::to_string(a.tail_min_distance) + " is negative");
-  if (a.tail_last < 0) usage_error("--tail-last " + std::to_string(a.tail_last) + " is negative");
-  if (!(a.tail_weight >= 0.0 && a.tail_weight <= 1.0))
-    usage_error("--tail-weight " + num(a.tail_weight) + " is outside [0, 1]");
-  if (a.tail_stride < 1) usage_error("--tail-stride " + std::to_string(a.tail_stride) + " must be at least 1");
-  if (a.has_seed && p != policies::Policy::random) usage_error("--seed is used only by --policy random");
-  if (a.has_observation_window && p != policies::Policy::snapkv)
-    usage_error("--observation-window is used only by --policy snapkv");
-  if (a.observation_window < 1)
-    usage_error("--observation-window " + std::to_string(a.observation_window) + " must be at least 1");
-  if ((a.has_transform_option || a.has_rope_option || a.paper) && p != policies::Policy::flashcache)
-    usage_error(
-        "--gamma, --transform, --block, --normalize-terms, --mean-*, --rope-* and --paper are used only by --policy "
-        "flashcache, "
-        "not " +
-        a.policy + " (so is --base)");
-  if (!(a.mean_weight >= 0.0 && a.mean_weight <= 1.0))
-    usage_error("--mean-weight " + num(a.mean_weight) + " is outside [0, 1]");
-  if (!(a.mean_zero_keep >= 0.0 && a.mean_zero_keep <= 1.0))
-    usage_error("--mean-zero-keep " + num(a.mean_zero_keep) + " is outside [0, 1]");
-  if (!(a.mean_full_keep >= a.mean_zero_keep && a.mean_full_keep <= 1.0))
-    usage_error("--mean-full-keep " + num(a.mean_full_keep) + " is outside [--mean-zero-keep " + num(a.mean_zero_keep) +
-                ", 1]");
-  if (!(a.window_share >= 0.0 && a.window_share <= 1.0))
-    usage_error("--window-share " + num(a.window_share) + " is outside [0, 1]");
-  if (!(a.base_share >= 0.0 && a.base_share <= 1.0))
-    usage_error("--base-share " + num(a.base_share) + " is outside [0, 1]");
-  if (a.has_rope_option && !(a.rope_theta > 1.0 && std::isfinite(a.rope_theta)))
-    usage_error("--rope-theta is required with --rope-layout / --rope-first-position and must be > 1, got " +
-                num(a.rope_theta));
-  if (a.rope_first_position < 0)
-    usage_error("--rope-first-position " + std::to_string(a.rope_first_position) + " is negative");
-  if (a.paper && a.has_transform_option)
-    usage_error("--paper fixes --gamma, --transform and --block (and --base); give none of them");
-  if (a.has_grid_option && a.grids.empty()) usage_error("--grid-zone and --grid-tile need --grid");
-  if (a.has_grid_option && p != policies::Policy::flashcache)
-    usage_error("--grid-zone and --grid-tile are used only by --policy flashcache, not " + a.policy);
-  if (a.grid_tile < 1) usage_error("--grid-tile " + std::to_string(a.grid_tile) + " must be at least 1");
-  if (!(a.grid_base_share >= 0.0 && a.grid_base_share <= 1.0))
-    usage_error("--grid-base-share " + num(a.grid_base_share) + " is outside [0, 1]");
-}
-
 struct Plan {
   policies::Policy policy = policies::Policy::flashcache;
   policies::PolicyOptions policy_options;
@@ -123,41 +61,95 @@ GridSpan parse_grid(const std::string& text, std::int64_t tokens, const std::vec
   return g;
 }
 
+// The library's options as the flags set them (--paper: its preset).
+Options flag_options(const CompressArgs& a, policies::Policy policy) {
+  Options o;
+  if (a.paper) {
+    o = Options::paper();
+  } else {
+    o = to_options(a.transform);
+    o.select.sink = a.sink;
+    o.select.window = a.window;
+    o.select.window_share = a.window_share;
+    o.select.base_share = a.base_share;
+    o.score.normalize_terms = a.normalize_terms;
+    o.score.mean_weight = a.mean_weight;
+    o.score.mean_mix = enum_flag<TailMix>("--mean-mix", a.mean_mix);
+    o.score.mean_full_keep = a.mean_full_keep;
+    o.score.mean_zero_keep = a.mean_zero_keep;
+    o.score.rope.derotate = a.rope_theta > 0;
+    o.score.rope.theta = a.rope_theta > 0 ? a.rope_theta : o.score.rope.theta;
+    o.score.rope.layout = enum_flag<RopeLayout>("--rope-layout", a.rope_layout);
+    o.score.rope.first_position = a.rope_first_position;
+  }
+  if (policy == policies::Policy::flashcache && !a.q.empty()) {  // --q: the query-informed score
+    o = Options::with_query_tail(o);  // the preset's query fields over the options set above
+    o.score.tail_weight = a.tail_weight;
+    o.score.tail_mix = enum_flag<TailMix>("--tail-mix", a.tail_mix);
+  }
+  o.score.grid_zone = enum_flag<GridZone>("--grid-zone", a.grid_zone);
+  o.score.grid_tile = a.grid_tile;
+  o.select.grid_base_share = a.grid_base_share;
+  return o;
+}
+
+// The flags' own rules; the values they give the library, by its checks.
+void check_args(const CompressArgs& a) {
+  if (a.has_keep_ratio && !(a.keep_ratio >= 0.0 && a.keep_ratio <= 1.0))
+    usage_error("--keep-ratio " + num(a.keep_ratio) + " is outside [0, 1]");
+  if (a.has_keep && a.keep < 0) usage_error("--keep " + std::to_string(a.keep) + " is negative");
+  policies::Policy p = policies::Policy::flashcache;
+  if (!policies::parse_policy(a.policy, &p).ok()) usage_error("--policy " + a.policy + " is not a policy");
+  if (policies::needs_queries(p) && a.q.empty())
+    usage_error("--policy " + a.policy + " needs --q (the queries, [L, Hq, N, d])");
+  if (!policies::needs_queries(p) && p != policies::Policy::flashcache && !a.q.empty())
+    usage_error("--q is used only by --policy flashcache (query tails), snapkv and h2o, not " + a.policy);
+  if (a.paper && !a.q.empty())
+    usage_error("--paper is the paper's algorithm, which reads no queries: drop --q, or drop --paper for query tails");
+  if (a.has_tail_option && (p != policies::Policy::flashcache || a.q.empty()))
+    usage_error(
+        "--tail-weight, --tail-mix, --tail-stride, --tail-min-distance and --tail-last are used only by "
+        "--policy flashcache with --q");
+  if (a.tail_min_distance < 0)
+    usage_error("--tail-min-distance " + std::to_string(a.tail_min_distance) + " is negative");
+  if (a.tail_last < 0) usage_error("--tail-last " + std::to_string(a.tail_last) + " is negative");
+  if (a.tail_stride < 1) usage_error("--tail-stride " + std::to_string(a.tail_stride) + " must be at least 1");
+  if (a.has_seed && p != policies::Policy::random) usage_error("--seed is used only by --policy random");
+  if (a.has_observation_window && p != policies::Policy::snapkv)
+    usage_error("--observation-window is used only by --policy snapkv");
+  if (a.observation_window < 1)
+    usage_error("--observation-window " + std::to_string(a.observation_window) + " must be at least 1");
+  if ((a.has_transform_option || a.has_rope_option || a.paper) && p != policies::Policy::flashcache)
+    usage_error(
+        "--gamma, --transform, --block, --normalize-terms, --mean-*, --rope-* and --paper are used only by --policy "
+        "flashcache, "
+        "not " +
+        a.policy + " (so is --base)");
+  if (a.has_rope_option && !(a.rope_theta > 1.0 && std::isfinite(a.rope_theta)))
+    usage_error("--rope-theta is required with --rope-layout / --rope-first-position and must be > 1, got " +
+                num(a.rope_theta));
+  if (a.rope_first_position < 0)
+    usage_error("--rope-first-position " + std::to_string(a.rope_first_position) + " is negative");
+  if (a.paper && a.has_transform_option)
+    usage_error("--paper fixes --gamma, --transform and --block (and --base); give none of them");
+  if (a.has_grid_option && a.grids.empty()) usage_error("--grid-zone and --grid-tile need --grid");
+  if (a.has_grid_option && p != policies::Policy::flashcache)
+    usage_error("--grid-zone and --grid-tile are used only by --policy flashcache, not " + a.policy);
+  check_options_as_flags(flag_options(a, p));
+}
+
 Plan make_plan(const CompressArgs& a, const KVCache& cache) {
   Plan p;
   throw_if_error(policies::parse_policy(a.policy, &p.policy));
+  p.options = flag_options(a, p.policy);
   p.policy_options.seed = a.seed;
   p.policy_options.observation_window = a.observation_window;
-  if (a.paper) {
-    p.options = Options::paper();
-  } else {
-    p.options = to_options(a.transform);
-    p.options.select.sink = a.sink;
-    p.options.select.window = a.window;
-    p.options.select.window_share = a.window_share;
-    p.options.select.base_share = a.base_share;
-    p.options.score.normalize_terms = a.normalize_terms;
-    p.options.score.mean_weight = a.mean_weight;
-    p.options.score.mean_mix = enum_flag<TailMix>("--mean-mix", a.mean_mix);
-    p.options.score.mean_full_keep = a.mean_full_keep;
-    p.options.score.mean_zero_keep = a.mean_zero_keep;
-    p.options.score.rope.derotate = a.rope_theta > 0;
-    p.options.score.rope.theta = a.rope_theta > 0 ? a.rope_theta : p.options.score.rope.theta;
-    p.options.score.rope.layout = enum_flag<RopeLayout>("--rope-layout", a.rope_layout);
-    p.options.score.rope.first_position = a.rope_first_position;
-  }
-  if (p.policy == policies::Policy::flashcache && !a.q.empty()) {  // --q: the query-informed score
-    p.options = Options::with_query_tail(p.options);  // the preset's query fields over the options set above
-    p.options.score.tail_weight = a.tail_weight;
-    p.options.score.tail_mix = enum_flag<TailMix>("--tail-mix", a.tail_mix);
+  if (p.policy == policies::Policy::flashcache && !a.q.empty()) {
     p.policy_options.tail.stride = a.tail_stride;
     p.policy_options.tail.min_distance = a.tail_min_distance;
     p.policy_options.tail_last = a.tail_last;
   }
   for (const std::string& g : a.grids) p.spans.push_back(parse_grid(g, cache.tokens, p.spans));
-  p.options.score.grid_zone = enum_flag<GridZone>("--grid-zone", a.grid_zone);
-  p.options.score.grid_tile = a.grid_tile;
-  p.options.select.grid_base_share = a.grid_base_share;
   if (!a.protect.empty()) p.mask = load_mask(a.protect, cache.tokens);
   if (a.has_keep) {
     if (a.keep > cache.tokens)
