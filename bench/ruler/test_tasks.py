@@ -2,6 +2,7 @@
 Runs without a model (a whitespace token counter stands in for the tokenizer)."""
 
 import collections
+import itertools
 import os
 import re
 
@@ -69,9 +70,17 @@ def test_needles_of_multikey_are_distinct_and_one_is_asked():
     assert len(keys) == len(set(keys)) > 20 and s.question.count("-") == 4
 
 
-def test_dev_and_heldout_haystacks_share_no_paragraph():
-    dev, held = set(tasks.essay_paragraphs("dev")), set(tasks.essay_paragraphs("heldout"))
-    assert dev and held and not dev & held
+def test_the_splits_haystacks_share_no_paragraph():
+    splits = {name: set(tasks.essay_paragraphs(name)) for name in tasks.load_split()["seeds"]}
+    assert set(splits) == {"dev", "dev2", "heldout"} and all(splits.values())
+    for a, b in itertools.combinations(splits, 2):
+        assert not splits[a] & splits[b], (a, b)
+
+
+def test_the_splits_seeds_are_disjoint():
+    seeds = tasks.load_split()["seeds"]
+    for a, b in itertools.combinations(seeds, 2):
+        assert not set(seeds[a]) & set(seeds[b]), (a, b)
 
 
 def test_string_match_all_is_the_share_of_answers_found():
