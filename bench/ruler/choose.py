@@ -4,6 +4,8 @@ current setting. Prints the comparison and the decision; chooses nothing by hand
     python3 bench/ruler/choose.py bench/results/ruler/smollm2_agnostic_dev.jsonl
     python3 bench/ruler/choose.py bench/results/ruler/smollm2_agnostic_dev_round2.jsonl bench/ruler/candidates_2.json
     python3 bench/ruler/choose.py bench/results/ruler/smollm2_agnostic_dev_round4.jsonl bench/ruler/candidates_4.json
+    python3 bench/ruler/choose.py bench/results/ruler/smollm2_agnostic_dev_round11_seeds{6,8}.jsonl \
+        bench/ruler/candidates_11.json                      # a round run as parallel halves: every file read
 """
 
 from __future__ import annotations
@@ -43,20 +45,22 @@ def rule_ratios(listed: dict) -> tuple[float, ...]:
     return tuple(listed.get("ratios", RATIOS))
 
 
-def compare(path: str, candidates_path: str) -> tuple[list[Verdict], list[str]]:
-    """The verdicts on a dev file's candidates by the rule of their list, and those not run yet."""
+def compare(paths: str | list[str], candidates_path: str) -> tuple[list[Verdict], list[str]]:
+    """The verdicts on the candidates of a dev round's file (or files: a round run as parallel halves) by the
+    rule of their list, and those not run yet."""
     with open(candidates_path) as f:
         listed = json.load(f)
     ratios = rule_ratios(listed)
     scores = defaultdict(dict)  # row -> (task, seed, length, ratio) -> score
     seconds = defaultdict(dict)  # the same -> prefill and compression plus what the recall added
-    with open(path) as f:
-        for line in f:
-            r = json.loads(line)
-            if not r.get("header") and r["ratio"] in ratios:
-                key = (r["task"], r["seed"], r["length"], r["ratio"])
-                scores[r["row"]][key] = r["score"]
-                seconds[r["row"]][key] = r["prefill_s"] + r["recall_s"]
+    for path in [paths] if isinstance(paths, str) else paths:
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line)
+                if not r.get("header") and r["ratio"] in ratios:
+                    key = (r["task"], r["seed"], r["length"], r["ratio"])
+                    scores[r["row"]][key] = r["score"]
+                    seconds[r["row"]][key] = r["prefill_s"] + r["recall_s"]
     # "cost" (candidates_4.json): a change that buys time replaces the setting when it loses less than
     # one sample's worth, keeps niah_multikey_3 and is faster (median over the same runs).
     cost_rule = listed.get("rule") == "cost"
@@ -97,8 +101,14 @@ def choices(verdicts: list[Verdict]) -> dict[str, Verdict]:
     return chosen
 
 
-def main(path: str, candidates_path: str = os.path.join(HERE, "candidates.json")) -> int:
-    verdicts, missing = compare(path, candidates_path)
+def main(args: list[str]) -> int:
+    """choose.py RUNS.jsonl... [CANDIDATES.json] (default candidates.json)."""
+    listed = [a for a in args if a.endswith(".json")]
+    paths = [a for a in args if not a.endswith(".json")]
+    if not paths or len(listed) > 1:
+        print("usage: choose.py RUNS.jsonl... [CANDIDATES.json]", file=sys.stderr)
+        return 2
+    verdicts, missing = compare(paths, listed[0] if listed else os.path.join(HERE, "candidates.json"))
     for cand in missing:
         print(f"{cand}: not run yet")
     for v in verdicts:
@@ -116,4 +126,4 @@ def main(path: str, candidates_path: str = os.path.join(HERE, "candidates.json")
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(sys.argv[1:]))

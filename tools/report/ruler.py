@@ -75,6 +75,17 @@ def load(path: str) -> tuple[dict, list[dict]]:
     return head, records
 
 
+def runs(folder: str):
+    """(paths, heads, records) of each run in `folder`, in path order: a run is one file, or the parallel
+    halves of one (``*_seedsK.jsonl``: the same command on different seeds), read together."""
+    groups = defaultdict(list)
+    for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
+        groups[re.sub(r"_seeds\d+(?=\.jsonl$)", "", path)].append(path)
+    for _, paths in sorted(groups.items()):
+        loaded = [load(p) for p in paths]
+        yield paths, [h for h, _ in loaded], [r for _, rs in loaded for r in rs]
+
+
 def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
@@ -123,16 +134,21 @@ def per_task(records: list[dict]) -> list[str]:
     return lines
 
 
-def candidates(records: list[dict], path: str) -> list[str]:
+def round_number(path: str) -> int | None:
+    """N of a round's file (``*_roundN.jsonl`` or one of its halves, ``*_roundN_seedsK.jsonl``)."""
+    match = re.search(r"_round(\d+)(_seeds\d+)?\.jsonl$", os.path.basename(path))
+    return int(match.group(1)) if match else None
+
+
+def candidates(records: list[dict], paths: list[str]) -> list[str]:
     """The dev candidates (rows named base@option=value) beside their base row, on the samples and
-    ratios both ran. A later round's file (``*_roundN.jsonl``) is judged as bench/ruler/choose.py
-    judges it, by the rule of ``candidates_N.json``; the first round's file lists the comparison."""
+    ratios both ran. A later round's files (``*_roundN.jsonl``) are judged as bench/ruler/choose.py
+    judges them, by the rule of ``candidates_N.json``; the first round's file lists the comparison."""
     names = sorted({r["row"] for r in records if "@" in r["row"]})
     if not names:
         return []
-    match = re.search(r"_round(\d+)\.jsonl$", os.path.basename(path))
-    if match:
-        return judged(path, int(match.group(1)))
+    if round_number(paths[0]) is not None:
+        return judged(paths, round_number(paths[0]))
     score = {(r["row"], r["task"], r["seed"], r["length"], r["ratio"]): r["score"] for r in records}
     lines = ["Dev candidates (bench/ruler/candidates.json), each beside its row's setting of that run on the "
              "samples and ratios both ran (split.json's rule: bench/ruler/choose.py). The table above shows each "
@@ -150,11 +166,11 @@ def candidates(records: list[dict], path: str) -> list[str]:
     return lines + [""]
 
 
-def judged(path: str, round_number: int) -> list[str]:
+def judged(paths: list[str], number: int) -> list[str]:
     """Round N's candidates with choose.py's verdicts and choice."""
     choose = _module("flashcache_ruler_choose", CHOOSE_PY)
-    listed = os.path.join(os.path.dirname(TASKS_PY), f"candidates_{round_number}.json")
-    verdicts, missing = choose.compare(path, listed)
+    listed = os.path.join(os.path.dirname(TASKS_PY), f"candidates_{number}.json")
+    verdicts, missing = choose.compare(paths, listed)
     if not verdicts:
         return []
     cost = verdicts[0].cost_rule
@@ -164,7 +180,7 @@ def judged(path: str, round_number: int) -> list[str]:
     with open(listed) as f:
         ratios = choose.rule_ratios(json.load(f))
     named = ", ".join(f"{x:g}" for x in ratios[:-1]) + f" and {ratios[-1]:g}"
-    lines = [f"Dev candidates of round {round_number} (bench/ruler/candidates_{round_number}.json, listed before "
+    lines = [f"Dev candidates of round {number} (bench/ruler/candidates_{number}.json, listed before "
              f"their run), each beside its row's current setting on the same samples and the rule's ratios {named} "
              f"({rule}; one sample's worth is {verdicts[0].step:.2f} points here; "
              "bench/ruler/choose.py). Time: the candidate's median prefill, compression and recall over the row's.",
@@ -286,10 +302,10 @@ def render(folder: str) -> str:
              "question's extra pass) over the full cache's prefill, on this CPU.", ""]
     parts += pooled(folder) + gaps(folder) + gaps(folder, "aware") + gaps(folder, "aware", "gemma3")
     tasks = task_count()
-    for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
-        head, records = load(path)
+    for paths, heads, records in runs(folder):
         if not records:
             continue
+        head = heads[0]
         name = MODEL.get(head.get("model"), head.get("model"))
         lengths = sorted({r["length"] for r in records})
         # A task is complete when it has every (row, ratio) the file has for any task.
@@ -298,13 +314,16 @@ def render(folder: str) -> str:
         for r in records:
             have[r["task"]].add((r["row"], r["ratio"]))
         done = {t for t, p in have.items() if pairs <= p}
-        match = re.search(r"_round(\d+)\.jsonl$", os.path.basename(path))
+        number = round_number(paths[0])
         parts += [f"### {name}, {head.get('protocol')}, {head.get('split')} samples, "
                   f"{'/'.join(str(n) for n in lengths)} tokens"
-                  f"{f', candidate round {match.group(1)}' if match else ''}", "",
-                  f"`{head.get('command')}` ({head.get('date')}, {head.get('cpus')} CPUs, {head.get('machine')}, "
-                  f"git {head.get('git')}; kvpress {head.get('versions', {}).get('kvpress')}, "
-                  f"transformers {head.get('versions', {}).get('transformers')}).", ""]
+                  f"{f', candidate round {number}' if number is not None else ''}", ""]
+        for h in heads:
+            parts += [f"`{h.get('command')}` ({h.get('date')}, {h.get('cpus')} CPUs, {h.get('machine')}, "
+                      f"git {h.get('git')}; kvpress {h.get('versions', {}).get('kvpress')}, "
+                      f"transformers {h.get('versions', {}).get('transformers')}).", ""]
+        if len(heads) > 1:
+            parts += ["Its parallel halves (the same command on different seeds), read together.", ""]
         if head.get("model") == "gemma3":
             parts += ["Every row compresses Gemma 3's 3 global layers of 18, kvpress's own rule for Gemma 3; the "
                       "sliding-window layers keep their 512 positions (bench/ruler/README.md), and the ratio is the "
@@ -316,7 +335,7 @@ def render(folder: str) -> str:
                       "over those tasks only, not comparable with a complete table.**", ""]
             records = [r for r in records if r["task"] in done]
         parts += table(records) + ["", "Per task, mean over the ratios:", ""] + per_task(records) + [""]
-        parts += candidates(records, path)
+        parts += candidates(records, paths)
     return "\n".join(parts)
 
 
