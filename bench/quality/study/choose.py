@@ -13,7 +13,7 @@ import json
 import statistics
 import sys
 from collections import defaultdict
-from typing import Dict, List, Tuple
+from typing import Dict, List, Tuple, Union
 
 RATIOS = (0.1, 0.2)
 TIE = 0.002
@@ -45,13 +45,13 @@ def passkey_hits(paths: List[str]) -> Tuple[Dict[Tuple[str, float], int], Dict[T
 
 
 def nll_scores(
-    path: str, ratios: Tuple[float, ...] = RATIOS
+    paths: Union[str, List[str]], ratios: Tuple[float, ...] = RATIOS
 ) -> Tuple[Dict[str, float], Dict[str, float], Dict[Tuple[str, float], float]]:
     """label -> NLL score (the mean over `ratios` of the median nll_ratio), label -> mean attention error,
-    (label, ratio) -> median nll_ratio."""
+    (label, ratio) -> median nll_ratio; over one study file or several (rows run apart on the same units)."""
     nll: Dict[Tuple[str, float], List[float]] = defaultdict(list)
     attn: Dict[str, List[float]] = defaultdict(list)
-    for r in load(path):
+    for r in [r for path in ([paths] if isinstance(paths, str) else paths) for r in load(path)]:
         if r.get("split") != "dev" or r["keep_ratio"] not in ratios:
             continue
         if r["metric"] == "nll_ratio":

@@ -2,10 +2,12 @@
 """Applies MEAN_RULE.md (beside this file): does mean_weight 0.75 hold on the library's own dev passkeys
 and NLL, per layer and with one keep-set per sequence? Prints each pair and the verdict; with --json,
 writes them (the file RESULTS.md's section is rendered from). With --ratios 0.5 --rule FADE_RULE.md it
-applies FADE_RULE.md's check instead: the same pairs at the light keep ratio where the fade's weight is in full.
+applies FADE_RULE.md's check instead: the same pairs at the light keep ratio where the fade's weight is in full
+(--weight 1.0: its addendum's pairs, the rows mw1 and mw1-seq against mw0 and mw0-seq).
 
   choose_mean.py --nll NLL.json --passkey PK.json [PK2.json ...] [--json OUT.json]
   choose_mean.py --ratios 0.5 --rule FADE_RULE.md --nll NLL.json --passkey PK.json [...] [--json OUT.json]
+  choose_mean.py --ratios 0.5 --rule FADE_RULE.md --weight 1.0 --nll NLL.json NLL1.json --passkey PK.json [...]
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ import sys
 from choose import RATIOS, TIE, nll_scores, passkey_hits, write_choice
 
 HIT_TOLERANCE = 2  # the base study's retrieval tolerance (RULE.md step 1)
-PAIRS = (("per layer", "mw0", "mw0.75"), ("per sequence", "mw0-seq", "mw0.75-seq"))
+
+
+def pairs_of(weight: float) -> tuple[tuple[str, str, str], ...]:
+    """(keep-set, the weight-0 row, the row with `weight`) as mean_rows.json and fade_one_rows.json name them."""
+    return (("per layer", "mw0", f"mw{weight:g}"), ("per sequence", "mw0-seq", f"mw{weight:g}-seq"))
+
 RULES = {  # rule file -> (verdict when both pairs hold, verdict otherwise)
     "MEAN_RULE.md": ("mean_weight 0.75 becomes the default", "the default stays 0"),
     "FADE_RULE.md": (
-        "the fade holds at keep 0.5 (the default if RULER's round ten chose it)",
+        "the fade holds at keep 0.5 (the default if RULER's round chose it)",
         "the default stays mean_weight 0",
     ),
 }
@@ -28,17 +35,18 @@ RULES = {  # rule file -> (verdict when both pairs hold, verdict otherwise)
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nll", required=True)
+    ap.add_argument("--nll", nargs="+", required=True, help="study files (rows run apart on the same units)")
     ap.add_argument("--passkey", nargs="+", required=True)
     ap.add_argument("--json", default=None)
     ap.add_argument("--ratios", type=float, nargs="+", default=list(RATIOS), help="keep ratios (MEAN_RULE.md's)")
     ap.add_argument("--rule", default="MEAN_RULE.md", choices=RULES, help="the rule file applied (its verdict)")
+    ap.add_argument("--weight", type=float, default=0.75, help="the candidate's mean_weight (its rows' names)")
     args = ap.parse_args(argv)
     ratios = tuple(args.ratios)
     hits, trials = passkey_hits(args.passkey)
     score, attn, medians = nll_scores(args.nll, ratios)
     pairs, holds = [], True
-    for name, before, after in PAIRS:
+    for name, before, after in pairs_of(args.weight):
         hit = {label: sum(hits[(label, r)] for r in ratios) for label in (before, after)}
         trial = sum(trials[(before, r)] for r in ratios)
         keys_ok = hit[after] >= hit[before] - HIT_TOLERANCE
@@ -55,7 +63,8 @@ def main(argv=None) -> int:
     verdict = RULES[args.rule][0 if holds else 1]
     print(f"verdict: {verdict}")
     if args.json:
-        write_choice(args.json, {"rule": f"bench/quality/study/{args.rule}", "ratios": list(ratios), "pairs": pairs,
+        write_choice(args.json, {"rule": f"bench/quality/study/{args.rule}", "ratios": list(ratios),
+                                 "weight": args.weight, "pairs": pairs,
                                  "holds": holds, "verdict": verdict})
     return 0
 
