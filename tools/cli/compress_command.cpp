@@ -82,8 +82,9 @@ Options flag_options(const CompressArgs& a, policies::Policy policy) {
     o.score.rope.layout = enum_flag<RopeLayout>("--rope-layout", a.rope_layout);
     o.score.rope.first_position = a.rope_first_position;
   }
-  if (policy == policies::Policy::flashcache && !a.q.empty()) {  // --q: the query-informed score
-    o = Options::with_query_tail(o);  // the preset's query fields over the options set above
+  if (policy == policies::Policy::flashcache && !a.q.empty()) {
+    // --q: the query-informed score, the preset's query fields over the options set above
+    o = Options::with_query_tail(o);
     o.score.tail_weight = a.tail_weight;
     o.score.tail_mix = enum_flag<TailMix>("--tail-mix", a.tail_mix);
   }
