@@ -159,6 +159,9 @@ MEAN_PASSKEY = [os.path.join(RESULTS, "quality_long_mean_passkey_dev.json"),
 FADE_NLL = os.path.join(RESULTS, "quality_long_fade_nll_dev.json")
 FADE_PASSKEY = [os.path.join(RESULTS, "quality_long_fade_passkey_dev.json"),
                 os.path.join(RESULTS, "quality_long_fade_passkey_dev_two.json")]
+FADE_ONE_NLL = os.path.join(RESULTS, "quality_long_fade_one_nll_dev.json")
+FADE_ONE_PASSKEY = [os.path.join(RESULTS, "quality_long_fade_one_passkey_dev.json"),
+                    os.path.join(RESULTS, "quality_long_fade_one_passkey_dev_two.json")]
 
 
 def _render_pairs(doc: Dict, title: str, rule: str, runs: List[str]) -> str:
@@ -206,3 +209,14 @@ def render_fade(doc: Dict) -> str:
         "keep 0.5 it must hold as MEAN_RULE.md's pairs do (passkeys at most 2 below, NLL score at most 0.002 "
         "above), and RULER's tenth dev round must choose it. Rows: `bench/quality/study/mean_rows.json`.",
         [FADE_NLL] + FADE_PASSKEY)
+
+
+def render_fade_one(doc: Dict) -> str:
+    """The same check for the fade with mean_weight 1.0 (FADE_RULE.md's addendum, RULER's twelfth round), from
+    quality_long_fade_one_choice.json: its rows beside the weight-0 rows of the first check's runs."""
+    return _render_pairs(
+        doc, "## The fade with mean_weight 1.0, at keep 0.5 on the library's own dev passkeys and NLL",
+        "Rule, written before the run: the addendum of [`bench/quality/study/FADE_RULE.md`]"
+        "(quality/study/FADE_RULE.md) — the same check and thresholds as the section above for `mean_weight` 1.0 "
+        "(rows `bench/quality/study/fade_one_rows.json`), its weight-0 rows those the first check ran.",
+        [FADE_NLL, FADE_ONE_NLL] + FADE_PASSKEY + FADE_ONE_PASSKEY)
