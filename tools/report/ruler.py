@@ -23,11 +23,14 @@ from collections import defaultdict
 # Round nine's choice (bench/ruler/README.md), run on held-out seeds 1006-1007 before it becomes the default.
 CHOSEN = "flashcache@score.mean_weight=0.75"
 CHOSEN_RECALL = "flashcache_recall@score.mean_weight=0.75"
-ORDER = ["flashcache", CHOSEN, "flashcache_recall", CHOSEN_RECALL, "flashcache_tails", "flashcache_model", "flashcache_paper", "kvzip", "expected_attention",
+# Round thirteen's choice (on the second dev split), run on held-out seeds 1008-1009 before it becomes the default.
+FADE = "flashcache@score.mean_weight=0.75,score.mean_full_keep=0.5,score.mean_zero_keep=0.25"
+ORDER = ["flashcache", CHOSEN, FADE, "flashcache_recall", CHOSEN_RECALL, "flashcache_tails", "flashcache_model", "flashcache_paper", "kvzip", "expected_attention",
          "adakv_expected_attention", "snapkv", "keydiff", "tova", "knorm", "streaming_llm", "random"]
 LABEL = {
     "flashcache": "flashcache (defaults, per layer)",
     CHOSEN: "flashcache, mean_weight 0.75 (round nine's choice)",
+    FADE: "flashcache, the 0.75 fade (round thirteen's choice)",
     "flashcache_recall": "flashcache + recall",
     CHOSEN_RECALL: "flashcache + recall, mean_weight 0.75",
     "flashcache_tails": "flashcache + query tails",
@@ -245,7 +248,7 @@ GOAL_PAIRS = {
     "agnostic": [("flashcache_recall", "kvzip"), ("flashcache", "keydiff"), ("flashcache", "tova"),
                  ("flashcache", "knorm"), ("flashcache", "streaming_llm"), ("flashcache", "random"),
                  ("flashcache", "expected_attention"), (CHOSEN, "flashcache"), (CHOSEN, "keydiff"), (CHOSEN, "tova"),
-                 (CHOSEN_RECALL, "kvzip")],
+                 (CHOSEN_RECALL, "kvzip"), (FADE, "flashcache"), (FADE, "keydiff")],
     "aware": [("flashcache_tails", "snapkv")],
 }
 
