@@ -226,7 +226,7 @@ def header(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", choices=sorted(MODELS))
-    p.add_argument("--split", default="dev", choices=["dev", "dev2", "heldout"])
+    p.add_argument("--split", default="dev", choices=sorted(tasks.load_split()["seeds"]))
     p.add_argument("--seeds", type=int, default=2, help="the first N seeds of the split (split.json)")
     p.add_argument("--skip-seeds", type=int, default=0, help="start after the split's first K seeds (a later "
                    "held-out run on seeds no run has seen)")

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli_error.hpp"
@@ -94,8 +95,9 @@ Options flag_options(const CompressArgs& a, policies::Policy policy) {
   return o;
 }
 
-// The flags' own rules; the values they give the library, by its checks.
-void check_args(const CompressArgs& a) {
+// The flags' own rules; the values they give the library, by its checks:
+// the options they set, checked.
+Options check_args(const CompressArgs& a) {
   if (a.has_keep_ratio && !(a.keep_ratio >= 0.0 && a.keep_ratio <= 1.0))
     usage_error("--keep-ratio " + num(a.keep_ratio) + " is outside [0, 1]");
   if (a.has_keep && a.keep < 0) usage_error("--keep " + std::to_string(a.keep) + " is negative");
@@ -136,13 +138,16 @@ void check_args(const CompressArgs& a) {
   if (a.has_grid_option && a.grids.empty()) usage_error("--grid-zone and --grid-tile need --grid");
   if (a.has_grid_option && p != policies::Policy::flashcache)
     usage_error("--grid-zone and --grid-tile are used only by --policy flashcache, not " + a.policy);
-  check_options_as_flags(flag_options(a, p));
+  Options options = flag_options(a, p);
+  check_options_as_flags(options);
+  return options;
 }
 
-Plan make_plan(const CompressArgs& a, const KVCache& cache) {
+// The plan from the flags, `options` those check_args returned.
+Plan make_plan(const CompressArgs& a, const KVCache& cache, Options options) {
   Plan p;
   throw_if_error(policies::parse_policy(a.policy, &p.policy));
-  p.options = flag_options(a, p.policy);
+  p.options = std::move(options);
   p.policy_options.seed = a.seed;
   p.policy_options.observation_window = a.observation_window;
   if (p.policy == policies::Policy::flashcache && !a.q.empty()) {
@@ -286,13 +291,13 @@ void compress_as(const CompressArgs& a, const KVCache& cache, const Queries* q, 
 }  // namespace
 
 int run_compress(const CompressArgs& a) {
-  check_args(a);
+  Options options = check_args(a);
   StagedDir::check_target(a.out, a.force);  // before any work
   const KVCache cache = load_cache(a.k, a.v);
   Queries queries;
   if (!a.q.empty()) queries = load_queries(a.q, a.k, cache);
   const Queries* q = a.q.empty() ? nullptr : &queries;
-  const Plan plan = make_plan(a, cache);
+  const Plan plan = make_plan(a, cache, std::move(options));
   if (cache.dtype == DType::f16)
     compress_as<half_t>(a, cache, q, plan);
   else

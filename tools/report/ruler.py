@@ -150,8 +150,9 @@ def candidates(records: list[dict], paths: list[str]) -> list[str]:
     names = sorted({r["row"] for r in records if "@" in r["row"]})
     if not names:
         return []
-    if round_number(paths[0]) is not None:
-        return judged(paths, round_number(paths[0]))
+    number = round_number(paths[0])
+    if number is not None:
+        return judged(paths, number)
     score = {(r["row"], r["task"], r["seed"], r["length"], r["ratio"]): r["score"] for r in records}
     lines = ["Dev candidates (bench/ruler/candidates.json), each beside its row's setting of that run on the "
              "samples and ratios both ran (split.json's rule: bench/ruler/choose.py). The table above shows each "
