@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "npy/npy.hpp"
@@ -71,12 +72,40 @@ Outcome run(const std::vector<std::string>& args, std::chrono::microseconds dela
 }
 
 // Hidden siblings a run leaves beside `out` (staging and moved-aside folders).
-int leftovers(const fs::path& out) {
+std::vector<std::string> sibling_names(const fs::path& out) {
   const std::string prefix = "." + out.filename().string().substr(0, 200) + ".flashcache-";  // names are cut at 200
-  int n = 0;
-  for (const auto& e : fs::directory_iterator(out.parent_path()))
-    n += e.path().filename().string().compare(0, prefix.size(), prefix) == 0;
-  return n;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(out.parent_path())) {
+    std::string name = e.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) == 0) names.push_back(std::move(name));
+  }
+  return names;
+}
+int leftovers(const fs::path& out) { return static_cast<int>(sibling_names(out).size()); }
+
+// Runs the CLI and kills it `after` the moment it starts writing: a hidden sibling of
+// `out` that was not there before appears. A random moment alone seldom lands there,
+// since writing is about a millisecond of a run on a fast machine.
+Outcome run_killed_while_writing(const std::vector<std::string>& args, const fs::path& out,
+                                 std::chrono::microseconds after) {
+  const std::vector<std::string> before = sibling_names(out);  // a killed run's leftovers, deleted by this one
+  const pid_t pid = spawn(args);
+  EXPECT_GT(pid, 0);
+  int status = 0;
+  Outcome o;
+  const auto is_new = [&](const std::string& n) { return std::find(before.begin(), before.end(), n) == before.end(); };
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    const std::vector<std::string> now = sibling_names(out);
+    if (std::any_of(now.begin(), now.end(), is_new)) {
+      std::this_thread::sleep_for(after);
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+  }
+  o.killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+  if (WIFEXITED(status)) o.exit_code = WEXITSTATUS(status);
+  return o;
 }
 
 std::vector<std::string> file_names(const fs::path& dir) {
@@ -172,6 +201,11 @@ class KillTest : public ::testing::Test {
     return std::chrono::microseconds(std::uniform_int_distribution<std::int64_t>(lo, t * 12 / 10)(rng_));
   }
 
+  // A delay after writing starts: up to a twentieth of a run, often less than the writing takes.
+  std::chrono::microseconds moment_while_writing() {
+    return std::chrono::microseconds(std::uniform_int_distribution<std::int64_t>(0, run_time_.count() / 20)(rng_));
+  }
+
   // An existing folder with a file of known content.
   void make_existing(const fs::path& out) const {
     fs::create_directories(out);
@@ -196,7 +230,8 @@ TEST_F(KillTest, NewFolderIsAbsentOrComplete) {
   int kills = 0, completed = 0, while_writing = 0;
   for (int attempt = 0; (kills < kKills || while_writing < 3) && attempt < 6 * kKills; ++attempt) {
     SCOPED_TRACE("attempt " + std::to_string(attempt));
-    const Outcome o = run(args(out), random_moment());
+    const Outcome o = attempt % 3 == 2 ? run_killed_while_writing(args(out), out, moment_while_writing())
+                                       : run(args(out), random_moment());
     kills += o.killed;
     while_writing += o.killed && leftovers(out) > 0;
     if (!o.killed) {
