@@ -15,12 +15,15 @@
 //              "normalize_terms": false, "rope_theta": 0, "rope_layout": "half",
 //              "allocation": "dynamic", "keep_set": "per_head", "combine": "mean_normalized",
 //              "page": 1, "query": "none", "tail_weight": 0.5, "tail_mix": "max", "tail_stride": 1,
-//              "tail_min_distance": 32, "tail_last": 256, "mean_weight": 0.75, "mean_mix": "sum"},
+//              "tail_min_distance": 32, "tail_last": 256, "mean_weight": 0.75, "mean_mix": "sum",
+//              "mean_full_keep": 0.5, "mean_zero_keep": 0.25},
 //              "seed": 0}, ...]}
 // query "tail" (ScoreOptions::query) scores with each key's tail from q.npy, fed by every
 // tail_stride-th prompt query (only the last tail_last when above 0); the tail
 // fields left out take Options::with_query_tail()'s and PolicyOptions{}'s values.
-// mean_weight and mean_mix (ScoreOptions) left out take Options{}'s: a row that fixes them names them.
+// mean_weight, mean_mix, mean_full_keep and mean_zero_keep (ScoreOptions) left out take Options{}'s:
+// a row that fixes them names them. The weight is resolved at each configuration's keep ratio
+// (per_head / P, mean_weight_at), as compress_model resolves it from its budget.
 // Every configuration keeps per_head * L tokens in all: per_head in every
 // layer, or that total re-split by the dynamic allocation.
 // keep_set (shared_keep.hpp): per_head (the default) keeps a set per (layer,
@@ -63,7 +66,7 @@ const std::set<std::string> kOptionKeys = {
     "window",      "window_share", "base_share",  "normalize_terms",   "rope_theta",
     "rope_layout", "allocation",   "query",       "tail_weight",       "tail_mix",
     "mean_weight", "mean_mix",     "tail_stride", "tail_min_distance", "tail_last",
-    "keep_set",    "combine",      "page"};
+    "keep_set",    "combine",      "page",        "mean_full_keep",    "mean_zero_keep"};
 
 // The enum named at options[key] (the library's names), or `fallback` when absent.
 template <class E>
@@ -99,6 +102,8 @@ fc::Options options_from(const Json& j) {
   o.score.tail_mix = enum_option(j, "tail_mix", o.score.tail_mix);
   o.score.mean_weight = j.value("mean_weight", o.score.mean_weight);
   o.score.mean_mix = enum_option(j, "mean_mix", o.score.mean_mix);
+  o.score.mean_full_keep = j.value("mean_full_keep", o.score.mean_full_keep);
+  o.score.mean_zero_keep = j.value("mean_zero_keep", o.score.mean_zero_keep);
   return o;
 }
 
@@ -119,15 +124,17 @@ fc::SharedKeepOptions shared_from(const Json& j) {
 }
 
 // What the scores depend on: the policy, its seed and, for FlashCache, the
-// transform settings (and the tails' feed and weight); sink, window and shares
-// only change the selection.
-std::string score_key(const std::string& policy, const Json& options, std::uint64_t seed, bool with_tail) {
+// transform settings, the distance's weight at this keep ratio (and the tails'
+// feed and weight); sink, window and shares only change the selection.
+std::string score_key(const std::string& policy, const Json& options, std::uint64_t seed, bool with_tail,
+                      double mean_weight) {
   if (policy == "random") return policy + "/" + std::to_string(seed);
   if (policy != "flashcache") return policy;
   Json key;
-  for (const char* field : {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout",
-                            "mean_weight", "mean_mix"})
+  for (const char* field :
+       {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout", "mean_mix"})
     if (options.contains(field)) key[field] = options[field];
+  key["mean_weight"] = mean_weight;
   if (with_tail)
     for (const char* field : {"query", "tail_weight", "tail_mix", "tail_stride", "tail_min_distance", "tail_last"})
       if (options.contains(field)) key[field] = options[field];
@@ -180,13 +187,20 @@ int main(int argc, char** argv) {
       const fc::Options opt = options_from(options);
       fc::throw_if_error(fc::check_options(opt));
       const fc::SharedKeepOptions shared = shared_from(options);
+      const std::int64_t per_head = cfg.at("per_head");
+      // ratio per_head / P: per layer round(ratio * P) = per_head, in all per_head * L.
+      const auto budget = fc::Budget::ratio(static_cast<double>(per_head) / static_cast<double>(c.tokens));
+      // The distance's weight at this keep ratio, fixed for the scorer (which sees no budget).
+      const double mean_weight = fc::mean_weight_at(opt.score, budget.keep_ratio(c.tokens));
 
       // Query tails: the residual scores (without tails) and the tails of this feed, each
       // computed once, mixed as the Scorer mixes them (mix_term).
       const bool with_tail = policy == fp::Policy::flashcache && opt.score.query == fc::QueryInput::tail;
       fc::Options residual_opt = opt;
       residual_opt.score.query = fc::QueryInput::none;
-      const std::string residual_key = score_key(policy_name, options, po.seed, false);
+      residual_opt.score.mean_weight = mean_weight;
+      residual_opt.score.mean_full_keep = residual_opt.score.mean_zero_keep = 0.0;
+      const std::string residual_key = score_key(policy_name, options, po.seed, false, mean_weight);
       auto base_it = scored.find(residual_key);
       if (base_it == scored.end()) {
         std::vector<fc::LayerScores> scores(static_cast<std::size_t>(c.layers));
@@ -200,7 +214,7 @@ int main(int argc, char** argv) {
       }
       auto it = base_it;
       if (with_tail) {
-        const std::string key = score_key(policy_name, options, po.seed, true);
+        const std::string key = score_key(policy_name, options, po.seed, true, mean_weight);
         it = scored.find(key);
         if (it == scored.end()) {
           auto tail_it = tails.find(tail_key(po));
@@ -220,9 +234,6 @@ int main(int argc, char** argv) {
           it = scored.emplace(key, std::move(scores)).first;
         }
       }
-      const std::int64_t per_head = cfg.at("per_head");
-      // ratio per_head / P: per layer round(ratio * P) = per_head, in all per_head * L.
-      const auto budget = fc::Budget::ratio(static_cast<double>(per_head) / static_cast<double>(c.tokens));
       fc::CompressedModel<float> model;
       fc::throw_if_error(fc::compress_scored_model<float>(k, v, it->second, budget, opt, shared, {}, {}, &model));
       std::vector<std::int32_t> kept;

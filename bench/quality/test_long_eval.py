@@ -3,6 +3,8 @@
 
 * the attention error against a direct double-precision loop, on odd sizes;
 * batched greedy decoding (greedy_many) against smollm2's one-cache decoder;
+* select_configs with long_eval's DEFAULT against the CLI's defaults (no model), where the default's
+  distance from the mean is off, ramps and is in full;
 * a --tiny run end to end through select_configs and the CLI (one text, a 256-token prompt),
   of the table and of the passkey part (one template);
 * the passkey set (passkey_split.json, tokenizer only, no forward pass): every prompt holds
@@ -21,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -201,6 +204,47 @@ def test_tiny_runs():
     _tiny_passkey(_need("model"), select_bin, cli)
 
 
+def select_equals_the_cli(select_bin: str, cli: str) -> str | None:
+    """select_configs with long_eval's DEFAULT keeps what `flashcache compress` keeps with the library's defaults
+    at the same keep ratio, where the distance from the mean is off (keep 0.1875), ramps (0.375) and is in
+    full (0.625): both resolve the fading weight from the budget. None, or what differs."""
+    import long_eval
+    import numpy as np
+
+    layers, heads, p, d = 2, 2, 64, 8
+    rng = np.random.default_rng(11)
+    with tempfile.TemporaryDirectory(prefix="select_fade_") as work:
+        for name in ("k", "v"):
+            x = rng.standard_normal((layers, heads, p, d)).astype(np.float32)
+            x[:, :, 20:23] += 4.0  # a short run unlike the rest: the residual and the distance rank it apart
+            np.save(os.path.join(work, f"{name}.npy"), x)
+        per_heads = (12, 24, 40)
+        configs = [{"id": str(ph), "policy": "flashcache", "per_head": ph, "options": dict(long_eval.DEFAULT)}
+                   for ph in per_heads]
+        with open(os.path.join(work, "configs.json"), "w", encoding="utf-8") as f:
+            json.dump({"configs": configs}, f)
+        run = subprocess.run([select_bin, "--cache", work, "--configs", os.path.join(work, "configs.json"), "--out",
+                              work], capture_output=True, text=True)
+        if run.returncode != 0:
+            return f"select_configs failed: {run.stderr.strip()}"
+        with open(os.path.join(work, "result.json"), encoding="utf-8") as f:
+            budgets_of = {r["id"]: r["budgets"] for r in json.load(f)["configs"]}
+        for ph in per_heads:
+            out = os.path.join(work, f"cli_{ph}")
+            run = subprocess.run([cli, "compress", "--k", os.path.join(work, "k.npy"), "--v",
+                                  os.path.join(work, "v.npy"), "--keep-ratio", f"{ph / p}", "--out", out],
+                                 capture_output=True, text=True)
+            if run.returncode != 0:
+                return f"flashcache compress failed: {run.stderr.strip()}"
+            want = [np.load(os.path.join(out, f"kept_{layer}.npy")) for layer in range(layers)]
+            if budgets_of[str(ph)] != [w.shape[1] for w in want]:
+                return f"keep {ph}/{p}: budgets {budgets_of[str(ph)]} against the CLI's {[w.shape[1] for w in want]}"
+            got = np.load(os.path.join(work, f"kept_{ph}.npy"))  # the layers' [H][B_l] blocks one after another
+            if not np.array_equal(got, np.concatenate([w.ravel() for w in want])):
+                return f"keep {ph}/{p}: select_configs kept other tokens than the CLI"
+    return None
+
+
 def main(argv) -> int:
     for module in ("numpy", "gguf", "regex"):
         if importlib.util.find_spec(module) is None:
@@ -223,6 +267,12 @@ def main(argv) -> int:
         print(f"FAIL attention error: {got} vs naive {want}")
         return 1
     print(f"ok   attention error vs naive loops: {got}")
+    if len(argv) == 3:
+        problem = select_equals_the_cli(argv[1], argv[2])
+        if problem:
+            print(f"FAIL select_configs against the CLI: {problem}")
+            return 1
+        print("ok   select_configs keeps what the CLI keeps with the defaults at keep 0.1875, 0.375 and 0.625")
 
     try:
         model = long_eval.model()

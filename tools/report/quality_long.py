@@ -30,7 +30,9 @@ STUDY_TIE = 0.002
 
 ORDER = ["flashcache-default", "flashcache-query", "flashcache-seq", "flashcache-rope", "flashcache-lowpass",
          "flashcache-paper", "streaming", "knorm", "keydiff", "random", "snapkv", "h2o"]
-NAMES = {"flashcache-default": "FlashCache (library default: peak base, gamma 0.1, global)",
+# The default row is the library's default of its run's date: the header's default options (printed with each
+# table) say which; runs before 2026-12-07 had no distance from the mean (identical at keep 0.25 and below).
+NAMES = {"flashcache-default": "FlashCache (library default as run: peak base, gamma 0.1, global)",
          "flashcache-query": "FlashCache with query tails (Options::with_query_tail())",
          "flashcache-seq": "FlashCache default, one keep-set per sequence (llama.cpp's cells)",
          "flashcache-rope": "FlashCache, default + de-rotated keys",
