@@ -95,6 +95,7 @@ TEST_P(BaseVsReference, DoubleAndFloatMatchTheDefinition) {
   const std::vector<float> k = random_rows(heads * n * dim, static_cast<std::uint64_t>(n * 7 + dim));
   const std::vector<float> v = random_rows(heads * n * dim, static_cast<std::uint64_t>(n * 11 + dim));
   fc::Options opt;
+  opt.score.mean_weight = 0.0;  // the residual alone, as the reference defines it
   opt.score.base = kind;
   opt.score.transform = transform;
   opt.score.block_size = block;

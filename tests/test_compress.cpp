@@ -54,8 +54,9 @@ TEST(Compress, OutputHoldsTheKeptRowsAndMatchesTheStages) {
   const auto kv = fc::hnd(k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d)),
              vv = fc::hnd(v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d));
   const auto out = fc::compress(kv, vv, fc::Budget::tokens(30), opt);
-  // Same as running the stages by hand.
-  const auto scores = fc::score_layer(kv, vv, opt.score);
+  // Same as running the stages by hand (the score at the budget's keep ratio, which the default's
+  // distance from the mean follows).
+  const auto scores = fc::score_layer(kv, vv, opt.score, fc::ScoreInputs{{}, {}, fc::Budget::tokens(30).keep_ratio(n)});
   std::vector<std::int32_t> kept;
   ASSERT_TRUE(fc::select_tokens(scores, 30, opt.select, &kept).ok());
   EXPECT_EQ(out.kept, kept);
@@ -185,10 +186,11 @@ TEST(CompressModel, ArithmeticTypeIsTheFirstTemplateArgument) {
   Model m = noisy_model(1, 2, 45, 4);
   const auto out = fc::compress<double>(m.kv()[0], m.vv()[0], fc::Budget::ratio(0.3));
   const auto model = fc::compress_model<double>(m.kv(), m.vv(), fc::Budget::ratio(0.3));
-  const auto scores = fc::score_layer<double>(m.kv()[0], m.vv()[0]);
+  const fc::ScoreInputs at_the_budget{{}, {}, 0.3};
+  const auto scores = fc::score_layer<double>(m.kv()[0], m.vv()[0], fc::ScoreOptions{}, at_the_budget);
   EXPECT_EQ(out.scores.score, scores.score);
   EXPECT_EQ(model.layers[0].scores.score, scores.score);
-  const auto single = fc::score_layer<float>(m.kv()[0], m.vv()[0]);
+  const auto single = fc::score_layer<float>(m.kv()[0], m.vv()[0], fc::ScoreOptions{}, at_the_budget);
   EXPECT_NE(single.score, scores.score);  // float arithmetic rounds differently
 }
 

@@ -29,8 +29,10 @@ TEST(Options, DefaultsAreTheDevChoice) {
   EXPECT_DOUBLE_EQ(o.select.base_share, 0.0);
   EXPECT_FALSE(o.score.normalize_terms);
   EXPECT_FALSE(o.score.rope.derotate);
-  EXPECT_DOUBLE_EQ(o.score.mean_weight, 0.0);
+  EXPECT_DOUBLE_EQ(o.score.mean_weight, 0.75);  // RULER's dev2 choice, fading with the keep ratio
   EXPECT_EQ(o.score.mean_mix, fc::TailMix::sum);
+  EXPECT_DOUBLE_EQ(o.score.mean_full_keep, 0.5);
+  EXPECT_DOUBLE_EQ(o.score.mean_zero_keep, 0.25);
   EXPECT_EQ(o.allocate.mode, fc::Allocation::dynamic);
   EXPECT_TRUE(fc::check_options(o).ok());
 }
@@ -84,6 +86,8 @@ TEST(Options, PaperPresetIsThePaperExactly) {
   EXPECT_FALSE(p.score.normalize_terms);
   EXPECT_FALSE(p.score.rope.derotate);
   EXPECT_DOUBLE_EQ(p.score.mean_weight, 0.0);
+  EXPECT_DOUBLE_EQ(p.score.mean_full_keep, 0.0);
+  EXPECT_DOUBLE_EQ(p.score.mean_zero_keep, 0.0);
   EXPECT_EQ(p.allocate.mode, fc::Allocation::dynamic);
   EXPECT_TRUE(fc::check_options(p).ok());
 }
@@ -105,6 +109,7 @@ TEST(Options, MeanWeightIsCheckedByName) {
 TEST(Options, MeanWeightFollowsTheKeepRatio) {
   fc::ScoreOptions o;
   o.mean_weight = 0.75;
+  o.mean_full_keep = o.mean_zero_keep = 0.0;  // both 0: the weight at every keep ratio
   for (const double keep : {0.0, 0.1, 0.6, 1.0}) EXPECT_DOUBLE_EQ(fc::mean_weight_at(o, keep), 0.75) << keep;
   o.mean_full_keep = 0.5;
   o.mean_zero_keep = 0.25;

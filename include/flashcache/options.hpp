@@ -135,15 +135,17 @@ struct ScoreOptions {
   // (a gain on RULER-style tasks at light compression, a loss of passkeys at
   // heavy compression: docs/DEFAULTS.md). The GPU takes head dims up to 6,144
   // with it (cuda/can_implement.cuh).
-  double mean_weight = 0.0;
+  double mean_weight = 0.75;
   TailMix mean_mix = TailMix::sum;
-  // The weight may follow the budget (mean_weight_at): in full where the caller
+  // The weight follows the budget (mean_weight_at): in full where the caller
   // keeps at least mean_full_keep of the tokens, none at or below
   // mean_zero_keep, linearly between. Both 0: mean_weight at every budget.
   // The keep ratio reaches the score through ScoreInputs::keep, which every
   // compressing entry point sets (the GPU: each sequence's, from the budget).
-  double mean_full_keep = 0.0;
-  double mean_zero_keep = 0.0;
+  // By default the distance helps where half or more is kept and is off at a
+  // quarter or less, where it lost passkeys.
+  double mean_full_keep = 0.5;
+  double mean_zero_keep = 0.25;
   // Image spans (given per request, grid.hpp's ImageSpans) are scored by a 2D
   // DCT over their patch grid with a low-pass zone of about gamma of the 2D
   // coefficients; with Transform::blocked a span is cut into grid_tile x
@@ -206,6 +208,8 @@ struct Options {
     o.score.base = Base::lowpass;
     o.score.transform = Transform::global;
     o.score.mean_weight = 0.0;  // the residual alone
+    o.score.mean_full_keep = 0.0;
+    o.score.mean_zero_keep = 0.0;
     o.select.sink = 0;
     o.select.window = 0;
     o.select.window_share = 0.0;

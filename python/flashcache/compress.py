@@ -85,8 +85,9 @@ def score(
 
     ``options``: a ScoreOptions, or the Options whose ``score`` part is read. ``tails``: the
     keys' tails [heads, tokens] (float32), read when ``options.query`` is ``tail``. ``keep``: the
-    share of the tokens the caller will keep, which ``mean_weight`` follows when
-    ``mean_full_keep`` / ``mean_zero_keep`` are set (1: as if nothing were dropped).
+    share of the tokens the caller will keep, which ``mean_weight`` follows between
+    ``mean_zero_keep`` and ``mean_full_keep`` (by default none at 0.25 and below, in full at 0.5
+    and above; 1: as if nothing were dropped). ``compress`` passes its own.
     """
     if isinstance(options, Options):
         options = options.score

@@ -103,7 +103,7 @@ def test_a_slice_of_a_bigger_cache_is_read_in_place(rng):
 
 def test_score_is_what_compress_ranks(rng):
     k, v = random_kv(rng)
-    s = fc.score(k, v)
+    s = fc.score(k, v, keep=0.3)  # the default distance from the mean follows the keep ratio
     out = fc.compress(k, v, 0.3)
     np.testing.assert_array_equal(s.score, out.scores)
     assert s.energy.shape == (3, 4) and s.energy_ratio == pytest.approx(out.energy_ratio)
@@ -115,10 +115,13 @@ def test_mean_weight_follows_the_keep_ratio(rng):
     through score(keep=), compress (a ratio or a count) and compress_model."""
     k, v = random_kv(rng, tokens=80)
     fade = fc.ScoreOptions(mean_weight=0.75, mean_full_keep=0.5, mean_zero_keep=0.25)
-    fixed = fc.ScoreOptions(mean_weight=0.375)  # (0.375 - 0.25) / (0.5 - 0.25) * 0.75
+    assert fc.ScoreOptions() == fade  # the library's default
+    # (0.375 - 0.25) / (0.5 - 0.25) * 0.75, at every keep ratio
+    fixed = fc.ScoreOptions(mean_weight=0.375, mean_full_keep=0, mean_zero_keep=0)
+    residual = fc.ScoreOptions(mean_weight=0)
     np.testing.assert_array_equal(fc.score(k, v, fade, keep=0.375).score, fc.score(k, v, fixed).score)
-    np.testing.assert_array_equal(fc.score(k, v, fade, keep=0.2).score, fc.score(k, v).score)
-    assert not np.array_equal(fc.score(k, v, fixed).score, fc.score(k, v).score)
+    np.testing.assert_array_equal(fc.score(k, v, fade, keep=0.2).score, fc.score(k, v, residual).score)
+    assert not np.array_equal(fc.score(k, v, fixed).score, fc.score(k, v, residual).score)
     for keep in (0.375, 30):
         a = fc.compress(k, v, keep, fc.Options(score=fade))
         b = fc.compress(k, v, keep, fc.Options(score=fixed))

@@ -72,6 +72,7 @@ namespace {
 
 Options global_base(flashcache::Base kind, double gamma = 0.2) {
   Options o;
+  o.score.mean_weight = 0.0;  // the residual alone: what the base's kernels compute
   o.score.transform = Transform::global;
   o.score.base = kind;
   o.score.gamma = gamma;

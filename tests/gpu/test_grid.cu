@@ -385,6 +385,7 @@ TEST(GpuGrids, HostRunOfTheKernelArithmeticMatchesTheCpuScorer) {
             if (transform == Transform::global && tile != 3) continue;  // one tile per span
             const std::vector<GridSpan> spans = {{3, 7, 5}, {40, 6, 6}};
             Options o = blocked(16);
+            o.score.mean_weight = 0.0;  // the residual alone: what the 2D pass computes
             o.score.transform = transform;
             o.score.grid_zone = zone;
             o.score.grid_tile = tile;

@@ -299,10 +299,13 @@ TEST(GpuQueryTails, CompressWithTailsMatchesTheCpu) {
       opt.score.base = fc::Base::lowpass;  // the GPU's blocked kernel: low-pass only
     const auto kh = fc::hnd<const float>(kv.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d));
     const auto vh = fc::hnd<const float>(kv.q.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(d));
+    const fc::Budget budget = fc::Budget::ratio(0.2);
     fc::Scorer<double> scorer;
     fc::LayerScores cpu;
-    FLASHCACHE_OK(
-        scorer.score(kh, vh, opt.score, &cpu, fc::ScoreInputs{{}, fc::TailView<const float>{tails.data(), heads, n}}));
+    // At the budget's keep ratio, as compress_async scores (the default distance from the mean fades out at 0.2).
+    FLASHCACHE_OK(scorer.score(
+        kh, vh, opt.score, &cpu,
+        fc::ScoreInputs{{}, fc::TailView<const float>{tails.data(), heads, n}, budget.keep_ratio(n)}));
 
     DeviceArray<float> k, v, t;
     k.upload(kv.k);
@@ -328,7 +331,6 @@ TEST(GpuQueryTails, CompressWithTailsMatchesTheCpu) {
     std::size_t bytes = 0;
     FLASHCACHE_OK(fcc::workspace_size(cache, opt, &bytes, global_ptr));
     DeviceArray<unsigned char> ws(bytes);
-    const fc::Budget budget = fc::Budget::ratio(0.2);
     FLASHCACHE_OK(fcc::compress_async(cache, budget, opt, out, ws.get(), bytes, nullptr, global_ptr));
     FLASHCACHE_OK(fcc::device_status(cache, opt, ws.get(), nullptr, global_ptr));
     fcc::WorkspaceLayout layout;

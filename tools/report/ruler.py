@@ -23,18 +23,30 @@ from collections import defaultdict
 # Round nine's choice (bench/ruler/README.md), run on held-out seeds 1006-1007 before it becomes the default.
 CHOSEN = "flashcache@score.mean_weight=0.75"
 CHOSEN_RECALL = "flashcache_recall@score.mean_weight=0.75"
-# Round thirteen's choice (on the second dev split), run on held-out seeds 1008-1009 before it becomes the default.
-FADE = "flashcache@score.mean_weight=0.75,score.mean_full_keep=0.5,score.mean_zero_keep=0.25"
-ORDER = ["flashcache", CHOSEN, FADE, "flashcache_recall", CHOSEN_RECALL, "flashcache_tails", "flashcache_model", "flashcache_paper", "kvzip", "expected_attention",
-         "adakv_expected_attention", "snapkv", "keydiff", "tova", "knorm", "streaming_llm", "random"]
+# Round thirteen's choice (on the second dev split), run on held-out seeds 1008-1009; the library's
+# default score since 2026-12-07.
+FADE_OPTIONS = "score.mean_weight=0.75,score.mean_full_keep=0.5,score.mean_zero_keep=0.25"
+FADE = "flashcache@" + FADE_OPTIONS
+# The rows that run the library's default score (the paper's row sets its own). A run whose header records
+# other score defaults than the former ones (files before 2026-12-07 record none and ran mean_weight 0) has
+# these rows renamed row@<its defaults> on loading, so that rows of different settings never pool.
+DEFAULT_ROWS = ("flashcache", "flashcache_recall", "flashcache_tails", "flashcache_model")
+FORMER_DEFAULTS = {"score.mean_weight": 0.0, "score.mean_full_keep": 0.0, "score.mean_zero_keep": 0.0}
+ORDER = ["flashcache", CHOSEN, FADE, "flashcache_recall", CHOSEN_RECALL, "flashcache_recall@" + FADE_OPTIONS,
+         "flashcache_tails", "flashcache_tails@" + FADE_OPTIONS, "flashcache_model", "flashcache_model@" + FADE_OPTIONS,
+         "flashcache_paper", "kvzip", "expected_attention", "adakv_expected_attention", "snapkv", "keydiff", "tova",
+         "knorm", "streaming_llm", "random"]
 LABEL = {
-    "flashcache": "flashcache (defaults, per layer)",
+    "flashcache": "flashcache (defaults until 2026-12-07, per layer)",
     CHOSEN: "flashcache, mean_weight 0.75 (round nine's choice)",
-    FADE: "flashcache, the 0.75 fade (round thirteen's choice)",
+    FADE: "flashcache, the 0.75 fade (round thirteen's choice; the defaults since 2026-12-07)",
     "flashcache_recall": "flashcache + recall",
     CHOSEN_RECALL: "flashcache + recall, mean_weight 0.75",
+    "flashcache_recall@" + FADE_OPTIONS: "flashcache + recall, the 0.75 fade",
     "flashcache_tails": "flashcache + query tails",
+    "flashcache_tails@" + FADE_OPTIONS: "flashcache + query tails, the 0.75 fade",
     "flashcache_model": "flashcache (dynamic layer budgets)",
+    "flashcache_model@" + FADE_OPTIONS: "flashcache (dynamic layer budgets), the 0.75 fade",
     "flashcache_paper": "flashcache (the paper's algorithm)",
     "kvzip": "KVzip",
     "expected_attention": "ExpectedAttention",
@@ -75,6 +87,12 @@ def load(path: str) -> tuple[dict, list[dict]]:
                 head = head or r
             else:
                 records.append(r)
+    defaults = head.get("defaults", FORMER_DEFAULTS)
+    if defaults != FORMER_DEFAULTS:
+        suffix = "@" + ",".join(f"{name}={value:g}" for name, value in defaults.items())
+        for r in records:
+            if r["row"] in DEFAULT_ROWS:
+                r["row"] += suffix
     return head, records
 
 
