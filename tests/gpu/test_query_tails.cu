@@ -303,9 +303,9 @@ TEST(GpuQueryTails, CompressWithTailsMatchesTheCpu) {
     fc::Scorer<double> scorer;
     fc::LayerScores cpu;
     // At the budget's keep ratio, as compress_async scores (the default distance from the mean fades out at 0.2).
-    FLASHCACHE_OK(scorer.score(
-        kh, vh, opt.score, &cpu,
-        fc::ScoreInputs{{}, fc::TailView<const float>{tails.data(), heads, n}, budget.keep_ratio(n)}));
+    FLASHCACHE_OK(
+        scorer.score(kh, vh, opt.score, &cpu,
+                     fc::ScoreInputs{{}, fc::TailView<const float>{tails.data(), heads, n}, budget.keep_ratio(n)}));
 
     DeviceArray<float> k, v, t;
     k.upload(kv.k);
