@@ -92,6 +92,7 @@ def load(path: str) -> tuple[dict, list[dict]]:
         suffix = "@" + ",".join(f"{name}={value:g}" for name, value in defaults.items())
         for r in records:
             if r["row"] in DEFAULT_ROWS:
+                r["ran_as"] = r["row"]  # the name it ran under: a candidate row@option is compared with it
                 r["row"] += suffix
     return head, records
 
@@ -165,13 +166,13 @@ def candidates(records: list[dict], paths: list[str]) -> list[str]:
     """The dev candidates (rows named base@option=value) beside their base row, on the samples and
     ratios both ran. A later round's files (``*_roundN.jsonl``) are judged as bench/ruler/choose.py
     judges them, by the rule of ``candidates_N.json``; the first round's file lists the comparison."""
-    names = sorted({r["row"] for r in records if "@" in r["row"]})
+    names = sorted({r["row"] for r in records if "@" in r["row"] and "ran_as" not in r})
     if not names:
         return []
     number = round_number(paths[0])
     if number is not None:
         return judged(paths, number)
-    score = {(r["row"], r["task"], r["seed"], r["length"], r["ratio"]): r["score"] for r in records}
+    score = {(r.get("ran_as", r["row"]), r["task"], r["seed"], r["length"], r["ratio"]): r["score"] for r in records}
     lines = ["Dev candidates (bench/ruler/candidates.json), each beside its row's setting of that run on the "
              "samples and ratios both ran (split.json's rule: bench/ruler/choose.py). The table above shows each "
              "row as it ran (the recall row before 2026-12-05: recall_share 0.5); a candidate that the rule chose "
