@@ -248,7 +248,7 @@ def select(select_bin: str, work: str, configs: List[Dict]) -> Dict[str, Tuple[L
         raise RuntimeError(f"select_configs failed: {run.stderr.strip()}")
     with open(os.path.join(work, "result.json"), encoding="utf-8") as f:
         result = json.load(f)["configs"]
-    heads = model().n_kv_heads
+    heads = np.load(os.path.join(work, "k.npy"), mmap_mode="r").shape[1]  # the cache's KV heads
     out = {}
     for r in result:
         flat = np.load(os.path.join(work, f"kept_{r['id']}.npy"))

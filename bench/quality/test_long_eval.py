@@ -219,16 +219,8 @@ def select_equals_the_cli(select_bin: str, cli: str) -> str | None:
             x[:, :, 20:23] += 4.0  # a short run unlike the rest: the residual and the distance rank it apart
             np.save(os.path.join(work, f"{name}.npy"), x)
         per_heads = (12, 24, 40)
-        configs = [{"id": str(ph), "policy": "flashcache", "per_head": ph, "options": dict(long_eval.DEFAULT)}
-                   for ph in per_heads]
-        with open(os.path.join(work, "configs.json"), "w", encoding="utf-8") as f:
-            json.dump({"configs": configs}, f)
-        run = subprocess.run([select_bin, "--cache", work, "--configs", os.path.join(work, "configs.json"), "--out",
-                              work], capture_output=True, text=True)
-        if run.returncode != 0:
-            return f"select_configs failed: {run.stderr.strip()}"
-        with open(os.path.join(work, "result.json"), encoding="utf-8") as f:
-            budgets_of = {r["id"]: r["budgets"] for r in json.load(f)["configs"]}
+        kept = long_eval.select(select_bin, work, [{"id": str(ph), "policy": "flashcache", "per_head": ph,
+                                                    "options": dict(long_eval.DEFAULT)} for ph in per_heads])
         for ph in per_heads:
             out = os.path.join(work, f"cli_{ph}")
             run = subprocess.run([cli, "compress", "--k", os.path.join(work, "k.npy"), "--v",
@@ -237,10 +229,10 @@ def select_equals_the_cli(select_bin: str, cli: str) -> str | None:
             if run.returncode != 0:
                 return f"flashcache compress failed: {run.stderr.strip()}"
             want = [np.load(os.path.join(out, f"kept_{layer}.npy")) for layer in range(layers)]
-            if budgets_of[str(ph)] != [w.shape[1] for w in want]:
-                return f"keep {ph}/{p}: budgets {budgets_of[str(ph)]} against the CLI's {[w.shape[1] for w in want]}"
-            got = np.load(os.path.join(work, f"kept_{ph}.npy"))  # the layers' [H][B_l] blocks one after another
-            if not np.array_equal(got, np.concatenate([w.ravel() for w in want])):
+            got, budgets = kept[str(ph)]
+            if budgets != [w.shape[1] for w in want]:
+                return f"keep {ph}/{p}: budgets {budgets} against the CLI's {[w.shape[1] for w in want]}"
+            if not all(np.array_equal(g, w) for g, w in zip(got, want)):
                 return f"keep {ph}/{p}: select_configs kept other tokens than the CLI"
     return None
 
