@@ -52,6 +52,13 @@ pid_t spawn(const std::vector<std::string>& args) {
 struct Outcome {
   bool killed = false;  // SIGKILL arrived while it was still running
   int exit_code = -1;   // when it finished first
+
+  static Outcome of(int status) {
+    Outcome o;
+    o.killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    if (WIFEXITED(status)) o.exit_code = WEXITSTATUS(status);
+    return o;
+  }
 };
 
 // Runs the CLI and kills it after `delay` (none: lets it finish).
@@ -65,10 +72,7 @@ Outcome run(const std::vector<std::string>& args, std::chrono::microseconds dela
   }
   int status = 0;
   ::waitpid(pid, &status, 0);
-  Outcome o;
-  o.killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-  if (WIFEXITED(status)) o.exit_code = WEXITSTATUS(status);
-  return o;
+  return Outcome::of(status);
 }
 
 // Hidden siblings a run leaves beside `out` (staging and moved-aside folders).
@@ -92,7 +96,6 @@ Outcome run_killed_while_writing(const std::vector<std::string>& args, const fs:
   const pid_t pid = spawn(args);
   EXPECT_GT(pid, 0);
   int status = 0;
-  Outcome o;
   const auto is_new = [&](const std::string& n) { return std::find(before.begin(), before.end(), n) == before.end(); };
   while (::waitpid(pid, &status, WNOHANG) == 0) {
     const std::vector<std::string> now = sibling_names(out);
@@ -103,9 +106,7 @@ Outcome run_killed_while_writing(const std::vector<std::string>& args, const fs:
       break;
     }
   }
-  o.killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-  if (WIFEXITED(status)) o.exit_code = WEXITSTATUS(status);
-  return o;
+  return Outcome::of(status);
 }
 
 std::vector<std::string> file_names(const fs::path& dir) {
