@@ -91,7 +91,8 @@ Status enqueue_scores(const RunContext<T>& run, const Budget& budget, const Outp
   FLASHCACHE_RETURN_IF_ERROR(sum_energy(run, out.energy_ratio, stream));
   // A ratio keeps the same share of every sequence: where the weight has faded to 0 there
   // (the defaults at a keep of 0.25 or less) no sequence mixes, and neither kernel runs.
-  const bool mean_fades_out = budget.is_ratio() && mean_weight_at(run.opt.score, budget.ratio_value()) == 0.0;
+  const bool mean_fades_out =
+      budget.is_ratio() && mean_weight_at(run.opt.score, budget.keep_ratio(run.cache.capacity)) == 0.0;
   if (run.opt.score.mean_weight > 0 && !mean_fades_out && run.cache.capacity > 0)
     FLASHCACHE_RETURN_IF_ERROR(mix_mean_distance(run, budget, stream));
   if (run.opt.score.query == QueryInput::tail && run.cache.capacity > 0) FLASHCACHE_RETURN_IF_ERROR(mix_tails(run, stream));
