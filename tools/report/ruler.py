@@ -26,14 +26,15 @@ CHOSEN_RECALL = "flashcache_recall@score.mean_weight=0.75"
 # Round thirteen's choice (on the second dev split), run on held-out seeds 1008-1009; the library's
 # default score since 2026-12-07.
 FADE_OPTIONS = "score.mean_weight=0.75,score.mean_full_keep=0.5,score.mean_zero_keep=0.25"
-FADE = "flashcache@" + FADE_OPTIONS
 # The rows that run the library's default score (the paper's row sets its own). A run whose header records
 # other score defaults than the former ones (files before 2026-12-07 record none and ran mean_weight 0) has
 # these rows renamed row@<its defaults> on loading, so that rows of different settings never pool.
 DEFAULT_ROWS = ("flashcache", "flashcache_recall", "flashcache_tails", "flashcache_model")
 FORMER_DEFAULTS = {"score.mean_weight": 0.0, "score.mean_full_keep": 0.0, "score.mean_zero_keep": 0.0}
-ORDER = ["flashcache", CHOSEN, FADE, "flashcache_recall", CHOSEN_RECALL, "flashcache_recall@" + FADE_OPTIONS,
-         "flashcache_tails", "flashcache_tails@" + FADE_OPTIONS, "flashcache_model", "flashcache_model@" + FADE_OPTIONS,
+FADED = {row: f"{row}@{FADE_OPTIONS}" for row in DEFAULT_ROWS}  # each of them under the fade
+FADE = FADED["flashcache"]
+ORDER = ["flashcache", CHOSEN, FADE, "flashcache_recall", CHOSEN_RECALL, FADED["flashcache_recall"],
+         "flashcache_tails", FADED["flashcache_tails"], "flashcache_model", FADED["flashcache_model"],
          "flashcache_paper", "kvzip", "expected_attention", "adakv_expected_attention", "snapkv", "keydiff", "tova",
          "knorm", "streaming_llm", "random"]
 LABEL = {
@@ -42,11 +43,8 @@ LABEL = {
     FADE: "flashcache, the 0.75 fade (round thirteen's choice; the defaults since 2026-12-07)",
     "flashcache_recall": "flashcache + recall",
     CHOSEN_RECALL: "flashcache + recall, mean_weight 0.75",
-    "flashcache_recall@" + FADE_OPTIONS: "flashcache + recall, the 0.75 fade",
     "flashcache_tails": "flashcache + query tails",
-    "flashcache_tails@" + FADE_OPTIONS: "flashcache + query tails, the 0.75 fade",
     "flashcache_model": "flashcache (dynamic layer budgets)",
-    "flashcache_model@" + FADE_OPTIONS: "flashcache (dynamic layer budgets), the 0.75 fade",
     "flashcache_paper": "flashcache (the paper's algorithm)",
     "kvzip": "KVzip",
     "expected_attention": "ExpectedAttention",
@@ -58,6 +56,7 @@ LABEL = {
     "streaming_llm": "StreamingLLM",
     "random": "random",
 }
+LABEL.update({FADED[row]: LABEL[row] + ", the 0.75 fade" for row in DEFAULT_ROWS if row != "flashcache"})
 MODEL = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "Gemma 3 270M"}
 TASKS_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "ruler", "tasks.py")
 
