@@ -293,14 +293,18 @@ TEST_F(LlamaContext, UnifiedCacheRefusesSequencesThatMayShareCells) {
   }
 }
 
-// The kept cells do not depend on the scoring threads.
+// The kept cells do not depend on the scoring threads. The text is decoded once;
+// each thread count compresses that state, set back into the context.
 TEST_F(LlamaContext, ThreadsKeepTheSameCells) {
   const std::vector<llama_token> toks = ledger_tokens(40);
+  Ctx c;
+  make_ctx(&c, 1024);
+  ASSERT_EQ(ls::decode(c.ctx, toks.data(), static_cast<int>(toks.size()), 0, 0, false), 0);
+  const std::vector<std::uint8_t> decoded = state_of(c);
   std::vector<llama_pos> first;
   for (int threads : {1, 2, 3}) {
-    Ctx c;
-    make_ctx(&c, 1024);
-    ASSERT_EQ(ls::decode(c.ctx, toks.data(), static_cast<int>(toks.size()), 0, 0, false), 0);
+    ASSERT_TRUE(llama_memory_seq_rm(c.mem(), 0, -1, -1));
+    ASSERT_EQ(llama_state_seq_set_data(c.ctx, decoded.data(), decoded.size(), 0), decoded.size());
     fl::SequenceCompressor comp;
     fl::CompressParams p = fl::compress_default_params();
     p.n_threads = threads;
