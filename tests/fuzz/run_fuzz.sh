@@ -28,7 +28,9 @@ cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDe
       "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" \
       -DFLASHCACHE_CUDA=OFF -DFLASHCACHE_BUILD_TESTS=OFF -DFLASHCACHE_BUILD_BENCH=OFF -DFLASHCACHE_BUILD_EXAMPLES=OFF \
       -DFLASHCACHE_PYTHON=OFF >/dev/null
-nice -n 19 cmake --build "$build" -j2 --target "${targets[@]}"
+# Every target: one target that depends on them all, so that they compile side by side.
+if (($#)); then build_targets=("${targets[@]}"); else build_targets=(flashcache_fuzz_targets); fi
+nice -n 19 cmake --build "$build" -j2 --target "${build_targets[@]}"
 
 # Scratch files (the targets' inputs, libFuzzer's new corpus units) in memory when possible.
 shm=/dev/shm
