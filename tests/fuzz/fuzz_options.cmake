@@ -8,8 +8,8 @@ if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
     "(${CMAKE_CXX_COMPILER}). Configure a fresh build folder with -DCMAKE_CXX_COMPILER=clang++ "
     "(Debian: apt-get install clang libclang-rt-14-dev), or use tests/fuzz/run_fuzz.sh.")
 endif()
-# Line tables, whatever the build type: a crash's stack names file and line (full -g would override the
-# line-tables-only build type run_fuzz.sh sets, for a fifth more compile time and nothing a report uses).
+# Line tables, whatever the build type: a crash's stack names file and line (full -g costs a fifth more
+# compile time for nothing a report uses).
 set(FLASHCACHE_FUZZ_FLAGS -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
     -fno-omit-frame-pointer -gline-tables-only)
 add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:${FLASHCACHE_FUZZ_FLAGS}>")

@@ -22,10 +22,10 @@ targets=("$@")
 
 tools/install_deps.sh clang libclang-rt-14-dev  # clang and its fuzzer runtime
 
-# Line tables only: a crash's stack still names file and line, and the targets build a fifth faster.
 # -O1, as OSS-Fuzz builds its targets: quicker to build than -O2, and the sanitizers' checks stay in.
+# Debug information is fuzz_options.cmake's (line tables, for every build type).
 cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHCACHE_FUZZ=ON \
-      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" \
+      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -DNDEBUG" \
       -DFLASHCACHE_CUDA=OFF -DFLASHCACHE_BUILD_TESTS=OFF -DFLASHCACHE_BUILD_BENCH=OFF -DFLASHCACHE_BUILD_EXAMPLES=OFF \
       -DFLASHCACHE_PYTHON=OFF >/dev/null
 # Every target: one target that depends on them all, so that they compile side by side.
