@@ -126,6 +126,7 @@ TEST(NoAlloc, WarmStagesAllocateNothing) {
   paper.select.window_share = 0.1;
   paper.select.base_share = 0.2;
   paper.score.normalize_terms = true;
+  paper.score.bridge = 2;
   // Image spans with edge tiles and the grid base sample (the grid residual),
   // tiled (blocked transform: 8 x 8 tiles) and whole (global).
   fc::Options images;

@@ -33,6 +33,7 @@ TEST(Options, DefaultsAreTheDevChoice) {
   EXPECT_EQ(o.score.mean_mix, fc::TailMix::sum);
   EXPECT_DOUBLE_EQ(o.score.mean_full_keep, 0.5);
   EXPECT_DOUBLE_EQ(o.score.mean_zero_keep, 0.25);
+  EXPECT_EQ(o.score.bridge, 0);
   EXPECT_EQ(o.allocate.mode, fc::Allocation::dynamic);
   EXPECT_TRUE(fc::check_options(o).ok());
 }

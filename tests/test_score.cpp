@@ -3,9 +3,12 @@
 #include <flashcache/flashcache.hpp>
 #include <flashcache/score.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <tuple>
+#include <vector>
 
 #include "reference.hpp"
 
@@ -415,6 +418,94 @@ TEST(Score, DerotatedKeysScoreAsBeforeRope) {
   EXPECT_THROW(fc::score_layer(fc::hnd(x.data(), fc::Heads(1), fc::Tokens(3), fc::HeadDim(5)),
                                fc::hnd(x.data(), fc::Heads(1), fc::Tokens(3), fc::HeadDim(5)), odd.score),
                fc::Error);
+}
+
+// bridge (score/bridge.hpp) against its rule written pairwise: a token rises to
+// the best min(in[a], in[b]) over rankable a in [t - gap, t) and b in (t, t + gap].
+std::vector<float> pairwise_bridge(const std::vector<float>& in, std::int64_t gap) {
+  const auto n = static_cast<std::int64_t>(in.size());
+  const auto rankable = [&](std::int64_t i) { return std::isfinite(in[static_cast<std::size_t>(i)]); };
+  std::vector<float> out = in;
+  for (std::int64_t t = 0; t < n; ++t) {
+    if (!rankable(t)) continue;
+    double best = in[static_cast<std::size_t>(t)];
+    for (std::int64_t a = std::max<std::int64_t>(0, t - gap); a < t; ++a)
+      for (std::int64_t b = t + 1; b < std::min(n, t + gap + 1); ++b)
+        if (rankable(a) && rankable(b))
+          best = std::max(best, std::min<double>(in[static_cast<std::size_t>(a)], in[static_cast<std::size_t>(b)]));
+    out[static_cast<std::size_t>(t)] = static_cast<float>(best);
+  }
+  return out;
+}
+
+TEST(Bridge, MatchesThePairwiseRuleOnAwkwardSizes) {
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (const std::int64_t n : {1, 2, 3, 7, 37, 130})
+    for (const std::int64_t gap : {1, 2, 5, 64}) {
+      std::vector<float> in(static_cast<std::size_t>(n));
+      for (float& x : in) x = u(rng);
+      if (n > 3) in[2] = std::numeric_limits<float>::infinity();  // always kept: stays, lends nothing
+      if (n > 5) in[static_cast<std::size_t>(n - 2)] = std::nanf("");
+      std::vector<float> out(in.size());
+      fc::detail::bridge_scores(in.data(), out.data(), n, gap);
+      const std::vector<float> want = pairwise_bridge(in, gap);
+      for (std::int64_t t = 0; t < n; ++t) {
+        const auto i = static_cast<std::size_t>(t);
+        if (std::isnan(want[i]))
+          EXPECT_TRUE(std::isnan(out[i])) << n << " " << gap << " " << t;
+        else
+          EXPECT_EQ(out[i], want[i]) << n << " " << gap << " " << t;
+      }
+    }
+}
+
+// A hole in a run fills; an isolated high token and a hole wider than the
+// bridge reaches stay as they were.
+TEST(Bridge, FillsHolesInRunsAndLeavesIsolatedTokens) {
+  const std::vector<float> in = {0.1f, 5, 1, 6, 0.1f, 0.1f, 9, 0.1f, 0.1f, 4, 0.2f, 0.3f, 4};
+  std::vector<float> out(in.size());
+  fc::detail::bridge_scores(in.data(), out.data(), static_cast<std::int64_t>(in.size()), 1);
+  // 1 rises to 5 (between 5 and 6); 0.2 to 0.3 (between 4 and 0.3); 9 and the
+  // 0.1s beside it stay (nothing higher on their far side within 1).
+  const std::vector<float> want = {0.1f, 5, 5, 6, 0.1f, 0.1f, 9, 0.1f, 0.1f, 4, 0.3f, 0.3f, 4};
+  EXPECT_EQ(out, want);
+  fc::detail::bridge_scores(in.data(), out.data(), static_cast<std::int64_t>(in.size()), 2);
+  EXPECT_FLOAT_EQ(out[10], 4.0f);  // within 2 of both 4s
+  EXPECT_FLOAT_EQ(out[11], 4.0f);
+  EXPECT_FLOAT_EQ(out[4], 6.0f);  // a hole two wide between 6 and 9
+  EXPECT_FLOAT_EQ(out[0], 0.1f);  // the first token has no left side
+}
+
+// The Scorer bridges each head's mixed scores, and nothing else changes.
+TEST(Score, BridgeRaisesTheMixedScoresOfEachHead) {
+  const std::int64_t heads = 3, n = 57, dim = 5;
+  Layer l = random_layer(heads, n, dim, 91);
+  const auto kv = fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
+             vv = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
+  fc::ScoreOptions plain;
+  plain.mean_weight = 0.5;
+  fc::ScoreOptions bridged = plain;
+  bridged.bridge = 3;
+  const fc::LayerScores a = fc::score_layer(kv, vv, plain), b = fc::score_layer(kv, vv, bridged);
+  EXPECT_EQ(a.energy.size(), b.energy.size());
+  for (std::int64_t h = 0; h < heads; ++h) {
+    std::vector<float> want(static_cast<std::size_t>(n));
+    fc::detail::bridge_scores(a.score.data() + h * n, want.data(), n, 3);
+    EXPECT_EQ(std::vector<float>(b.score.begin() + h * n, b.score.begin() + (h + 1) * n), want) << h;
+  }
+  EXPECT_NE(a.score, b.score);  // the random layer has holes to fill
+}
+
+TEST(Score, BridgeIsCheckedByName) {
+  fc::Options o;
+  o.score.bridge = -1;
+  EXPECT_NE(fc::check_options(o).message().find("bridge -1 is outside [0, 64]"), std::string::npos)
+      << fc::check_options(o).message();
+  o.score.bridge = fc::kMaxBridge + 1;
+  EXPECT_NE(fc::check_options(o).message().find("bridge 65"), std::string::npos);
+  o.score.bridge = fc::kMaxBridge;
+  EXPECT_TRUE(fc::check_options(o).ok());
 }
 
 }  // namespace

@@ -103,6 +103,10 @@ struct RopeOptions {
   std::int64_t first_position = 0;
 };
 
+// ScoreOptions::bridge's bound: a bridge is for short runs (a number, a name),
+// and costs O(bridge) per token.
+constexpr std::int64_t kMaxBridge = 64;
+
 // How a layer's tokens are scored (score.hpp, the GPU's stage 1). Where each
 // default comes from: docs/DEFAULTS.md.
 struct ScoreOptions {
@@ -146,6 +150,12 @@ struct ScoreOptions {
   // quarter or less, where it lost passkeys.
   double mean_full_keep = 0.5;
   double mean_zero_keep = 0.25;
+  // Keep runs whole (score/bridge.hpp): after the terms are mixed, a token
+  // with a higher-scoring token within `bridge` tokens on each side is raised
+  // to the lower of the two, so that a number spelled digit by digit is not
+  // kept with a digit missing; an isolated high token is left as it is. 0:
+  // none (the paper's). At most kMaxBridge. CPU only.
+  std::int64_t bridge = 0;
   // Image spans (given per request, grid.hpp's ImageSpans) are scored by a 2D
   // DCT over their patch grid with a low-pass zone of about gamma of the 2D
   // coefficients; with Transform::blocked a span is cut into grid_tile x
@@ -264,6 +274,8 @@ inline Status check_options(const ScoreOptions& o) {
   if (!(o.mean_full_keep >= o.mean_zero_keep && o.mean_full_keep <= 1.0))
     return make_error(Errc::invalid_option, "mean_full_keep ", o.mean_full_keep, " is outside [mean_zero_keep ",
                       o.mean_zero_keep, ", 1]");
+  if (!(o.bridge >= 0 && o.bridge <= kMaxBridge))
+    return make_error(Errc::invalid_option, "bridge ", o.bridge, " is outside [0, ", kMaxBridge, "]");
   if (o.grid_tile < 1) return make_error(Errc::invalid_option, "grid_tile ", o.grid_tile, " must be at least 1");
   if (o.rope.derotate && !(o.rope.theta > 1.0 && std::isfinite(o.rope.theta)))
     return make_error(Errc::invalid_option, "rope theta ", o.rope.theta, " must be finite and > 1");

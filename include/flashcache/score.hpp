@@ -28,6 +28,7 @@
 #include "query_tail.hpp"
 #include "rules.hpp"
 #include "score/blocked.hpp"
+#include "score/bridge.hpp"
 #include "score/global.hpp"
 #include "score/grid.hpp"
 #include "score/rows.hpp"
@@ -187,6 +188,7 @@ class Scorer {
       mean_row_.resize(static_cast<std::size_t>(2 * k.head_dim));
       distance_.resize(static_cast<std::size_t>(n));
     }
+    if (opt.bridge > 0) unbridged_.resize(static_cast<std::size_t>(n));
     float* score = out.score;
     HeadEnergy* energy = out.energy;
     if (out.nonfinite != nullptr) *out.nonfinite = 0;
@@ -221,6 +223,10 @@ class Scorer {
       if (mean_weight > 0) mix_term(mean_weight, opt.mean_mix, distance_.data(), score + h * n, n);
       if (opt.query == QueryInput::tail)
         mix_term(opt.tail_weight, opt.tail_mix, in.tails.data + h * in.tails.tokens, score + h * n, n);
+      if (opt.bridge > 0) {
+        std::copy(score + h * n, score + (h + 1) * n, unbridged_.begin());
+        detail::bridge_scores(unbridged_.data(), score + h * n, n, opt.bridge);
+      }
     }
     if (out.nonfinite != nullptr) *out.nonfinite = bad;
     return Status::success();
@@ -311,6 +317,7 @@ class Scorer {
   detail::DerotatedHead derotated_;
   std::vector<Real> mean_row_;    // mean_weight: the head's mean K and V row
   std::vector<float> distance_;  // mean_weight: each token's distance from it
+  std::vector<float> unbridged_;  // bridge: one head's scores before it
   detail::TokenResiduals<Real> sums_;
   detail::GlobalResidual<Real> global_;
   detail::BlockedResidual<Real> blocked_;

@@ -96,6 +96,7 @@ class ScoreOptions(_Mirror):
     mean_mix: TailMix = _DEFAULT.score.mean_mix
     mean_full_keep: float = _DEFAULT.score.mean_full_keep
     mean_zero_keep: float = _DEFAULT.score.mean_zero_keep
+    bridge: int = _DEFAULT.score.bridge
     grid_zone: GridZone = _DEFAULT.score.grid_zone
     grid_tile: int = _DEFAULT.score.grid_tile
 

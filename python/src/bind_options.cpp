@@ -68,6 +68,7 @@ void bind_options(nb::module_& m) {
       .def_rw("mean_mix", &ScoreOptions::mean_mix)
       .def_rw("mean_full_keep", &ScoreOptions::mean_full_keep)
       .def_rw("mean_zero_keep", &ScoreOptions::mean_zero_keep)
+      .def_rw("bridge", &ScoreOptions::bridge)
       .def_rw("grid_zone", &ScoreOptions::grid_zone)
       .def_rw("grid_tile", &ScoreOptions::grid_tile);
   bind_struct<SelectOptions>(m, "SelectOptions")

@@ -54,6 +54,9 @@ TEST(GpuCanImplement, RefusesCpuOnlyScoreOptionsByName) {
   Options opt = blocked();
   opt.score.normalize_terms = true;
   expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::unsupported, "normalize_terms");
+  opt.score.normalize_terms = false;
+  opt.score.bridge = 2;
+  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::unsupported, "bridge");
 }
 
 // mean_weight runs on the GPU (kernels/mean_distance.cuh) up to the head dim its

@@ -24,6 +24,8 @@ inline Status options(const Options& opt) {
   // Options the CPU has and these kernels do not yet; the defaults never need them.
   if (opt.score.normalize_terms)
     return make_error(Errc::unsupported, "normalize_terms: the GPU scores K and V unweighted only (CPU only)");
+  if (opt.score.bridge > 0)
+    return make_error(Errc::unsupported, "bridge: the GPU ranks each token's own score only (CPU only)");
   if (opt.score.rope.derotate)
     return make_error(Errc::unsupported, "rope.derotate: the GPU scores keys as cached only (CPU only)");
   // A base chosen by energy needs a block's whole spectrum; the blocked kernel

@@ -1,0 +1,47 @@
+#pragma once
+// Bridging a head's scores over short gaps (ScoreOptions::bridge; CPU).
+//
+// The tokenizer spells a number digit by digit, and a number loses its
+// meaning with one digit gone: a score that ranks most of a run high and one
+// token of it a little lower drops that token first. A bridge raises every
+// token that has a higher-scoring token within `gap` tokens on each side to the
+// lower of the two (it fills holes up to 2 gap - 1 tokens wide), so that a run
+// is kept or dropped whole; an isolated high token is left as it is (its
+// neighbours have nothing high on their far side), so the bridge spends budget
+// only inside runs.
+#include <cstdint>
+
+#include "flashcache/rules.hpp"
+
+namespace flashcache {
+namespace detail {
+
+// out[t] = max(in[t], min(L, R)), L the highest of in[t - gap .. t - 1] and R
+// of in[t + 1 .. t + gap] (those inside [0, n)), over rankable scores only: an
+// always-kept score (rules::always_kept_score) stays as it is and lends
+// nothing to its neighbours. in and out are [n] and do not overlap. O(n gap).
+inline void bridge_scores(const float* in, float* out, std::int64_t n, std::int64_t gap) {
+  for (std::int64_t t = 0; t < n; ++t) {
+    out[t] = in[t];
+    if (rules::always_kept_score(in[t])) continue;
+    bool has_left = false, has_right = false;
+    float left = 0.0f, right = 0.0f;
+    for (std::int64_t s = t - 1; s >= 0 && s >= t - gap; --s)
+      if (!rules::always_kept_score(in[s]) && (!has_left || in[s] > left)) {
+        left = in[s];
+        has_left = true;
+      }
+    for (std::int64_t s = t + 1; s < n && s <= t + gap; ++s)
+      if (!rules::always_kept_score(in[s]) && (!has_right || in[s] > right)) {
+        right = in[s];
+        has_right = true;
+      }
+    if (has_left && has_right) {
+      const float lower = left < right ? left : right;
+      if (lower > out[t]) out[t] = lower;
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace flashcache
