@@ -89,6 +89,7 @@ TEST(Options, PaperPresetIsThePaperExactly) {
   EXPECT_DOUBLE_EQ(p.score.mean_weight, 0.0);
   EXPECT_DOUBLE_EQ(p.score.mean_full_keep, 0.0);
   EXPECT_DOUBLE_EQ(p.score.mean_zero_keep, 0.0);
+  EXPECT_EQ(p.score.bridge, 0);
   EXPECT_EQ(p.allocate.mode, fc::Allocation::dynamic);
   EXPECT_TRUE(fc::check_options(p).ok());
 }

@@ -66,7 +66,8 @@ const std::set<std::string> kOptionKeys = {
     "window",      "window_share", "base_share",  "normalize_terms",   "rope_theta",
     "rope_layout", "allocation",   "query",       "tail_weight",       "tail_mix",
     "mean_weight", "mean_mix",     "tail_stride", "tail_min_distance", "tail_last",
-    "keep_set",    "combine",      "page",        "mean_full_keep",    "mean_zero_keep"};
+    "keep_set",    "combine",      "page",        "mean_full_keep",    "mean_zero_keep",
+    "bridge"};
 
 // The enum named at options[key] (the library's names), or `fallback` when absent.
 template <class E>
@@ -104,6 +105,7 @@ fc::Options options_from(const Json& j) {
   o.score.mean_mix = enum_option(j, "mean_mix", o.score.mean_mix);
   o.score.mean_full_keep = j.value("mean_full_keep", o.score.mean_full_keep);
   o.score.mean_zero_keep = j.value("mean_zero_keep", o.score.mean_zero_keep);
+  o.score.bridge = j.value("bridge", o.score.bridge);
   return o;
 }
 
@@ -131,8 +133,8 @@ std::string score_key(const std::string& policy, const Json& options, std::uint6
   if (policy == "random") return policy + "/" + std::to_string(seed);
   if (policy != "flashcache") return policy;
   Json key;
-  for (const char* field :
-       {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout", "mean_mix"})
+  for (const char* field : {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout",
+                            "mean_mix", "bridge"})
     if (options.contains(field)) key[field] = options[field];
   key["mean_weight"] = mean_weight;
   if (with_tail)
@@ -230,7 +232,7 @@ int main(int argc, char** argv) {
           for (std::size_t l = 0; l < scores.size(); ++l)
             for (std::int64_t h = 0; h < scores[l].heads; ++h)
               fc::mix_term(opt.score.tail_weight, opt.score.tail_mix, tail_it->second[l].data() + h * scores[l].tokens,
-                                 scores[l].score.data() + h * scores[l].tokens, scores[l].tokens);
+                           scores[l].score.data() + h * scores[l].tokens, scores[l].tokens);
           it = scored.emplace(key, std::move(scores)).first;
         }
       }

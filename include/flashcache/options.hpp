@@ -210,7 +210,7 @@ struct Options {
 
   // The paper's algorithm exactly: no sink, no window, no base sample, K and V
   // terms unweighted, keys as cached, global low-pass DCT, gamma 0.2, the residual
-  // alone (no distance from the mean), dynamic allocation.
+  // alone (no distance from the mean, no bridge), dynamic allocation.
   static Options paper() {
     Options o;
     o.score = ScoreOptions{};
@@ -220,6 +220,7 @@ struct Options {
     o.score.mean_weight = 0.0;  // the residual alone
     o.score.mean_full_keep = 0.0;
     o.score.mean_zero_keep = 0.0;
+    o.score.bridge = 0;  // each token's own score
     o.select.sink = 0;
     o.select.window = 0;
     o.select.window_share = 0.0;

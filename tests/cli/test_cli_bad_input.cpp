@@ -298,8 +298,8 @@ TEST_F(CliTest, BadInputIsOneLineExitTwoAndNoOutput) {
        [](CliTest&) {
          return std::vector<std::string>{"--policy", "streaming", "--gamma", "0.3"};
        },
-       "--gamma, --transform, --block, --normalize-terms, --mean-*, --rope-* and --paper are used only by --policy "
-       "flashcache, not streaming"},
+       "--gamma, --transform, --block, --normalize-terms, --mean-*, --bridge, --rope-* and --paper are used only by "
+       "--policy flashcache, not streaming"},
       {"mean weight for a baseline",
        [](CliTest&) {
          return std::vector<std::string>{"--policy", "keydiff", "--mean-weight", "0.5"};
@@ -320,6 +320,16 @@ TEST_F(CliTest, BadInputIsOneLineExitTwoAndNoOutput) {
          return std::vector<std::string>{"--mean-zero-keep", "-0.1"};
        },
        "--mean-zero-keep -0.1 is outside [0, 1]"},
+      {"bridge below 0",
+       [](CliTest&) {
+         return std::vector<std::string>{"--bridge", "-1"};
+       },
+       "--bridge -1 is outside [0, 64]"},
+      {"bridge for a baseline",
+       [](CliTest&) {
+         return std::vector<std::string>{"--policy", "keydiff", "--bridge", "1"};
+       },
+       "are used only by --policy flashcache, not keydiff"},
       {"mean keep bound for a baseline",
        [](CliTest&) {
          return std::vector<std::string>{"--policy", "knorm", "--mean-full-keep", "0.5"};

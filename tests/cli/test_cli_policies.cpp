@@ -92,6 +92,7 @@ TEST_F(CliTest, PaperIsThePapersAlgorithm) {
   EXPECT_EQ(opt["base_share"], 0.0);
   EXPECT_EQ(opt["normalize_terms"], false);
   EXPECT_EQ(opt["mean_weight"], 0.0);
+  EXPECT_EQ(opt["bridge"], 0);
   EXPECT_TRUE(opt["rope_theta"].is_null());
   EXPECT_EQ(opt["gamma"], 0.2);
   EXPECT_EQ(opt["transform"], "global");
@@ -160,6 +161,17 @@ TEST_F(CliTest, MeanWeightFollowsTheKeepRatio) {
   const npy::Array plain = npy::read(out + "/scores.npy");
   EXPECT_NE(plain.bytes, faded.bytes);
   EXPECT_EQ(check_outputs(out, k, v).summary["options"]["mean_full_keep"], ScoreOptions{}.mean_full_keep);
+}
+
+// --bridge reaches the score: its JSON key says so and the scores differ from the defaults'.
+TEST_F(CliTest, BridgeReachesTheScore) {
+  ASSERT_EQ(run_cli(compress({"--keep-ratio", "0.5"})).code, 0);
+  const npy::Array plain = npy::read(out + "/scores.npy");
+  EXPECT_EQ(check_outputs(out, k, v).summary["options"]["bridge"], 0);
+  const Result r = run_cli(compress({"--bridge", "2", "--keep-ratio", "0.5", "--force"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(check_outputs(out, k, v).summary["options"]["bridge"], 2);
+  EXPECT_NE(npy::read(out + "/scores.npy").bytes, plain.bytes);
 }
 
 TEST_F(CliTest, PolicyKeydiffRuns) {

@@ -40,6 +40,7 @@ struct CompressArgs {
   std::string mean_mix = to_string(ScoreOptions{}.mean_mix);
   double mean_full_keep = ScoreOptions{}.mean_full_keep;  // flashcache: the weight follows the keep ratio
   double mean_zero_keep = ScoreOptions{}.mean_zero_keep;
+  std::int64_t bridge = ScoreOptions{}.bridge;  // flashcache: fill short holes in runs of high scores
   double rope_theta = 0;  // > 0: score keys de-rotated with this RoPE base
   std::string rope_layout = "half";
   std::int64_t rope_first_position = 0;

@@ -78,6 +78,7 @@ Options flag_options(const CompressArgs& a, policies::Policy policy) {
     o.score.mean_mix = enum_flag<TailMix>("--mean-mix", a.mean_mix);
     o.score.mean_full_keep = a.mean_full_keep;
     o.score.mean_zero_keep = a.mean_zero_keep;
+    o.score.bridge = a.bridge;
     o.score.rope.derotate = a.rope_theta > 0;
     o.score.rope.theta = a.rope_theta > 0 ? a.rope_theta : o.score.rope.theta;
     o.score.rope.layout = enum_flag<RopeLayout>("--rope-layout", a.rope_layout);
@@ -124,9 +125,8 @@ Options check_args(const CompressArgs& a) {
     usage_error("--observation-window " + std::to_string(a.observation_window) + " must be at least 1");
   if ((a.has_transform_option || a.has_rope_option || a.paper) && p != policies::Policy::flashcache)
     usage_error(
-        "--gamma, --transform, --block, --normalize-terms, --mean-*, --rope-* and --paper are used only by --policy "
-        "flashcache, "
-        "not " +
+        "--gamma, --transform, --block, --normalize-terms, --mean-*, --bridge, --rope-* and --paper are used only by "
+        "--policy flashcache, not " +
         a.policy + " (so is --base)");
   if (a.has_rope_option && !(a.rope_theta > 1.0 && std::isfinite(a.rope_theta)))
     usage_error("--rope-theta is required with --rope-layout / --rope-first-position and must be > 1, got " +
@@ -212,6 +212,7 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
       {"mean_mix", fc ? nlohmann::ordered_json(to_string(o.score.mean_mix)) : null},
       {"mean_full_keep", fc ? nlohmann::ordered_json(o.score.mean_full_keep) : null},
       {"mean_zero_keep", fc ? nlohmann::ordered_json(o.score.mean_zero_keep) : null},
+      {"bridge", fc ? nlohmann::ordered_json(o.score.bridge) : null},
       {"query", fc ? nlohmann::ordered_json(to_string(o.score.query)) : null},
       {"tail_weight", fc && o.score.query == QueryInput::tail ? nlohmann::ordered_json(o.score.tail_weight) : null},
       {"tail_mix",

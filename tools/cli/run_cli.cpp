@@ -125,6 +125,12 @@ int flashcache::cli::run_cli(int argc, char** argv) {
                                     ->add_option("--mean-zero-keep", c.mean_zero_keep,
                                                  "flashcache: no distance from the mean at keep ratios up to this one")
                                     ->capture_default_str();
+  CLI::Option* bridge =
+      compress
+          ->add_option("--bridge", c.bridge,
+                       "flashcache: raise a token with a higher-scoring token within N tokens on each side to the "
+                       "lower of the two, so that a run (a number's digits) is kept whole (0: none)")
+          ->capture_default_str();
   CLI::Option* rope = compress->add_option(
       "--rope-theta", c.rope_theta, "flashcache: score keys rotated back to their pre-RoPE form, with this RoPE base");
   compress->add_option("--rope-layout", c.rope_layout, "With --rope-theta: pairs (i, i + d/2) or (2i, 2i + 1)")
@@ -136,8 +142,8 @@ int flashcache::cli::run_cli(int argc, char** argv) {
       "--paper", c.paper,
       "The paper's algorithm exactly (Options::paper(): no sink, window or base sample, unweighted terms, keys as "
       "cached, global DCT, gamma 0.2, the residual alone)");
-  for (CLI::Option* o :
-       {sink, window, window_share, base_share, normalize, mean_weight, mean_mix, mean_full_keep, mean_zero_keep, rope})
+  for (CLI::Option* o : {sink, window, window_share, base_share, normalize, mean_weight, mean_mix, mean_full_keep,
+                         mean_zero_keep, bridge, rope})
     paper->excludes(o);
   compress->add_option("--protect", c.protect, "Bool or uint8 mask of N tokens; nonzero = always kept");
   CLI::Option* grid = compress->add_option(
@@ -234,7 +240,7 @@ int flashcache::cli::run_cli(int argc, char** argv) {
                                compress->count("--base") + compress->count("--normalize-terms") +
                                compress->count("--no-normalize-terms") + compress->count("--mean-weight") +
                                compress->count("--mean-mix") + compress->count("--mean-full-keep") +
-                               compress->count("--mean-zero-keep") >
+                               compress->count("--mean-zero-keep") + compress->count("--bridge") >
                            0;
   c.has_tail_option = compress->count("--tail-weight") + compress->count("--tail-mix") +
                           compress->count("--tail-stride") + compress->count("--tail-min-distance") +

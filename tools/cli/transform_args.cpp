@@ -25,6 +25,7 @@ constexpr std::pair<const char*, const char*> kFieldFlags[] = {
     {"mean_weight", "--mean-weight"},
     {"mean_full_keep", "--mean-full-keep"},
     {"mean_zero_keep", "--mean-zero-keep"},
+    {"bridge", "--bridge"},
 };
 
 bool is_name_char(char c) { return std::islower(static_cast<unsigned char>(c)) || c == '_'; }
