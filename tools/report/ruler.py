@@ -267,7 +267,8 @@ GOAL_PAIRS = {
     "agnostic": [("flashcache_recall", "kvzip"), ("flashcache", "keydiff"), ("flashcache", "tova"),
                  ("flashcache", "knorm"), ("flashcache", "streaming_llm"), ("flashcache", "random"),
                  ("flashcache", "expected_attention"), (CHOSEN, "flashcache"), (CHOSEN, "keydiff"), (CHOSEN, "tova"),
-                 (CHOSEN_RECALL, "kvzip"), (FADE, "flashcache"), (FADE, "keydiff")],
+                 (CHOSEN_RECALL, "kvzip"), (FADE, "flashcache"), (FADE, "keydiff"), (FADE, "tova"), (FADE, "knorm"),
+                 (FADE, "streaming_llm"), (FADE, "random"), (FADE, "expected_attention")],
     "aware": [("flashcache_tails", "snapkv")],
 }
 
