@@ -106,6 +106,15 @@ inline void mix_term(double weight, TailMix mix, const float* term, float* score
       score[t] = rules::mixed_tail_score(s, mix == TailMix::max, score[t], term[t]);
 }
 
+// One head's mixed scores bridged over the holes of a run, in place
+// (ScoreOptions::bridge, score/bridge.hpp); *scratch holds the scores before it
+// (it allocates only when it grows). The Scorer calls it after every term is
+// mixed; a caller that mixes terms itself (mix_term) calls it after them.
+inline void bridge_head(std::int64_t bridge, float* score, std::int64_t n, std::vector<float>* scratch) {
+  scratch->assign(score, score + n);
+  detail::bridge_scores(scratch->data(), score, n, bridge);
+}
+
 // What a layer's score reads besides K and V; all optional.
 struct ScoreInputs {
   ImageSpans spans;             // the request's image spans (grid.hpp): scored over their 2D grid
@@ -188,7 +197,6 @@ class Scorer {
       mean_row_.resize(static_cast<std::size_t>(2 * k.head_dim));
       distance_.resize(static_cast<std::size_t>(n));
     }
-    if (opt.bridge > 0) unbridged_.resize(static_cast<std::size_t>(n));
     float* score = out.score;
     HeadEnergy* energy = out.energy;
     if (out.nonfinite != nullptr) *out.nonfinite = 0;
@@ -223,10 +231,7 @@ class Scorer {
       if (mean_weight > 0) mix_term(mean_weight, opt.mean_mix, distance_.data(), score + h * n, n);
       if (opt.query == QueryInput::tail)
         mix_term(opt.tail_weight, opt.tail_mix, in.tails.data + h * in.tails.tokens, score + h * n, n);
-      if (opt.bridge > 0) {
-        std::copy(score + h * n, score + (h + 1) * n, unbridged_.begin());
-        detail::bridge_scores(unbridged_.data(), score + h * n, n, opt.bridge);
-      }
+      if (opt.bridge > 0) bridge_head(opt.bridge, score + h * n, n, &unbridged_);
     }
     if (out.nonfinite != nullptr) *out.nonfinite = bad;
     return Status::success();
