@@ -127,19 +127,21 @@ fc::SharedKeepOptions shared_from(const Json& j) {
 
 // What the scores depend on: the policy, its seed and, for FlashCache, the
 // transform settings, the distance's weight at this keep ratio (and the tails'
-// feed and weight); sink, window and shares only change the selection.
+// feed and weight, and the bridge: both applied after the residual is scored);
+// sink, window and shares only change the selection.
 std::string score_key(const std::string& policy, const Json& options, std::uint64_t seed, bool with_tail,
-                      double mean_weight) {
+                      bool with_bridge, double mean_weight) {
   if (policy == "random") return policy + "/" + std::to_string(seed);
   if (policy != "flashcache") return policy;
   Json key;
-  for (const char* field : {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout",
-                            "mean_mix", "bridge"})
+  for (const char* field :
+       {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout", "mean_mix"})
     if (options.contains(field)) key[field] = options[field];
   key["mean_weight"] = mean_weight;
   if (with_tail)
     for (const char* field : {"query", "tail_weight", "tail_mix", "tail_stride", "tail_min_distance", "tail_last"})
       if (options.contains(field)) key[field] = options[field];
+  if (with_bridge) key["bridge"] = options.at("bridge");
   return policy + "/" + key.dump();
 }
 
@@ -196,13 +198,16 @@ int main(int argc, char** argv) {
       const double mean_weight = fc::mean_weight_at(opt.score, budget.keep_ratio(c.tokens));
 
       // Query tails: the residual scores (without tails) and the tails of this feed, each
-      // computed once, mixed as the Scorer mixes them (mix_term).
+      // computed once, mixed as the Scorer mixes them (mix_term); then the bridge, last, as
+      // the Scorer bridges (bridge_head).
       const bool with_tail = policy == fp::Policy::flashcache && opt.score.query == fc::QueryInput::tail;
+      const bool with_bridge = policy == fp::Policy::flashcache && opt.score.bridge > 0;
       fc::Options residual_opt = opt;
       residual_opt.score.query = fc::QueryInput::none;
       residual_opt.score.mean_weight = mean_weight;
       residual_opt.score.mean_full_keep = residual_opt.score.mean_zero_keep = 0.0;
-      const std::string residual_key = score_key(policy_name, options, po.seed, false, mean_weight);
+      residual_opt.score.bridge = 0;
+      const std::string residual_key = score_key(policy_name, options, po.seed, false, false, mean_weight);
       auto base_it = scored.find(residual_key);
       if (base_it == scored.end()) {
         std::vector<fc::LayerScores> scores(static_cast<std::size_t>(c.layers));
@@ -215,24 +220,33 @@ int main(int argc, char** argv) {
         base_it = scored.emplace(residual_key, std::move(scores)).first;
       }
       auto it = base_it;
-      if (with_tail) {
-        const std::string key = score_key(policy_name, options, po.seed, true, mean_weight);
+      if (with_tail || with_bridge) {
+        const std::string key = score_key(policy_name, options, po.seed, with_tail, with_bridge, mean_weight);
         it = scored.find(key);
         if (it == scored.end()) {
-          auto tail_it = tails.find(tail_key(po));
-          if (tail_it == tails.end()) {
-            std::vector<std::vector<float>> layers(static_cast<std::size_t>(c.layers));
-            fc::TailAccumulator acc;
-            for (std::int64_t l = 0; l < c.layers; ++l)
-              fc::throw_if_error(fp::prompt_tails(q[static_cast<std::size_t>(l)], k[static_cast<std::size_t>(l)], po,
-                                                  &acc, &layers[static_cast<std::size_t>(l)]));
-            tail_it = tails.emplace(tail_key(po), std::move(layers)).first;
-          }
           std::vector<fc::LayerScores> scores = base_it->second;
-          for (std::size_t l = 0; l < scores.size(); ++l)
-            for (std::int64_t h = 0; h < scores[l].heads; ++h)
-              fc::mix_term(opt.score.tail_weight, opt.score.tail_mix, tail_it->second[l].data() + h * scores[l].tokens,
-                           scores[l].score.data() + h * scores[l].tokens, scores[l].tokens);
+          if (with_tail) {
+            auto tail_it = tails.find(tail_key(po));
+            if (tail_it == tails.end()) {
+              std::vector<std::vector<float>> layers(static_cast<std::size_t>(c.layers));
+              fc::TailAccumulator acc;
+              for (std::int64_t l = 0; l < c.layers; ++l)
+                fc::throw_if_error(fp::prompt_tails(q[static_cast<std::size_t>(l)], k[static_cast<std::size_t>(l)], po,
+                                                    &acc, &layers[static_cast<std::size_t>(l)]));
+              tail_it = tails.emplace(tail_key(po), std::move(layers)).first;
+            }
+            for (std::size_t l = 0; l < scores.size(); ++l)
+              for (std::int64_t h = 0; h < scores[l].heads; ++h)
+                fc::mix_term(opt.score.tail_weight, opt.score.tail_mix,
+                             tail_it->second[l].data() + h * scores[l].tokens,
+                             scores[l].score.data() + h * scores[l].tokens, scores[l].tokens);
+          }
+          if (with_bridge) {
+            std::vector<float> scratch;
+            for (fc::LayerScores& layer : scores)
+              for (std::int64_t h = 0; h < layer.heads; ++h)
+                fc::bridge_head(opt.score.bridge, layer.score.data() + h * layer.tokens, layer.tokens, &scratch);
+          }
           it = scored.emplace(key, std::move(scores)).first;
         }
       }
