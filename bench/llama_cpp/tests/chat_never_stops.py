@@ -34,7 +34,11 @@ def main() -> int:
     stories = TOPICS[:13] if gemma else TOPICS[:10]
     turns = ["Hello! Tell me about yourself."]
     turns += [f"Write a long story about {t}." for t in stories]
-    turns.append("What is the name of my cat?")
+    # The question's wording is the one SmolLM2-135M answers from the compacted cache under llama-cpp-python
+    # 0.3.36's prebuilt wheel (AVX-512 kernels): "What is the name of my cat?" stopped being answered there,
+    # and "What is my cat's name?" and "What is my cat called?" are (2026-12-07). The full cache answered none
+    # of the three: the fact lies ~3,400 tokens back, past what this model uses, and compaction brings it near.
+    turns.append("What is my cat's name?")
     # One thread: ctest runs two of these side by side on CI's two cores, and llama.cpp's threads wait for
     # each other by spinning, so more threads than cores can slow every step by an order of magnitude.
     cmd = [sys.argv[1], "-c", "1024", "-n", "100" if gemma else "160", "-t", "1", "--json", "-s", system]
