@@ -31,6 +31,7 @@ TEST(Options, DefaultsAreTheDevChoice) {
   EXPECT_FALSE(o.score.rope.derotate);
   EXPECT_DOUBLE_EQ(o.score.mean_weight, 0.75);  // RULER's dev2 choice, fading with the keep ratio
   EXPECT_EQ(o.score.mean_mix, fc::TailMix::sum);
+  EXPECT_EQ(o.score.mean_distance, fc::MeanDistance::kv_squared);
   EXPECT_DOUBLE_EQ(o.score.mean_full_keep, 0.5);
   EXPECT_DOUBLE_EQ(o.score.mean_zero_keep, 0.25);
   EXPECT_EQ(o.score.bridge, 0);
@@ -104,6 +105,9 @@ TEST(Options, MeanWeightIsCheckedByName) {
   o.score.mean_weight = 1.0;
   o.score.mean_mix = static_cast<fc::TailMix>(7);
   EXPECT_NE(fc::check_options(o).message().find("unknown mean_mix"), std::string::npos);
+  o.score.mean_mix = fc::TailMix::sum;
+  o.score.mean_distance = static_cast<fc::MeanDistance>(7);
+  EXPECT_NE(fc::check_options(o).message().find("unknown mean_distance"), std::string::npos);
 }
 
 // The weight that follows the budget, against the rule written out by hand:
@@ -200,6 +204,7 @@ TEST(Options, EveryEnumNameRoundTrips) {
   expect_table_round_trips<fc::Allocation>();
   expect_table_round_trips<fc::QueryInput>();
   expect_table_round_trips<fc::TailMix>();
+  expect_table_round_trips<fc::MeanDistance>();
   expect_table_round_trips<fc::RopeLayout>();
   expect_table_round_trips<fc::GridZone>();
   expect_table_round_trips<fc::KeepSet>();

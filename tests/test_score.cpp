@@ -316,6 +316,72 @@ TEST(Score, MeanWeightMixesEachTokensDistanceFromTheHeadMean) {
   }
 }
 
+// MeanDistance::key_cosine: 1 - cos(key, mean of the finite tokens' unit keys), from
+// a naive double reference on awkward sizes, V unread; a zero key has cosine 0, and a
+// non-finite token reads the nearest finite one before it and keeps +inf.
+TEST(Score, KeyCosineMixesEachKeysDistanceFromTheMeanDirection) {
+  for (const std::int64_t n : {1, 2, 7, 61, 130}) {
+    const std::int64_t heads = 2, dim = 5;
+    Layer l = random_layer(heads, n, dim, static_cast<std::uint64_t>(53 + n));
+    auto key = [&](std::int64_t h, std::int64_t t, std::int64_t c) -> float& {
+      return l.k[static_cast<std::size_t>((h * n + t) * dim + c)];
+    };
+    const bool has_bad = n > 2;
+    const std::int64_t zero = n / 2, nan_at = n - 1;  // head 0: a zero key; head 1: a NaN key
+    if (n > 1)
+      for (std::int64_t c = 0; c < dim; ++c) key(0, zero, c) = 0.0f;
+    if (has_bad) key(1, nan_at, 3) = std::numeric_limits<float>::quiet_NaN();
+    const auto kv = fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
+               vv = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
+    fc::Options opt = residual_only();
+    const fc::LayerScores residual = fc::score_layer<double>(kv, vv, opt.score);
+    const double w = 0.6;
+    opt.score.mean_weight = w;
+    opt.score.mean_distance = fc::MeanDistance::key_cosine;
+    const fc::LayerScores s = fc::score_layer<double>(kv, vv, opt.score);
+    for (std::int64_t h = 0; h < heads; ++h) {
+      auto bad = [&](std::int64_t t) { return has_bad && h == 1 && t == nan_at; };
+      auto norm = [&](std::int64_t t) {
+        double sq = 0;
+        for (std::int64_t c = 0; c < dim; ++c) sq += double(key(h, t, c)) * key(h, t, c);
+        return std::sqrt(sq);
+      };
+      std::vector<double> anchor(static_cast<std::size_t>(dim), 0.0), dist(static_cast<std::size_t>(n));
+      std::int64_t finite = 0;
+      for (std::int64_t t = 0; t < n; ++t) {
+        if (bad(t)) continue;
+        ++finite;
+        for (std::int64_t c = 0; c < dim && norm(t) > 0; ++c) anchor[static_cast<std::size_t>(c)] += key(h, t, c) / norm(t);
+      }
+      for (double& a : anchor) a /= static_cast<double>(finite);
+      double anchor_norm = 0;
+      for (const double a : anchor) anchor_norm += a * a;
+      anchor_norm = std::sqrt(anchor_norm);
+      double sum_r = 0, sum_d = 0;
+      for (std::int64_t t = 0; t < n; ++t) {
+        const std::int64_t src = bad(t) ? t - 1 : t;
+        double dot = 0;
+        for (std::int64_t c = 0; c < dim; ++c) dot += double(key(h, src, c)) * anchor[static_cast<std::size_t>(c)];
+        const double cosine = norm(src) > 0 && anchor_norm > 0 ? dot / (norm(src) * anchor_norm) : 0.0;
+        dist[static_cast<std::size_t>(t)] = 1.0 - cosine;
+        if (!bad(t)) sum_r += residual(h, t), sum_d += dist[static_cast<std::size_t>(t)];
+      }
+      if (n > 1 && h == 0) {
+        EXPECT_DOUBLE_EQ(dist[static_cast<std::size_t>(zero)], 1.0);
+      }
+      for (std::int64_t t = 0; t < n; ++t) {
+        if (bad(t)) {
+          EXPECT_TRUE(std::isinf(s(h, t)));
+          continue;
+        }
+        const double a = sum_r > 0 ? (1 - w) * residual(h, t) / (sum_r / finite) : 0.0;
+        const double b = sum_d > 0 ? w * dist[static_cast<std::size_t>(t)] / (sum_d / finite) : 0.0;
+        EXPECT_NEAR(s(h, t), a + b, 1e-5 * (1 + a + b)) << "n " << n << " head " << h << " token " << t;
+      }
+    }
+  }
+}
+
 // A weight that follows the budget scores as the fixed weight it resolves to, bit
 // for bit, at the keep ratio given in ScoreInputs (1 when none is): compress,
 // compress_model and the policies' compress_model pass theirs, as a count or a ratio.

@@ -80,6 +80,20 @@ struct EnumNames<TailMix> {
 };
 inline const char* to_string(TailMix e) { return enum_name(e); }
 
+// What ScoreOptions::mean_weight measures of a token against its head's whole
+// context.
+enum class MeanDistance {
+  kv_squared,  // its squared distance from the head's mean K and V rows (the DC base's residual)
+  key_cosine,  // 1 - cos(key, mean of the head's unit keys): KeyDiff's, the key's direction only
+};
+
+template <>
+struct EnumNames<MeanDistance> {
+  static constexpr EnumName<MeanDistance> table[] = {{MeanDistance::kv_squared, "kv_squared"},
+                                                     {MeanDistance::key_cosine, "key_cosine"}};
+};
+inline const char* to_string(MeanDistance e) { return enum_name(e); }
+
 // Which dimensions a rotary position embedding pairs up.
 enum class RopeLayout {
   half,        // dimension i with i + d/2 (Hugging Face "rotate_half"; vLLM, transformers)
@@ -141,6 +155,9 @@ struct ScoreOptions {
   // with it (cuda/can_implement.cuh).
   double mean_weight = 0.75;
   TailMix mean_mix = TailMix::sum;
+  // Which distance (MeanDistance): K and V from their means, or a key's cosine
+  // distance from the mean direction (KeyDiff's; CPU only).
+  MeanDistance mean_distance = MeanDistance::kv_squared;
   // The weight follows the budget (mean_weight_at): in full where the caller
   // keeps at least mean_full_keep of the tokens, none at or below
   // mean_zero_keep, linearly between. Both 0: mean_weight at every budget.
@@ -268,6 +285,7 @@ inline Status check_options(const ScoreOptions& o) {
   if (!(o.tail_weight >= 0.0 && o.tail_weight <= 1.0))
     return make_error(Errc::invalid_option, "tail_weight ", o.tail_weight, " is outside [0, 1]");
   if (!is_known(o.mean_mix)) return make_error(Errc::invalid_option, "unknown mean_mix");
+  if (!is_known(o.mean_distance)) return make_error(Errc::invalid_option, "unknown mean_distance");
   if (!(o.mean_weight >= 0.0 && o.mean_weight <= 1.0))
     return make_error(Errc::invalid_option, "mean_weight ", o.mean_weight, " is outside [0, 1]");
   if (!(o.mean_zero_keep >= 0.0 && o.mean_zero_keep <= 1.0))

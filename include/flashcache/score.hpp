@@ -254,7 +254,10 @@ class Scorer {
       for (std::int64_t q = 0; q < tiling.count(); ++q)
         grid_.compute(k, v, h, source_, g, tiling.at(q), opt.grid_zone, opt.gamma, &sums_);
     }
-    if (distance) detail::distance_from_mean(k, v, h, source_, &mean_row_, &distance_);
+    if (distance && opt.mean_distance == MeanDistance::key_cosine)
+      detail::key_cosine_from_mean(k, h, source_, &mean_row_, &distance_);
+    else if (distance)
+      detail::distance_from_mean(k, v, h, source_, &mean_row_, &distance_);
     // Energies of the finite tokens: E from the input, E_high from the residual.
     for (std::int64_t t = 0; t < k.tokens; ++t)
       if (source_[static_cast<std::size_t>(t)] == t)

@@ -22,6 +22,7 @@ from ._core import (
     GridZone,
     HeadCombine,
     KeepSet,
+    MeanDistance,
     QueryInput,
     RopeLayout,
     TailMix,
@@ -94,6 +95,7 @@ class ScoreOptions(_Mirror):
     tail_mix: TailMix = _DEFAULT.score.tail_mix
     mean_weight: float = _DEFAULT.score.mean_weight
     mean_mix: TailMix = _DEFAULT.score.mean_mix
+    mean_distance: MeanDistance = _DEFAULT.score.mean_distance
     mean_full_keep: float = _DEFAULT.score.mean_full_keep
     mean_zero_keep: float = _DEFAULT.score.mean_zero_keep
     bridge: int = _DEFAULT.score.bridge
@@ -107,6 +109,7 @@ class ScoreOptions(_Mirror):
         "query": QueryInput,
         "tail_mix": TailMix,
         "mean_mix": TailMix,
+        "mean_distance": MeanDistance,
         "grid_zone": GridZone,
     }
 

@@ -38,6 +38,7 @@ void bind_options(nb::module_& m) {
   bind_enum<Allocation>(m, "Allocation", {Allocation::dynamic, Allocation::uniform});
   bind_enum<QueryInput>(m, "QueryInput", {QueryInput::none, QueryInput::tail});
   bind_enum<TailMix>(m, "TailMix", {TailMix::sum, TailMix::max});
+  bind_enum<MeanDistance>(m, "MeanDistance", {MeanDistance::kv_squared, MeanDistance::key_cosine});
   bind_enum<RopeLayout>(m, "RopeLayout", {RopeLayout::half, RopeLayout::interleaved});
   bind_enum<GridZone>(m, "GridZone", {GridZone::rectangle, GridZone::triangle});
   bind_enum<KeepSet>(m, "KeepSet", {KeepSet::per_head, KeepSet::per_layer, KeepSet::per_sequence});
@@ -66,6 +67,7 @@ void bind_options(nb::module_& m) {
       .def_rw("tail_mix", &ScoreOptions::tail_mix)
       .def_rw("mean_weight", &ScoreOptions::mean_weight)
       .def_rw("mean_mix", &ScoreOptions::mean_mix)
+      .def_rw("mean_distance", &ScoreOptions::mean_distance)
       .def_rw("mean_full_keep", &ScoreOptions::mean_full_keep)
       .def_rw("mean_zero_keep", &ScoreOptions::mean_zero_keep)
       .def_rw("bridge", &ScoreOptions::bridge)

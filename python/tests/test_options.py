@@ -47,6 +47,7 @@ def test_enums_by_name_and_unknown_names_refused():
     assert fc.ScoreOptions(base="lowpass").base is fc.Base.lowpass
     assert fc.ScoreOptions(transform=fc.Transform.blocked).transform is fc.Transform.blocked
     assert fc.ScoreOptions(mean_mix="max").mean_mix is fc.TailMix.max
+    assert fc.ScoreOptions(mean_distance="key_cosine").mean_distance is fc.MeanDistance.key_cosine
     with pytest.raises(ValueError, match="ScoreOptions.base: 'lowpas' is not one of lowpass, peak, mixed"):
         fc.ScoreOptions(base="lowpas")
 

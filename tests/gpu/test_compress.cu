@@ -57,6 +57,9 @@ TEST(GpuCanImplement, RefusesCpuOnlyScoreOptionsByName) {
   opt.score.normalize_terms = false;
   opt.score.bridge = 2;
   expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::unsupported, "bridge");
+  opt.score.bridge = 0;
+  opt.score.mean_distance = MeanDistance::key_cosine;
+  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::unsupported, "mean_distance key_cosine");
 }
 
 // mean_weight runs on the GPU (kernels/mean_distance.cuh) up to the head dim its

@@ -97,6 +97,42 @@ void distance_from_mean(KVView<const T> k, KVView<const T> v, std::int64_t h, co
   }
 }
 
+// Each token's cosine distance from head h's mean key direction, 1 - cos(k_t,
+// a) with a the mean of the finite tokens' unit keys (KeyDiff's anchor), over
+// the rows the transform reads (src, as distance_from_mean). A zero key, or a
+// zero anchor, has cosine 0. *anchor is scratch [d]; *out gets [tokens].
+template <class Real, class T>
+void key_cosine_from_mean(KVView<const T> k, std::int64_t h, const std::vector<std::int64_t>& src,
+                          std::vector<Real>* anchor, std::vector<float>* out) {
+  const std::int64_t n = k.tokens, d = k.head_dim;
+  anchor->assign(static_cast<std::size_t>(d), Real(0));
+  out->resize(static_cast<std::size_t>(n));
+  auto norm_of = [&](std::int64_t s) {
+    Real sq = 0;
+    for (std::int64_t c = 0; c < d; ++c) sq += source_element<Real>(k, h, s, c) * source_element<Real>(k, h, s, c);
+    return std::sqrt(sq);
+  };
+  for (std::int64_t t = 0; t < n; ++t) {
+    if (src[static_cast<std::size_t>(t)] != t) continue;
+    const Real norm = norm_of(t);
+    if (norm > 0)
+      for (std::int64_t c = 0; c < d; ++c)
+        (*anchor)[static_cast<std::size_t>(c)] += static_cast<Real>(to_float(k(h, t, c))) / norm;
+  }
+  Real anchor_sq = 0;  // the anchor's scale cancels in the cosine: the sum serves as the mean
+  for (const Real x : *anchor) anchor_sq += x * x;
+  const Real anchor_norm = std::sqrt(anchor_sq);
+  for (std::int64_t t = 0; t < n; ++t) {
+    const std::int64_t s = src[static_cast<std::size_t>(t)];
+    const Real norm = norm_of(s);
+    Real dot = 0;
+    for (std::int64_t c = 0; c < d; ++c)
+      dot += source_element<Real>(k, h, s, c) * (*anchor)[static_cast<std::size_t>(c)];
+    const Real cosine = norm > 0 && anchor_norm > 0 ? dot / (norm * anchor_norm) : Real(0);
+    (*out)[static_cast<std::size_t>(t)] = static_cast<float>(Real(1) - cosine);
+  }
+}
+
 // One head of K rotated back to its pre-RoPE form, and V, as float rows
 // [tokens][head_dim]; inv_freq is scratch. Kept between heads and layers.
 struct DerotatedHead {
