@@ -351,7 +351,8 @@ TEST(Score, KeyCosineMixesEachKeysDistanceFromTheMeanDirection) {
       for (std::int64_t t = 0; t < n; ++t) {
         if (bad(t)) continue;
         ++finite;
-        for (std::int64_t c = 0; c < dim && norm(t) > 0; ++c) anchor[static_cast<std::size_t>(c)] += key(h, t, c) / norm(t);
+        for (std::int64_t c = 0; c < dim && norm(t) > 0; ++c)
+          anchor[static_cast<std::size_t>(c)] += key(h, t, c) / norm(t);
       }
       for (double& a : anchor) a /= static_cast<double>(finite);
       double anchor_norm = 0;
