@@ -64,7 +64,7 @@ KEEP_RATIOS = (0.05, 0.1, 0.2, 0.4)
 # long_eval checks it against `flashcache compress`'s summary.json (check_defaults).
 PAPER = {"gamma": 0.2, "base": "lowpass", "transform": "global", "sink": 0, "window": 0, "window_share": 0.0,
          "base_share": 0.0, "normalize_terms": False, "rope_theta": 0, "allocation": "dynamic", "mean_weight": 0.0,
-         "mean_full_keep": 0.0, "mean_zero_keep": 0.0, "bridge": 0}
+         "mean_full_keep": 0.0, "mean_zero_keep": 0.0, "bridge": 0, "mean_distance": "kv_squared"}
 # The base study's choice (bench/quality/study/RULE.md): the peak base, gamma 0.1, global; and
 # RULER's (docs/DEFAULTS.md): the distance from the mean at weight 0.75 where half or more is kept,
 # fading to none at a quarter (a fixed 0.75 lost dev passkeys here, study/MEAN_RULE.md; the fade
@@ -579,7 +579,7 @@ def check_defaults(cli: str) -> None:
         with open(os.path.join(work, "out", "summary.json"), encoding="utf-8") as f:
             got = json.load(f)["options"]
     for field in ("gamma", "base", "transform", "block", "sink", "window", "window_share", "base_share", "normalize_terms",
-                  "allocation", "mean_weight", "mean_full_keep", "mean_zero_keep", "bridge"):
+                  "allocation", "mean_weight", "mean_full_keep", "mean_zero_keep", "bridge", "mean_distance"):
         want = DEFAULT["block_size" if field == "block" else field]
         if got[field] != want:
             raise SystemExit(f"long_eval: DEFAULT[{field!r}] = {want!r} but the library's default is "

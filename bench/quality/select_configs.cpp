@@ -16,12 +16,13 @@
 //              "allocation": "dynamic", "keep_set": "per_head", "combine": "mean_normalized",
 //              "page": 1, "query": "none", "tail_weight": 0.5, "tail_mix": "max", "tail_stride": 1,
 //              "tail_min_distance": 32, "tail_last": 256, "mean_weight": 0.75, "mean_mix": "sum",
-//              "mean_full_keep": 0.5, "mean_zero_keep": 0.25},
+//              "mean_distance": "kv_squared", "mean_full_keep": 0.5, "mean_zero_keep": 0.25},
 //              "seed": 0}, ...]}
 // query "tail" (ScoreOptions::query) scores with each key's tail from q.npy, fed by every
 // tail_stride-th prompt query (only the last tail_last when above 0); the tail
 // fields left out take Options::with_query_tail()'s and PolicyOptions{}'s values.
-// mean_weight, mean_mix, mean_full_keep and mean_zero_keep (ScoreOptions) left out take Options{}'s:
+// mean_weight, mean_mix, mean_distance, mean_full_keep and mean_zero_keep (ScoreOptions) left out take
+// Options{}'s:
 // a row that fixes them names them. The weight is resolved at each configuration's keep ratio
 // (per_head / P, mean_weight_at), as compress_model resolves it from its budget.
 // Every configuration keeps per_head * L tokens in all: per_head in every
@@ -67,7 +68,7 @@ const std::set<std::string> kOptionKeys = {
     "rope_layout", "allocation",   "query",       "tail_weight",       "tail_mix",
     "mean_weight", "mean_mix",     "tail_stride", "tail_min_distance", "tail_last",
     "keep_set",    "combine",      "page",        "mean_full_keep",    "mean_zero_keep",
-    "bridge"};
+    "bridge",      "mean_distance"};
 
 // The enum named at options[key] (the library's names), or `fallback` when absent.
 template <class E>
@@ -103,6 +104,7 @@ fc::Options options_from(const Json& j) {
   o.score.tail_mix = enum_option(j, "tail_mix", o.score.tail_mix);
   o.score.mean_weight = j.value("mean_weight", o.score.mean_weight);
   o.score.mean_mix = enum_option(j, "mean_mix", o.score.mean_mix);
+  o.score.mean_distance = enum_option(j, "mean_distance", o.score.mean_distance);
   o.score.mean_full_keep = j.value("mean_full_keep", o.score.mean_full_keep);
   o.score.mean_zero_keep = j.value("mean_zero_keep", o.score.mean_zero_keep);
   o.score.bridge = j.value("bridge", o.score.bridge);
@@ -134,8 +136,8 @@ std::string score_key(const std::string& policy, const Json& options, std::uint6
   if (policy == "random") return policy + "/" + std::to_string(seed);
   if (policy != "flashcache") return policy;
   Json key;
-  for (const char* field :
-       {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout", "mean_mix"})
+  for (const char* field : {"gamma", "base", "transform", "block_size", "normalize_terms", "rope_theta", "rope_layout",
+                            "mean_mix", "mean_distance"})
     if (options.contains(field)) key[field] = options[field];
   key["mean_weight"] = mean_weight;
   if (with_tail)

@@ -208,7 +208,8 @@ def select_equals_the_cli(select_bin: str, cli: str) -> str | None:
     """select_configs with long_eval's DEFAULT keeps what `flashcache compress` keeps with the library's defaults
     at the same keep ratio, where the distance from the mean is off (keep 0.1875), ramps (0.375) and is in
     full (0.625): both resolve the fading weight from the budget. The same with a bridge of 2 (`--bridge 2`),
-    which select_configs applies to scores it mixed itself. None, or what differs."""
+    which select_configs applies to scores it mixed itself, and with KeyDiff's distance (`--mean-distance
+    key_cosine`). None, or what differs."""
     import long_eval
     import numpy as np
 
@@ -220,24 +221,26 @@ def select_equals_the_cli(select_bin: str, cli: str) -> str | None:
             x[:, :, 20:23] += 4.0  # a short run unlike the rest: the residual and the distance rank it apart
             np.save(os.path.join(work, f"{name}.npy"), x)
         per_heads = (12, 24, 40)
-        for bridge in (0, 2):
+        variants = {"defaults": ({}, []), "bridge 2": ({"bridge": 2}, ["--bridge", "2"]),
+                    "key_cosine": ({"mean_distance": "key_cosine"}, ["--mean-distance", "key_cosine"])}
+        for name, (change, flags) in variants.items():
             kept = long_eval.select(select_bin, work, [{"id": str(ph), "policy": "flashcache", "per_head": ph,
-                                                        "options": dict(long_eval.DEFAULT, bridge=bridge)}
+                                                        "options": dict(long_eval.DEFAULT, **change)}
                                                        for ph in per_heads])
             for ph in per_heads:
-                out = os.path.join(work, f"cli_{bridge}_{ph}")
+                out = os.path.join(work, f"cli_{name.replace(' ', '_')}_{ph}")
                 run = subprocess.run([cli, "compress", "--k", os.path.join(work, "k.npy"), "--v",
-                                      os.path.join(work, "v.npy"), "--keep-ratio", f"{ph / p}", "--bridge",
-                                      str(bridge), "--out", out], capture_output=True, text=True)
+                                      os.path.join(work, "v.npy"), "--keep-ratio", f"{ph / p}", *flags,
+                                      "--out", out], capture_output=True, text=True)
                 if run.returncode != 0:
                     return f"flashcache compress failed: {run.stderr.strip()}"
                 want = [np.load(os.path.join(out, f"kept_{layer}.npy")) for layer in range(layers)]
                 got, budgets = kept[str(ph)]
                 if budgets != [w.shape[1] for w in want]:
-                    return f"bridge {bridge}, keep {ph}/{p}: budgets {budgets} against the CLI's " \
+                    return f"{name}, keep {ph}/{p}: budgets {budgets} against the CLI's " \
                            f"{[w.shape[1] for w in want]}"
                 if not all(np.array_equal(g, w) for g, w in zip(got, want)):
-                    return f"bridge {bridge}, keep {ph}/{p}: select_configs kept other tokens than the CLI"
+                    return f"{name}, keep {ph}/{p}: select_configs kept other tokens than the CLI"
     return None
 
 
@@ -268,8 +271,8 @@ def main(argv) -> int:
         if problem:
             print(f"FAIL select_configs against the CLI: {problem}")
             return 1
-        print("ok   select_configs keeps what the CLI keeps with the defaults, and with a bridge of 2, at keep 0.1875, "
-              "0.375 and 0.625")
+        print("ok   select_configs keeps what the CLI keeps with the defaults, a bridge of 2 and key_cosine, at keep "
+              "0.1875, 0.375 and 0.625")
 
     try:
         model = long_eval.model()

@@ -325,6 +325,16 @@ TEST_F(CliTest, BadInputIsOneLineExitTwoAndNoOutput) {
          return std::vector<std::string>{"--bridge", "-1"};
        },
        "--bridge -1 is outside [0, 64]"},
+      {"mean distance not a kind",
+       [](CliTest&) {
+         return std::vector<std::string>{"--mean-distance", "cosine"};
+       },
+       "--mean-distance: cosine not in {kv_squared,key_cosine}"},
+      {"mean distance for a baseline",
+       [](CliTest&) {
+         return std::vector<std::string>{"--policy", "keydiff", "--mean-distance", "key_cosine"};
+       },
+       "are used only by --policy flashcache, not keydiff"},
       {"bridge for a baseline",
        [](CliTest&) {
          return std::vector<std::string>{"--policy", "keydiff", "--bridge", "1"};

@@ -3,6 +3,9 @@
 // checked against direct computations from the files.
 #include <flashcache/options.hpp>
 
+#include <cmath>
+#include <vector>
+
 #include "cli_harness.hpp"
 
 namespace flashcache {
@@ -138,6 +141,41 @@ TEST_F(CliTest, MeanWeightScoresTheDistanceFromTheHeadMean) {
   const Outputs p = check_outputs(out, k, v);
   EXPECT_EQ(p.summary["options"]["mean_weight"], ScoreOptions{}.mean_weight);
   EXPECT_EQ(p.summary["options"]["mean_mix"], "sum");
+  EXPECT_EQ(p.summary["options"]["mean_distance"], "kv_squared");
+}
+
+// --mean-distance key_cosine with --mean-weight 1: each token scores 1 - cos(key, mean of
+// the unit keys) over that distance's mean (a naive double reference from the files).
+TEST_F(CliTest, KeyCosineScoresEachKeysDirectionFromTheMean) {
+  const Result r = run_cli(compress({"--mean-weight", "1", "--mean-distance", "key_cosine", "--keep-ratio", "0.6"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Outputs o = check_outputs(out, k, v);
+  EXPECT_EQ(o.summary["options"]["mean_distance"], "key_cosine");
+  const npy::Array ka = npy::read(k), scores = npy::read(out + "/scores.npy");
+  const std::int64_t n = 37, d = 8;
+  for (std::int64_t lh = 0; lh < 4; ++lh) {  // (layer, head) rows of [2, 2, 37, 8]
+    const float* K = ka.data<float>() + lh * n * d;
+    auto norm = [&](std::int64_t t) {
+      double sq = 0;
+      for (std::int64_t c = 0; c < d; ++c) sq += double(K[t * d + c]) * K[t * d + c];
+      return std::sqrt(sq);
+    };
+    std::vector<double> anchor(static_cast<std::size_t>(d), 0.0), dist(static_cast<std::size_t>(n), 0.0);
+    for (std::int64_t t = 0; t < n; ++t)
+      for (std::int64_t c = 0; c < d; ++c) anchor[static_cast<std::size_t>(c)] += K[t * d + c] / norm(t) / n;
+    double anchor_norm = 0, total = 0;
+    for (const double a : anchor) anchor_norm += a * a;
+    anchor_norm = std::sqrt(anchor_norm);
+    for (std::int64_t t = 0; t < n; ++t) {
+      double dot = 0;
+      for (std::int64_t c = 0; c < d; ++c) dot += K[t * d + c] * anchor[static_cast<std::size_t>(c)];
+      dist[static_cast<std::size_t>(t)] = 1.0 - dot / (norm(t) * anchor_norm);
+      total += dist[static_cast<std::size_t>(t)];
+    }
+    for (std::int64_t t = 0; t < n; ++t)
+      EXPECT_NEAR(scores.data<float>()[lh * n + t], dist[static_cast<std::size_t>(t)] / (total / n), 1e-4)
+          << lh << " " << t;
+  }
 }
 
 // --mean-full-keep / --mean-zero-keep: the weight follows the keep ratio. At keep 0.3,

@@ -38,6 +38,7 @@ struct CompressArgs {
   bool normalize_terms = ScoreOptions{}.normalize_terms;
   double mean_weight = ScoreOptions{}.mean_weight;  // flashcache: the distance from the head's mean, mixed in
   std::string mean_mix = to_string(ScoreOptions{}.mean_mix);
+  std::string mean_distance = to_string(ScoreOptions{}.mean_distance);
   double mean_full_keep = ScoreOptions{}.mean_full_keep;  // flashcache: the weight follows the keep ratio
   double mean_zero_keep = ScoreOptions{}.mean_zero_keep;
   std::int64_t bridge = ScoreOptions{}.bridge;  // flashcache: fill short holes in runs of high scores

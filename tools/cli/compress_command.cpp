@@ -76,6 +76,7 @@ Options flag_options(const CompressArgs& a, policies::Policy policy) {
     o.score.normalize_terms = a.normalize_terms;
     o.score.mean_weight = a.mean_weight;
     o.score.mean_mix = enum_flag<TailMix>("--mean-mix", a.mean_mix);
+    o.score.mean_distance = enum_flag<MeanDistance>("--mean-distance", a.mean_distance);
     o.score.mean_full_keep = a.mean_full_keep;
     o.score.mean_zero_keep = a.mean_zero_keep;
     o.score.bridge = a.bridge;
@@ -210,6 +211,7 @@ nlohmann::ordered_json summary(const CompressArgs& a, const KVCache& cache, cons
       {"normalize_terms", fc ? nlohmann::ordered_json(o.score.normalize_terms) : null},
       {"mean_weight", fc ? nlohmann::ordered_json(o.score.mean_weight) : null},
       {"mean_mix", fc ? nlohmann::ordered_json(to_string(o.score.mean_mix)) : null},
+      {"mean_distance", fc ? nlohmann::ordered_json(to_string(o.score.mean_distance)) : null},
       {"mean_full_keep", fc ? nlohmann::ordered_json(o.score.mean_full_keep) : null},
       {"mean_zero_keep", fc ? nlohmann::ordered_json(o.score.mean_zero_keep) : null},
       {"bridge", fc ? nlohmann::ordered_json(o.score.bridge) : null},

@@ -115,6 +115,13 @@ int flashcache::cli::run_cli(int argc, char** argv) {
       compress->add_option("--mean-mix", c.mean_mix, "flashcache: sum or max of the two score terms")
           ->check(names_of<flashcache::TailMix>())
           ->capture_default_str();
+  CLI::Option* mean_distance =
+      compress
+          ->add_option("--mean-distance", c.mean_distance,
+                       "flashcache: what --mean-weight measures: kv_squared (K and V from their means) or key_cosine "
+                       "(1 - cos(key, the mean unit key), KeyDiff's)")
+          ->check(names_of<flashcache::MeanDistance>())
+          ->capture_default_str();
   CLI::Option* mean_full_keep =
       compress
           ->add_option("--mean-full-keep", c.mean_full_keep,
@@ -142,8 +149,8 @@ int flashcache::cli::run_cli(int argc, char** argv) {
       "--paper", c.paper,
       "The paper's algorithm exactly (Options::paper(): no sink, window or base sample, unweighted terms, keys as "
       "cached, global DCT, gamma 0.2, the residual alone)");
-  for (CLI::Option* o : {sink, window, window_share, base_share, normalize, mean_weight, mean_mix, mean_full_keep,
-                         mean_zero_keep, bridge, rope})
+  for (CLI::Option* o : {sink, window, window_share, base_share, normalize, mean_weight, mean_mix, mean_distance,
+                         mean_full_keep, mean_zero_keep, bridge, rope})
     paper->excludes(o);
   compress->add_option("--protect", c.protect, "Bool or uint8 mask of N tokens; nonzero = always kept");
   CLI::Option* grid = compress->add_option(
@@ -236,12 +243,12 @@ int flashcache::cli::run_cli(int argc, char** argv) {
   c.has_keep = keep->count() > 0;
   c.has_seed = compress->count("--seed") > 0;
   c.has_observation_window = compress->count("--observation-window") > 0;
-  c.has_transform_option = compress->count("--gamma") + compress->count("--transform") + compress->count("--block") +
-                               compress->count("--base") + compress->count("--normalize-terms") +
-                               compress->count("--no-normalize-terms") + compress->count("--mean-weight") +
-                               compress->count("--mean-mix") + compress->count("--mean-full-keep") +
-                               compress->count("--mean-zero-keep") + compress->count("--bridge") >
-                           0;
+  c.has_transform_option =
+      compress->count("--gamma") + compress->count("--transform") + compress->count("--block") +
+          compress->count("--base") + compress->count("--normalize-terms") + compress->count("--no-normalize-terms") +
+          compress->count("--mean-weight") + compress->count("--mean-mix") + compress->count("--mean-distance") +
+          compress->count("--mean-full-keep") + compress->count("--mean-zero-keep") + compress->count("--bridge") >
+      0;
   c.has_tail_option = compress->count("--tail-weight") + compress->count("--tail-mix") +
                           compress->count("--tail-stride") + compress->count("--tail-min-distance") +
                           compress->count("--tail-last") >
