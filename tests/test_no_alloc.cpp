@@ -188,7 +188,7 @@ TEST(NoAlloc, WarmStagesAllocateNothing) {
 // The distance from the mean, with a weight that follows the keep ratio: warmed
 // where its weight is 0 (keep 0.1), then scored where it mixes (keep 0.9), on a
 // layer of the same shape, nothing is allocated: its buffers are sized whatever
-// the weight.
+// the weight. The same for either distance, and for a scorer that switches.
 TEST(NoAlloc, WarmMeanDistanceAllocatesNothingAtAnyKeepRatio) {
   const Layers first(0.0), second(1.0);
   fc::Options opt;
@@ -205,9 +205,12 @@ TEST(NoAlloc, WarmMeanDistanceAllocatesNothingAtAnyKeepRatio) {
         .ok();
   };
   ASSERT_TRUE(run(first, 0.1));
-  bool ok = false;
-  EXPECT_EQ(heap_allocations([&] { ok = run(second, 0.9); }), 0);
-  EXPECT_TRUE(ok);
+  for (const fc::MeanDistance distance : {fc::MeanDistance::kv_squared, fc::MeanDistance::key_cosine}) {
+    opt.score.mean_distance = distance;
+    bool ok = false;
+    EXPECT_EQ(heap_allocations([&] { ok = run(second, 0.9); }), 0) << fc::to_string(distance);
+    EXPECT_TRUE(ok);
+  }
 }
 
 // The query tails warm: a prefill fed in chunks (tiles of queries and keys,

@@ -316,9 +316,10 @@ TEST(Score, MeanWeightMixesEachTokensDistanceFromTheHeadMean) {
   }
 }
 
-// MeanDistance::key_cosine: 1 - cos(key, mean of the finite tokens' unit keys), from
-// a naive double reference on awkward sizes, V unread; a zero key has cosine 0, and a
-// non-finite token reads the nearest finite one before it and keeps +inf.
+// MeanDistance::key_cosine: 1 - cos(key, mean of the finite tokens' unit keys), 0 below
+// 8 float epsilons, from a naive double reference on awkward sizes, summed in double and
+// in float; a zero key has cosine 0 (an unguarded 0 / 0 would fail the comparison), a
+// single token's distance is 0 (its key is the anchor), and a non-finite token keeps +inf.
 TEST(Score, KeyCosineMixesEachKeysDistanceFromTheMeanDirection) {
   for (const std::int64_t n : {1, 2, 7, 61, 130}) {
     const std::int64_t heads = 2, dim = 5;
@@ -338,7 +339,8 @@ TEST(Score, KeyCosineMixesEachKeysDistanceFromTheMeanDirection) {
     const double w = 0.6;
     opt.score.mean_weight = w;
     opt.score.mean_distance = fc::MeanDistance::key_cosine;
-    const fc::LayerScores s = fc::score_layer<double>(kv, vv, opt.score);
+    const fc::LayerScores in_double = fc::score_layer<double>(kv, vv, opt.score);
+    const fc::LayerScores in_float = fc::score_layer<float>(kv, vv, opt.score);
     for (std::int64_t h = 0; h < heads; ++h) {
       auto bad = [&](std::int64_t t) { return has_bad && h == 1 && t == nan_at; };
       auto norm = [&](std::int64_t t) {
@@ -360,27 +362,45 @@ TEST(Score, KeyCosineMixesEachKeysDistanceFromTheMeanDirection) {
       anchor_norm = std::sqrt(anchor_norm);
       double sum_r = 0, sum_d = 0;
       for (std::int64_t t = 0; t < n; ++t) {
-        const std::int64_t src = bad(t) ? t - 1 : t;
+        if (bad(t)) continue;
         double dot = 0;
-        for (std::int64_t c = 0; c < dim; ++c) dot += double(key(h, src, c)) * anchor[static_cast<std::size_t>(c)];
-        const double cosine = norm(src) > 0 && anchor_norm > 0 ? dot / (norm(src) * anchor_norm) : 0.0;
-        dist[static_cast<std::size_t>(t)] = 1.0 - cosine;
-        if (!bad(t)) sum_r += residual(h, t), sum_d += dist[static_cast<std::size_t>(t)];
+        for (std::int64_t c = 0; c < dim; ++c) dot += double(key(h, t, c)) * anchor[static_cast<std::size_t>(c)];
+        const double cosine = norm(t) > 0 && anchor_norm > 0 ? dot / (norm(t) * anchor_norm) : 0.0;
+        const double d = 1.0 - cosine;
+        dist[static_cast<std::size_t>(t)] = d < 8.0 * std::numeric_limits<float>::epsilon() ? 0.0 : d;
+        sum_r += residual(h, t), sum_d += dist[static_cast<std::size_t>(t)];
       }
-      if (n > 1 && h == 0) {
-        EXPECT_DOUBLE_EQ(dist[static_cast<std::size_t>(zero)], 1.0);
+      if (n == 1) {
+        EXPECT_EQ(sum_d, 0.0);  // the case the snap to 0 is for
       }
       for (std::int64_t t = 0; t < n; ++t) {
         if (bad(t)) {
-          EXPECT_TRUE(std::isinf(s(h, t)));
+          EXPECT_TRUE(std::isinf(in_double(h, t)) && std::isinf(in_float(h, t)));
           continue;
         }
         const double a = sum_r > 0 ? (1 - w) * residual(h, t) / (sum_r / finite) : 0.0;
         const double b = sum_d > 0 ? w * dist[static_cast<std::size_t>(t)] / (sum_d / finite) : 0.0;
-        EXPECT_NEAR(s(h, t), a + b, 1e-5 * (1 + a + b)) << "n " << n << " head " << h << " token " << t;
+        EXPECT_NEAR(in_double(h, t), a + b, 1e-5 * (1 + a + b)) << "n " << n << " head " << h << " token " << t;
+        EXPECT_NEAR(in_float(h, t), a + b, 1e-4 * (1 + a + b)) << "n " << n << " head " << h << " token " << t;
       }
     }
   }
+}
+
+// key_cosine reads keys only: with the distance alone (weight 1), other values leave
+// every score as it was, bit for bit; the default distance reads them.
+TEST(Score, KeyCosineReadsNoValues) {
+  const std::int64_t heads = 2, n = 45, dim = 6;
+  const Layer l = random_layer(heads, n, dim, 61), other = random_layer(heads, n, dim, 62);
+  const auto kv = fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
+             vv = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
+             other_v = fc::hnd(other.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
+  fc::Options opt;
+  opt.score.mean_weight = 1.0;
+  opt.score.mean_distance = fc::MeanDistance::key_cosine;
+  EXPECT_EQ(fc::score_layer<double>(kv, vv, opt.score).score, fc::score_layer<double>(kv, other_v, opt.score).score);
+  opt.score.mean_distance = fc::MeanDistance::kv_squared;
+  EXPECT_NE(fc::score_layer<double>(kv, vv, opt.score).score, fc::score_layer<double>(kv, other_v, opt.score).score);
 }
 
 // A weight that follows the budget scores as the fixed weight it resolves to, bit

@@ -151,6 +151,15 @@ FLASHCACHE_INLINE bool ranks_above(float score_a, std::int32_t a, float score_b,
   return score_a > score_b || (score_a == score_b && a < b);
 }
 
+// MeanDistance::key_cosine: a key's distance 1 - cos from its head's mean unit
+// key. Below 8 float epsilons it is 0: a key along the anchor rounds to a cosine
+// a hair either side of 1, and a head of parallel keys (or of one token) would
+// otherwise rank its tokens by rounding noise scaled up to the term's weight.
+FLASHCACHE_INLINE double key_cosine_distance(double cosine) {
+  const double d = 1.0 - cosine;
+  return d < 8.0 * 1.1920928955078125e-7 ? 0.0 : d;
+}
+
 // Query tails (QueryInput::tail): a head's residual scores and its keys' tails,
 // each over its mean on the rankable tokens (not always kept), mixed by sum or
 // by max; a term whose mean is 0 counts 0. The scales from the two sums over

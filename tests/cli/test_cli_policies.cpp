@@ -94,6 +94,7 @@ TEST_F(CliTest, PaperIsThePapersAlgorithm) {
   EXPECT_EQ(opt["window_share"], 0.0);
   EXPECT_EQ(opt["base_share"], 0.0);
   EXPECT_EQ(opt["normalize_terms"], false);
+  EXPECT_EQ(opt["mean_distance"], "kv_squared");
   EXPECT_EQ(opt["mean_weight"], 0.0);
   EXPECT_EQ(opt["bridge"], 0);
   EXPECT_TRUE(opt["rope_theta"].is_null());

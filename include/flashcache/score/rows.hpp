@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "flashcache/options.hpp"
+#include "flashcache/rules.hpp"
 #include "flashcache/types.hpp"
 #include "flashcache/view.hpp"
 
@@ -100,7 +101,8 @@ void distance_from_mean(KVView<const T> k, KVView<const T> v, std::int64_t h, co
 // Each token's cosine distance from head h's mean key direction, 1 - cos(k_t,
 // a) with a the mean of the finite tokens' unit keys (KeyDiff's anchor), over
 // the rows the transform reads (src, as distance_from_mean). A zero key, or a
-// zero anchor, has cosine 0. *anchor is scratch [d]; *out gets [tokens].
+// zero anchor, has cosine 0 (rules::key_cosine_distance). *anchor is scratch
+// [d]; *out gets [tokens].
 template <class Real, class T>
 void key_cosine_from_mean(KVView<const T> k, std::int64_t h, const std::vector<std::int64_t>& src,
                           std::vector<Real>* anchor, std::vector<float>* out) {
@@ -129,7 +131,7 @@ void key_cosine_from_mean(KVView<const T> k, std::int64_t h, const std::vector<s
     for (std::int64_t c = 0; c < d; ++c)
       dot += source_element<Real>(k, h, s, c) * (*anchor)[static_cast<std::size_t>(c)];
     const Real cosine = norm > 0 && anchor_norm > 0 ? dot / (norm * anchor_norm) : Real(0);
-    (*out)[static_cast<std::size_t>(t)] = static_cast<float>(Real(1) - cosine);
+    (*out)[static_cast<std::size_t>(t)] = static_cast<float>(rules::key_cosine_distance(static_cast<double>(cosine)));
   }
 }
 
