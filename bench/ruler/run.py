@@ -211,11 +211,13 @@ def header(args: argparse.Namespace) -> dict:
     import transformers
     from flashcache import Options
 
+    score = Options().score
     return {"header": True, "model": args.model, "split": args.split, "protocol": args.protocol,
-            # The score defaults a row without settings ran with (one that studies have moved; files
-            # written before 2026-12-07 lack it and ran mean_weight 0).
-            "defaults": {f"score.{name}": getattr(Options().score, name)
-                         for name in ("mean_weight", "mean_full_keep", "mean_zero_keep")},
+            # The score defaults a row without settings ran with (those studies have moved or may move; files
+            # written before 2026-12-07 lack it and ran mean_weight 0; bridge and mean_distance from the
+            # twenty-first session on). An enum is recorded by its name.
+            "defaults": {f"score.{name}": getattr(getattr(score, name), "name", getattr(score, name))
+                         for name in ("mean_weight", "mean_full_keep", "mean_zero_keep", "bridge", "mean_distance")},
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
             platform.machine(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,

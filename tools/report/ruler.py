@@ -31,6 +31,9 @@ FADE_OPTIONS = "score.mean_weight=0.75,score.mean_full_keep=0.5,score.mean_zero_
 # these rows renamed row@<its defaults> on loading, so that rows of different settings never pool.
 DEFAULT_ROWS = ("flashcache", "flashcache_recall", "flashcache_tails", "flashcache_model")
 FORMER_DEFAULTS = {"score.mean_weight": 0.0, "score.mean_full_keep": 0.0, "score.mean_zero_keep": 0.0}
+# Score defaults that headers record since they were added (later than the three above) and that have never
+# moved: at these values they name nothing, so rows of runs before and after pool.
+UNMOVED_DEFAULTS = {"score.bridge": 0, "score.mean_distance": "kv_squared"}
 FADED = {row: f"{row}@{FADE_OPTIONS}" for row in DEFAULT_ROWS}  # each of them under the fade
 FADE = FADED["flashcache"]
 ORDER = ["flashcache", CHOSEN, FADE, "flashcache_recall", CHOSEN_RECALL, FADED["flashcache_recall"],
@@ -86,9 +89,11 @@ def load(path: str) -> tuple[dict, list[dict]]:
                 head = head or r
             else:
                 records.append(r)
-    defaults = head.get("defaults", FORMER_DEFAULTS)
+    defaults = {name: value for name, value in head.get("defaults", FORMER_DEFAULTS).items()
+                if name not in UNMOVED_DEFAULTS or UNMOVED_DEFAULTS[name] != value}
     if defaults != FORMER_DEFAULTS:
-        suffix = "@" + ",".join(f"{name}={value:g}" for name, value in defaults.items())
+        suffix = "@" + ",".join(f"{name}={value:g}" if isinstance(value, (int, float)) else f"{name}={value}"
+                                for name, value in defaults.items())
         for r in records:
             if r["row"] in DEFAULT_ROWS:
                 r["ran_as"] = r["row"]  # the name it ran under: a candidate row@option is compared with it
