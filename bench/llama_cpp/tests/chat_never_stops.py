@@ -82,7 +82,7 @@ def main() -> int:
         assert late and all(r["recalled"] > 0 for r in late), out["recalls"]
     else:
         assert out["max_position"] < out["n_ctx"], (out["max_position"], out["n_ctx"])
-        assert "Pickle" in last, f"turn 20 answered {last!r}"
+        assert "Pickle" in last, f"the last turn ({len(turns)}) answered {last!r}"
     print(f"{len(turns)} turns, {fills} events, highest position {out['max_position']}, answer {last!r}")
     return 0
 
