@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -100,6 +101,40 @@ std::vector<double> naive_lowpass_2d(const std::vector<double>& x, std::int64_t 
     for (std::int64_t v = 0; v < cols; ++v)
       if (!keep(u, v)) c[u * cols + v] = 0;
   return along(c, true);
+}
+
+// KeyDiff's distance (ScoreOptions::mean_distance = key_cosine) of every row of
+// one head's keys k, [n][d] row-major floats: 1 - cos(key, a), a the mean of the
+// unit keys of the rows in_anchor marks; a zero key adds nothing to a and has
+// cosine 0, as does every key against a zero a; 0 below 8 float epsilons.
+inline std::vector<double> naive_key_cosine(const float* k, std::int64_t n, std::int64_t d,
+                                            const std::vector<bool>& in_anchor) {
+  const auto norm = [&](std::int64_t t) {
+    double sq = 0;
+    for (std::int64_t c = 0; c < d; ++c) sq += static_cast<double>(k[t * d + c]) * k[t * d + c];
+    return std::sqrt(sq);
+  };
+  std::vector<double> anchor(static_cast<std::size_t>(d), 0.0), dist(static_cast<std::size_t>(n));
+  std::int64_t counted = 0;
+  for (std::int64_t t = 0; t < n; ++t) {
+    if (!in_anchor[static_cast<std::size_t>(t)]) continue;
+    ++counted;
+    for (std::int64_t c = 0; c < d && norm(t) > 0; ++c) anchor[static_cast<std::size_t>(c)] += k[t * d + c] / norm(t);
+  }
+  double anchor_norm = 0;
+  for (double& a : anchor) {
+    a /= static_cast<double>(counted);
+    anchor_norm += a * a;
+  }
+  anchor_norm = std::sqrt(anchor_norm);
+  for (std::int64_t t = 0; t < n; ++t) {
+    double dot = 0;
+    for (std::int64_t c = 0; c < d; ++c) dot += static_cast<double>(k[t * d + c]) * anchor[static_cast<std::size_t>(c)];
+    const double cosine = norm(t) > 0 && anchor_norm > 0 ? dot / (norm(t) * anchor_norm) : 0.0;
+    const double distance = 1.0 - cosine;
+    dist[static_cast<std::size_t>(t)] = distance < 8.0 * std::numeric_limits<float>::epsilon() ? 0.0 : distance;
+  }
+  return dist;
 }
 
 inline std::vector<double> random_normal(std::size_t n, std::mt19937_64& rng, double scale = 1.0) {

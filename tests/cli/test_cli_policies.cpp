@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "../reference.hpp"
 #include "cli_harness.hpp"
 
 namespace flashcache {
@@ -155,24 +156,10 @@ TEST_F(CliTest, KeyCosineScoresEachKeysDirectionFromTheMean) {
   const npy::Array ka = npy::read(k), scores = npy::read(out + "/scores.npy");
   const std::int64_t n = 37, d = 8;
   for (std::int64_t lh = 0; lh < 4; ++lh) {  // (layer, head) rows of [2, 2, 37, 8]
-    const float* K = ka.data<float>() + lh * n * d;
-    auto norm = [&](std::int64_t t) {
-      double sq = 0;
-      for (std::int64_t c = 0; c < d; ++c) sq += double(K[t * d + c]) * K[t * d + c];
-      return std::sqrt(sq);
-    };
-    std::vector<double> anchor(static_cast<std::size_t>(d), 0.0), dist(static_cast<std::size_t>(n), 0.0);
-    for (std::int64_t t = 0; t < n; ++t)
-      for (std::int64_t c = 0; c < d; ++c) anchor[static_cast<std::size_t>(c)] += K[t * d + c] / norm(t) / n;
-    double anchor_norm = 0, total = 0;
-    for (const double a : anchor) anchor_norm += a * a;
-    anchor_norm = std::sqrt(anchor_norm);
-    for (std::int64_t t = 0; t < n; ++t) {
-      double dot = 0;
-      for (std::int64_t c = 0; c < d; ++c) dot += K[t * d + c] * anchor[static_cast<std::size_t>(c)];
-      dist[static_cast<std::size_t>(t)] = 1.0 - dot / (norm(t) * anchor_norm);
-      total += dist[static_cast<std::size_t>(t)];
-    }
+    const std::vector<double> dist = testing::naive_key_cosine(ka.data<float>() + lh * n * d, n, d,
+                                                               std::vector<bool>(static_cast<std::size_t>(n), true));
+    double total = 0;
+    for (const double x : dist) total += x;
     for (std::int64_t t = 0; t < n; ++t)
       EXPECT_NEAR(scores.data<float>()[lh * n + t], dist[static_cast<std::size_t>(t)] / (total / n), 1e-4)
           << lh << " " << t;
