@@ -106,6 +106,7 @@ struct Case {
     int sequence = 0;
     std::int64_t head = 0, first = 0, last = 0;  // tokens [first, last]
     float value = std::numeric_limits<float>::quiet_NaN();
+    bool whole_key = false;  // every element of the key row, not only its first
   };
   std::vector<BadRow> bad_rows;
   std::int64_t token_pad = 0;  // dense only: elements of padding after each token row (unaligned strides)
@@ -286,7 +287,9 @@ HostCache<T> make_cache(const Case& c) {
       std::fill(vs.begin(), vs.end(), from_float<T>(0.0f));
     }
     for (const Case::BadRow& r : c.bad_rows)
-      for (std::int64_t t = r.first; t <= r.last; ++t) ks[hc.row(r.sequence, r.head, t)] = from_float<T>(r.value);
+      for (std::int64_t t = r.first; t <= r.last; ++t)
+        for (std::int64_t j = 0; j < (r.whole_key ? d : 1); ++j)
+          ks[hc.row(r.sequence, r.head, t) + j] = from_float<T>(r.value);
     hc.k.push_back(std::move(ks));
     hc.v.push_back(std::move(vs));
   }

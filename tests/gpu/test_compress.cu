@@ -57,13 +57,10 @@ TEST(GpuCanImplement, RefusesCpuOnlyScoreOptionsByName) {
   opt.score.normalize_terms = false;
   opt.score.bridge = 2;
   expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::unsupported, "bridge");
-  opt.score.bridge = 0;
-  opt.score.mean_distance = MeanDistance::key_cosine;
-  expect_error(fcc::can_implement(f.cache, Budget::ratio(0.2), opt), Errc::unsupported, "mean_distance key_cosine");
 }
 
-// mean_weight runs on the GPU (kernels/mean_distance.cuh) up to the head dim its
-// shared mean row allows, and is refused by name past it.
+// mean_weight runs on the GPU (kernels/mean_distance.cuh), with either distance, up to
+// the head dim its shared mean row allows, and is refused by name past it.
 TEST(GpuCanImplement, MeanWeightUpToItsHeadDim) {
   Options opt = blocked();
   opt.score.mean_weight = 0.5;
@@ -71,6 +68,8 @@ TEST(GpuCanImplement, MeanWeightUpToItsHeadDim) {
   EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.2), opt).ok());
   opt.score.mean_full_keep = 0.5;  // the weight that follows the budget, too
   opt.score.mean_zero_keep = 0.25;
+  EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.2), opt).ok());
+  opt.score.mean_distance = MeanDistance::key_cosine;  // KeyDiff's distance shares the kernel and its limit
   EXPECT_TRUE(fcc::can_implement(f.cache, Budget::ratio(0.2), opt).ok());
   DenseFixture wide(1, 1, 16, fcc::checks::kMeanDistanceMaxHeadDim + 8);
   expect_error(fcc::can_implement(wide.cache, Budget::ratio(0.2), opt), Errc::unsupported, "mean_weight with head_dim");

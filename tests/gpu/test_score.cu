@@ -1,7 +1,8 @@
 // The score stage (flashcache/cuda/kernels/score_blocked.cuh, score_global.cuh)
 // against the CPU scorer: awkward lengths, every compiled head dim, both
 // layouts, non-finite rows wherever a block's stand-in row can come from,
-// unaligned rows, reproducibility, the distance from the mean (mean_weight),
+// unaligned rows, reproducibility, the distance from the mean (mean_weight, both
+// distances),
 // and the global transform's plan (its lengths and its stream). Device tests skip without a GPU.
 #include <gtest/gtest.h>
 
@@ -93,6 +94,30 @@ TYPED_TEST(GpuScore, MeanWeightMatchesTheCpu) {
       c.seed = 900u + static_cast<std::uint64_t>(i++);
       run_and_check<TypeParam>(c);
     }
+}
+
+// MeanDistance::key_cosine (KeyDiff's 1 - cos from the mean unit key): both transforms,
+// a ragged batch with a one-token sequence (its distance is 0), a zero key (cosine 0,
+// distance 1), NaN and inf rows (left out of the anchor), NHD and HND, paged, a generic
+// head dim.
+TYPED_TEST(GpuScore, KeyCosineMatchesTheCpu) {
+  FLASHCACHE_REQUIRE_DEVICE();
+  for (int i = 0; i < 4; ++i) {
+    Case c;
+    c.name = "key_cosine " + std::to_string(i);
+    c.lengths = {333, 1, 100};
+    c.heads = 3;
+    c.head_dim = i == 3 ? 40 : 64;
+    c.nhd = i % 2 == 0;
+    c.page_size = i == 2 ? 16 : 0;
+    c.bad_rows = {{0, 1, 40, 41, kNaN}, {2, 0, 99, 99, kInf}, {0, 2, 7, 7, 0.0f, true}};
+    c.opt = i % 2 == 0 ? global_transform() : blocked(64);
+    c.opt.score.mean_weight = 0.75;
+    c.opt.score.mean_distance = MeanDistance::key_cosine;
+    c.opt.score.mean_mix = i == 1 ? TailMix::max : TailMix::sum;
+    c.seed = 970u + static_cast<std::uint64_t>(i);
+    run_and_check<TypeParam>(c);
+  }
 }
 
 // mean_full_keep / mean_zero_keep: the weight at each sequence's keep ratio. A count of

@@ -26,9 +26,6 @@ inline Status options(const Options& opt) {
     return make_error(Errc::unsupported, "normalize_terms: the GPU scores K and V unweighted only (CPU only)");
   if (opt.score.bridge > 0)
     return make_error(Errc::unsupported, "bridge: the GPU ranks each token's own score only (CPU only)");
-  if (opt.score.mean_weight > 0 && opt.score.mean_distance != MeanDistance::kv_squared)
-    return make_error(Errc::unsupported, "mean_distance ", to_string(opt.score.mean_distance),
-                      ": the GPU measures K and V from their means only (CPU only)");
   if (opt.score.rope.derotate)
     return make_error(Errc::unsupported, "rope.derotate: the GPU scores keys as cached only (CPU only)");
   // A base chosen by energy needs a block's whole spectrum; the blocked kernel

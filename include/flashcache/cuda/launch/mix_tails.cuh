@@ -2,7 +2,8 @@
 // Stage 1c (flashcache/cuda/kernels/mix_tails.cuh, mean_distance.cuh): a second
 // term per token mixed into each head's residual scores, in the CPU Scorer's
 // order: with ScoreOptions::mean_weight, each token's distance from its head's
-// mean K and V; then, with ScoreOptions::query = tail, its key's tail (Cache::tails).
+// mean K and V (or KeyDiff's cosine, ScoreOptions::mean_distance); then, with
+// ScoreOptions::query = tail, its key's tail (Cache::tails).
 #include "flashcache/cuda/run_context.cuh"
 #include "flashcache/cuda/kernels/mean_distance.cuh"
 #include "flashcache/cuda/kernels/mix_tails.cuh"
@@ -36,6 +37,7 @@ Status mix_mean_distance(const RunContext<T>& run, const Budget& budget, cudaStr
   kernels::MeanDistanceParams<T> p;
   run.set_layer_rows(&p);
   p.vector_ok = run.vector_ok;
+  p.key_cosine = run.opt.score.mean_distance == MeanDistance::key_cosine;
   p.capacity = run.cache.capacity;
   p.term = run.ws.mean_distance();
   p.status = run.status;
