@@ -19,7 +19,7 @@ namespace {
 // over 64-token blocks.
 TEST(Options, DefaultsAreTheDevChoice) {
   const fc::Options o;
-  EXPECT_DOUBLE_EQ(o.score.gamma, 0.1);
+  EXPECT_DOUBLE_EQ(o.score.gamma, 0.05);  // RULER round eighteen, with key_cosine
   EXPECT_EQ(o.score.base, fc::Base::peak);
   EXPECT_EQ(o.score.transform, fc::Transform::global);
   EXPECT_EQ(o.score.block_size, 64);
@@ -31,7 +31,7 @@ TEST(Options, DefaultsAreTheDevChoice) {
   EXPECT_FALSE(o.score.rope.derotate);
   EXPECT_DOUBLE_EQ(o.score.mean_weight, 0.75);  // RULER's dev2 choice, fading with the keep ratio
   EXPECT_EQ(o.score.mean_mix, fc::TailMix::sum);
-  EXPECT_EQ(o.score.mean_distance, fc::MeanDistance::kv_squared);
+  EXPECT_EQ(o.score.mean_distance, fc::MeanDistance::key_cosine);
   EXPECT_DOUBLE_EQ(o.score.mean_full_keep, 0.5);
   EXPECT_DOUBLE_EQ(o.score.mean_zero_keep, 0.25);
   EXPECT_EQ(o.score.bridge, 0);

@@ -277,6 +277,7 @@ TEST(Score, MeanWeightMixesEachTokensDistanceFromTheHeadMean) {
   const auto kv = fc::hnd(l.k.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim)),
              vv = fc::hnd(l.v.data(), fc::Heads(heads), fc::Tokens(n), fc::HeadDim(dim));
   fc::Options opt = residual_only();
+  opt.score.mean_distance = fc::MeanDistance::kv_squared;  // the distance this reference computes
   const fc::LayerScores residual = fc::score_layer<double>(kv, vv, opt.score);
   for (const fc::TailMix mix : {fc::TailMix::sum, fc::TailMix::max}) {
     const double w = 0.3;

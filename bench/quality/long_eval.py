@@ -69,8 +69,8 @@ PAPER = {"gamma": 0.2, "base": "lowpass", "transform": "global", "sink": 0, "win
 # RULER's (docs/DEFAULTS.md): the distance from the mean at weight 0.75 where half or more is kept,
 # fading to none at a quarter (a fixed 0.75 lost dev passkeys here, study/MEAN_RULE.md; the fade
 # leaves keep 0.25 and below to the residual alone, study/FADE_RULE.md).
-DEFAULT = dict(PAPER, gamma=0.1, base="peak", sink=4, window_share=0.5, transform="global", block_size=64,
-               mean_weight=0.75, mean_full_keep=0.5, mean_zero_keep=0.25)
+DEFAULT = dict(PAPER, gamma=0.05, base="peak", sink=4, window_share=0.5, transform="global", block_size=64,
+               mean_weight=0.75, mean_full_keep=0.5, mean_zero_keep=0.25, mean_distance="key_cosine")
 # The same with keys de-rotated with the model's RoPE base (ScoreOptions::rope, which a default
 # cannot know).
 ROPE = dict(DEFAULT, rope_theta=100000.0, rope_layout="half")

@@ -208,8 +208,8 @@ def select_equals_the_cli(select_bin: str, cli: str) -> str | None:
     """select_configs with long_eval's DEFAULT keeps what `flashcache compress` keeps with the library's defaults
     at the same keep ratio, where the distance from the mean is off (keep 0.1875), ramps (0.375) and is in
     full (0.625): both resolve the fading weight from the budget. The same with a bridge of 2 (`--bridge 2`),
-    which select_configs applies to scores it mixed itself, and with KeyDiff's distance (`--mean-distance
-    key_cosine`). None, or what differs."""
+    which select_configs applies to scores it mixed itself, and with the other distance (`--mean-distance
+    kv_squared`; the default is KeyDiff's key_cosine). None, or what differs."""
     import long_eval
     import numpy as np
 
@@ -223,7 +223,7 @@ def select_equals_the_cli(select_bin: str, cli: str) -> str | None:
         per_heads = (12, 24, 40)
         kept_sets = {}
         variants = {"defaults": ({}, []), "bridge 2": ({"bridge": 2}, ["--bridge", "2"]),
-                    "key_cosine": ({"mean_distance": "key_cosine"}, ["--mean-distance", "key_cosine"])}
+                    "kv_squared": ({"mean_distance": "kv_squared"}, ["--mean-distance", "kv_squared"])}
         for name, (change, flags) in variants.items():
             kept = long_eval.select(select_bin, work, [{"id": str(ph), "policy": "flashcache", "per_head": ph,
                                                         "options": dict(long_eval.DEFAULT, **change)}
@@ -243,7 +243,7 @@ def select_equals_the_cli(select_bin: str, cli: str) -> str | None:
                 if not all(np.array_equal(g, w) for g, w in zip(got, want)):
                     return f"{name}, keep {ph}/{p}: select_configs kept other tokens than the CLI"
                 kept_sets[name, ph] = got
-        for name in ("bridge 2", "key_cosine"):  # each variant keeps other tokens somewhere, or it tested nothing
+        for name in ("bridge 2", "kv_squared"):  # each variant keeps other tokens somewhere, or it tested nothing
             if all(all(np.array_equal(a, b) for a, b in zip(kept_sets[name, ph], kept_sets["defaults", ph]))
                    for ph in per_heads):
                 return f"{name} kept the defaults' tokens at every keep ratio: the comparison tests nothing"

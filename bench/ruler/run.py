@@ -215,9 +215,10 @@ def header(args: argparse.Namespace) -> dict:
     return {"header": True, "model": args.model, "split": args.split, "protocol": args.protocol,
             # The score defaults a row without settings ran with (those studies have moved or may move; files
             # written before 2026-12-07 lack it and ran mean_weight 0; bridge and mean_distance from the
-            # twenty-first session on). An enum is recorded by its name.
+            # twenty-first session on, gamma from the twenty-second). An enum is recorded by its name.
             "defaults": {f"score.{name}": getattr(getattr(score, name), "name", getattr(score, name))
-                         for name in ("mean_weight", "mean_full_keep", "mean_zero_keep", "bridge", "mean_distance")},
+                         for name in ("mean_weight", "mean_full_keep", "mean_zero_keep", "bridge", "mean_distance",
+                                      "gamma")},
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
             platform.machine(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,

@@ -124,8 +124,9 @@ constexpr std::int64_t kMaxBridge = 64;
 // How a layer's tokens are scored (score.hpp, the GPU's stage 1). Where each
 // default comes from: docs/DEFAULTS.md.
 struct ScoreOptions {
-  // Base ratio: m = max(1, ceil(gamma * N)) frequencies form the Base KV.
-  double gamma = 0.1;
+  // Base ratio: m = max(1, ceil(gamma * N)) frequencies form the Base KV
+  // (0.05 since 0.1.0's RULER round eighteen; 0.1 before).
+  double gamma = 0.05;
   Base base = Base::peak;                   // which m frequencies (see Base)
   Transform transform = Transform::global;  // the paper's; blocked is one fused pass on the GPU
   // Tokens per block for Transform::blocked; the last block may be shorter and
@@ -155,9 +156,10 @@ struct ScoreOptions {
   // with it (cuda/can_implement.cuh).
   double mean_weight = 0.75;
   TailMix mean_mix = TailMix::sum;
-  // Which distance (MeanDistance): K and V from their means, or a key's cosine
-  // distance from the mean direction (KeyDiff's; CPU only).
-  MeanDistance mean_distance = MeanDistance::kv_squared;
+  // Which distance (MeanDistance): a key's cosine distance from the mean
+  // direction (KeyDiff's, the default since RULER's round eighteen), or K and V
+  // from their means (kv_squared, the default before).
+  MeanDistance mean_distance = MeanDistance::key_cosine;
   // The weight follows the budget (mean_weight_at): in full where the caller
   // keeps at least mean_full_keep of the tokens, none at or below
   // mean_zero_keep, linearly between. Both 0: mean_weight at every budget.
@@ -238,6 +240,7 @@ struct Options {
     o.score.mean_full_keep = 0.0;
     o.score.mean_zero_keep = 0.0;
     o.score.bridge = 0;  // each token's own score
+    o.score.mean_distance = MeanDistance::kv_squared;  // unread at weight 0; named as before the choice
     o.select.sink = 0;
     o.select.window = 0;
     o.select.window_share = 0.0;

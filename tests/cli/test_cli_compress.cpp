@@ -49,7 +49,7 @@ TEST_F(CliTest, KeepRatioAllocatesTheTotalAcrossLayers) {
   EXPECT_TRUE(o.summary["options"]["observation_window"].is_null());
   EXPECT_TRUE(o.summary["input"]["q"].is_null());
   EXPECT_EQ(o.summary["options"]["allocation"], "dynamic");
-  EXPECT_EQ(o.summary["options"]["gamma"], 0.1);
+  EXPECT_EQ(o.summary["options"]["gamma"], 0.05);
   EXPECT_EQ(o.summary["options"]["base"], "peak");
   EXPECT_EQ(o.summary["options"]["transform"], "global");  // the library's defaults
   EXPECT_EQ(o.summary["options"]["sink"], 4);

@@ -104,12 +104,13 @@ TEST_F(CliTest, PaperIsThePapersAlgorithm) {
   EXPECT_EQ(opt["allocation"], "dynamic");
 }
 
-// --mean-weight 1 scores each token by its distance from its head's mean K and V alone
-// (over that distance's mean: a naive double reference from the files) at a keep ratio where
-// the default fade gives the weight in full; without the flag the library's default is used
-// and recorded.
+// --mean-weight 1 --mean-distance kv_squared scores each token by its distance from its
+// head's mean K and V alone (over that distance's mean: a naive double reference from the
+// files) at a keep ratio where the default fade gives the weight in full; without the flags
+// the library's defaults are used and recorded.
 TEST_F(CliTest, MeanWeightScoresTheDistanceFromTheHeadMean) {
-  const Result r = run_cli(compress({"--mean-weight", "1", "--mean-mix", "max", "--keep-ratio", "0.6"}));
+  const Result r = run_cli(
+      compress({"--mean-weight", "1", "--mean-mix", "max", "--mean-distance", "kv_squared", "--keep-ratio", "0.6"}));
   ASSERT_EQ(r.code, 0) << r.err;
   const Outputs o = check_outputs(out, k, v);
   EXPECT_EQ(o.summary["options"]["mean_weight"], 1.0);
@@ -143,7 +144,7 @@ TEST_F(CliTest, MeanWeightScoresTheDistanceFromTheHeadMean) {
   const Outputs p = check_outputs(out, k, v);
   EXPECT_EQ(p.summary["options"]["mean_weight"], ScoreOptions{}.mean_weight);
   EXPECT_EQ(p.summary["options"]["mean_mix"], "sum");
-  EXPECT_EQ(p.summary["options"]["mean_distance"], "kv_squared");
+  EXPECT_EQ(p.summary["options"]["mean_distance"], "key_cosine");
 }
 
 // --mean-distance key_cosine with --mean-weight 1: each token scores 1 - cos(key, mean of

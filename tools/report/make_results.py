@@ -9,6 +9,7 @@ Each section comes from its own JSON, written by the run that measured it:
   quality_long_mean_choice.json (+ quality_long_mean_*dev*.json)  RULER's mean_weight on the base study's data
   quality_long_fade_choice.json (+ quality_long_fade_*dev*.json)  the budget-following weight at keep 0.5
   quality_long_fade_one_choice.json (+ quality_long_fade_one_*dev*.json)  the same, with mean_weight 1.0
+  quality_long_round18_choice.json (+ quality_long_round18_*dev*.json)  RULER's round eighteen, keep 0.1/0.2/0.5
                                                             -> quality_study.py
   quality_long_query_choice.json (+ quality_long_query_*heldout.json)  the query study
                                                             -> quality_query.py
@@ -68,6 +69,7 @@ def main():
                                    ("quality_long_mean_choice.json", "quality_study", "render_mean"),
                                    ("quality_long_fade_choice.json", "quality_study", "render_fade"),
                                    ("quality_long_fade_one_choice.json", "quality_study", "render_fade_one"),
+                                   ("quality_long_round18_choice.json", "quality_study", "render_round18"),
                                    ("quality_long_query_choice.json", "quality_query", "render_results"),
                                    ("quality_long_asked_choice.json", "quality_asked", "render"),
                                    ("quality_grid.json", "quality_grid", "render"),

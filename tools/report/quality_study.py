@@ -162,6 +162,9 @@ FADE_PASSKEY = [os.path.join(RESULTS, "quality_long_fade_passkey_dev.json"),
 FADE_ONE_NLL = os.path.join(RESULTS, "quality_long_fade_one_nll_dev.json")
 FADE_ONE_PASSKEY = [os.path.join(RESULTS, "quality_long_fade_one_passkey_dev.json"),
                     os.path.join(RESULTS, "quality_long_fade_one_passkey_dev_two.json")]
+ROUND18_NLL = os.path.join(RESULTS, "quality_long_round18_nll_dev.json")
+ROUND18_PASSKEY = [os.path.join(RESULTS, "quality_long_round18_passkey_dev.json"),
+                   os.path.join(RESULTS, "quality_long_round18_passkey_dev_two.json")]
 
 
 def _render_pairs(doc: Dict, title: str, rule: str, runs: List[str]) -> str:
@@ -220,3 +223,15 @@ def render_fade_one(doc: Dict) -> str:
         "(quality/study/FADE_RULE.md) — the same check and thresholds as the section above for `mean_weight` 1.0 "
         "(rows `bench/quality/study/fade_one_rows.json`), its weight-0 rows those the first check ran.",
         [FADE_NLL, FADE_ONE_NLL] + FADE_PASSKEY + FADE_ONE_PASSKEY)
+
+
+def render_round18(doc: Dict) -> str:
+    """RULER's eighteenth round (gamma 0.05 with KeyDiff's distance) on the base study's dev data at keep 0.1,
+    0.2 and 0.5 (study/ROUND18_RULE.md), from quality_long_round18_choice.json."""
+    return _render_pairs(
+        doc, "## gamma 0.05 with KeyDiff's distance, at keep 0.1, 0.2 and 0.5 on the library's own dev passkeys and NLL",
+        "Rule, written before the run: [`bench/quality/study/ROUND18_RULE.md`](quality/study/ROUND18_RULE.md) — "
+        "RULER's eighteenth round's choice (`gamma` 0.05, `mean_distance` `key_cosine`) beside the defaults of "
+        "that day, per layer and per sequence, over the three keep ratios together: passkeys at most 2 below, "
+        "NLL score at most 0.002 above. Rows: `bench/quality/study/round18_rows.json`.",
+        [ROUND18_NLL] + ROUND18_PASSKEY)

@@ -31,19 +31,30 @@ FADE_OPTIONS = "score.mean_weight=0.75,score.mean_full_keep=0.5,score.mean_zero_
 # these rows renamed row@<its defaults> on loading, so that rows of different settings never pool.
 DEFAULT_ROWS = ("flashcache", "flashcache_recall", "flashcache_tails", "flashcache_model")
 FORMER_DEFAULTS = {"score.mean_weight": 0.0, "score.mean_full_keep": 0.0, "score.mean_zero_keep": 0.0}
-# Score defaults that headers record since they were added (later than the three above) and that have never
-# moved: at these values they name nothing, so rows of runs before and after pool.
-UNMOVED_DEFAULTS = {"score.bridge": 0, "score.mean_distance": "kv_squared"}
+# Score defaults that headers record since they were added (later than the three above), at the values every
+# run had before they were recorded: at these values they name nothing, so rows of runs before and after pool.
+UNMOVED_DEFAULTS = {"score.bridge": 0, "score.mean_distance": "kv_squared", "score.gamma": 0.1}
 FADED = {row: f"{row}@{FADE_OPTIONS}" for row in DEFAULT_ROWS}  # each of them under the fade
 FADE = FADED["flashcache"]
-ORDER = ["flashcache", CHOSEN, FADE, "flashcache_recall", CHOSEN_RECALL, FADED["flashcache_recall"],
+# Round eighteen's choice (gamma 0.05 with KeyDiff's distance, on top of the fade), run on held-out seeds
+# 1016-1017 as a candidate of the fade's defaults; the library's default score since 2026-12-08.
+R18_OPTIONS = "score.mean_distance=key_cosine,score.gamma=0.05"
+R18 = f"flashcache@{FADE_OPTIONS},{R18_OPTIONS}"
+R18_RECALL = f"flashcache_recall@{FADE_OPTIONS},{R18_OPTIONS}"
+# A row's score settings in its name, in this order (others after them, as they come).
+NAME_ORDER = ("score.mean_weight", "score.mean_full_keep", "score.mean_zero_keep", "score.mean_distance",
+              "score.gamma")
+ORDER = ["flashcache", CHOSEN, FADE, R18, "flashcache_recall", CHOSEN_RECALL, FADED["flashcache_recall"], R18_RECALL,
          "flashcache_tails", FADED["flashcache_tails"], "flashcache_model", FADED["flashcache_model"],
          "flashcache_paper", "kvzip", "expected_attention", "adakv_expected_attention", "snapkv", "keydiff", "tova",
          "knorm", "streaming_llm", "random"]
 LABEL = {
     "flashcache": "flashcache (defaults until 2026-12-07, per layer)",
     CHOSEN: "flashcache, mean_weight 0.75 (round nine's choice)",
-    FADE: "flashcache, the 0.75 fade (round thirteen's choice; the defaults since 2026-12-07)",
+    FADE: "flashcache, the 0.75 fade (round thirteen's choice; the defaults on 2026-12-07)",
+    R18: "flashcache, gamma 0.05 and KeyDiff's distance in the fade (round eighteen's choice; the defaults since "
+         "2026-12-08)",
+    R18_RECALL: "flashcache + recall, gamma 0.05 and KeyDiff's distance in the fade",
     "flashcache_recall": "flashcache + recall",
     CHOSEN_RECALL: "flashcache + recall, mean_weight 0.75",
     "flashcache_tails": "flashcache + query tails",
@@ -92,13 +103,34 @@ def load(path: str) -> tuple[dict, list[dict]]:
     defaults = {name: value for name, value in head.get("defaults", FORMER_DEFAULTS).items()
                 if name not in UNMOVED_DEFAULTS or UNMOVED_DEFAULTS[name] != value}
     if defaults != FORMER_DEFAULTS:
-        suffix = "@" + ",".join(f"{name}={value:g}" if isinstance(value, (int, float)) else f"{name}={value}"
-                                for name, value in defaults.items())
         for r in records:
-            if r["row"] in DEFAULT_ROWS:
-                r["ran_as"] = r["row"]  # the name it ran under: a candidate row@option is compared with it
-                r["row"] += suffix
+            row, _, options = r["row"].partition("@")
+            if row not in DEFAULT_ROWS:
+                continue
+            if not options:
+                r["ran_as"] = row  # the name it ran under: a candidate row@option is compared with it
+            r["row"] = row + "@" + settings_name(dict(defaults, **parse_settings(options)))
     return head, records
+
+
+def parse_settings(options: str) -> dict:
+    """``score.gamma=0.05,score.mean_distance=key_cosine`` as {name: value}, numbers as floats."""
+    out = {}
+    for item in filter(None, options.split(",")):
+        name, value = item.split("=", 1)
+        try:
+            out[name] = float(value)
+        except ValueError:
+            out[name] = value
+    return out
+
+
+def settings_name(settings: dict) -> str:
+    """The settings that differ from the former defaults, as a row's name spells them (NAME_ORDER first)."""
+    moved = {name: value for name, value in settings.items()
+             if FORMER_DEFAULTS.get(name, UNMOVED_DEFAULTS.get(name)) != value}
+    names = [n for n in NAME_ORDER if n in moved] + [n for n in moved if n not in NAME_ORDER]
+    return ",".join(f"{n}={moved[n]:g}" if isinstance(moved[n], (int, float)) else f"{n}={moved[n]}" for n in names)
 
 
 def runs(folder: str):
@@ -273,7 +305,9 @@ GOAL_PAIRS = {
                  ("flashcache", "knorm"), ("flashcache", "streaming_llm"), ("flashcache", "random"),
                  ("flashcache", "expected_attention"), (CHOSEN, "flashcache"), (CHOSEN, "keydiff"), (CHOSEN, "tova"),
                  (CHOSEN_RECALL, "kvzip"), (FADE, "flashcache"), (FADE, "keydiff"), (FADE, "tova"), (FADE, "knorm"),
-                 (FADE, "streaming_llm"), (FADE, "random"), (FADE, "expected_attention")],
+                 (FADE, "streaming_llm"), (FADE, "random"), (FADE, "expected_attention"), (R18_RECALL, "kvzip"),
+                 (R18, FADE), (R18, "keydiff"), (R18, "tova"), (R18, "knorm"), (R18, "streaming_llm"), (R18, "random"),
+                 (R18, "expected_attention")],
     "aware": [("flashcache_tails", "snapkv")],
 }
 
