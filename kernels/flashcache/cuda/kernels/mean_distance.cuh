@@ -73,8 +73,19 @@ __device__ void key_cosine_rows(const MeanDistanceParams<T>& p, int b, int head,
 
   for (std::int64_t c = tid; c < d; c += kMeanDistanceThreads) {
     double sum = 0;  // in token order: the same anchor on every run
-    for (std::int64_t t = 0; t < n; ++t)
-      if (term[t] > 0.0f) sum += static_cast<double>(load_float(k[p.rows.offset(b, head, t) + c]) / term[t]);
+    // kMeanUnroll rows' loads issued together, as the mean's column sums below, then added in token order.
+    for (std::int64_t t0 = 0; t0 < n; t0 += kMeanUnroll) {
+      float value[kMeanUnroll], norm[kMeanUnroll];
+#pragma unroll
+      for (int u = 0; u < kMeanUnroll; ++u) {
+        const std::int64_t t = t0 + u;
+        value[u] = t < n ? load_float(k[p.rows.offset(b, head, t) + c]) : 0.0f;
+        norm[u] = t < n ? term[t] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kMeanUnroll; ++u)
+        if (norm[u] > 0.0f) sum += static_cast<double>(value[u] / norm[u]);
+    }
     anchor[c] = static_cast<float>(sum);
   }
   __syncthreads();
