@@ -196,6 +196,7 @@ class Scorer {
     if (opt.mean_weight > 0) {  // sized whatever the weight at this keep ratio: another keep allocates nothing
       mean_row_.resize(static_cast<std::size_t>(2 * k.head_dim));
       distance_.resize(static_cast<std::size_t>(n));
+      if (opt.mean_distance == MeanDistance::key_cosine) key_norm_.resize(static_cast<std::size_t>(n));
     }
     float* score = out.score;
     HeadEnergy* energy = out.energy;
@@ -255,7 +256,7 @@ class Scorer {
         grid_.compute(k, v, h, source_, g, tiling.at(q), opt.grid_zone, opt.gamma, &sums_);
     }
     if (distance && opt.mean_distance == MeanDistance::key_cosine)
-      detail::key_cosine_from_mean(k, h, source_, &mean_row_, &distance_);
+      detail::key_cosine_from_mean(k, h, source_, &mean_row_, &key_norm_, &distance_);
     else if (distance)
       detail::distance_from_mean(k, v, h, source_, &mean_row_, &distance_);
     // Energies of the finite tokens: E from the input, E_high from the residual.
@@ -325,6 +326,7 @@ class Scorer {
   detail::DerotatedHead derotated_;
   std::vector<Real> mean_row_;    // mean_weight: the head's mean K and V row
   std::vector<float> distance_;  // mean_weight: each token's distance from it
+  std::vector<Real> key_norm_;   // mean_distance key_cosine: each finite row's key norm
   std::vector<float> unbridged_;  // bridge: one head's scores before it
   detail::TokenResiduals<Real> sums_;
   detail::GlobalResidual<Real> global_;

@@ -102,21 +102,21 @@ void distance_from_mean(KVView<const T> k, KVView<const T> v, std::int64_t h, co
 // a) with a the mean of the finite tokens' unit keys (KeyDiff's anchor), over
 // the rows the transform reads (src, as distance_from_mean). A zero key, or a
 // zero anchor, has cosine 0 (rules::key_cosine_distance). *anchor is scratch
-// [d]; *out gets [tokens].
+// [d], *norms scratch [tokens] (each finite row's key norm, computed once);
+// *out gets [tokens].
 template <class Real, class T>
 void key_cosine_from_mean(KVView<const T> k, std::int64_t h, const std::vector<std::int64_t>& src,
-                          std::vector<Real>* anchor, std::vector<float>* out) {
+                          std::vector<Real>* anchor, std::vector<Real>* norms, std::vector<float>* out) {
   const std::int64_t n = k.tokens, d = k.head_dim;
   anchor->assign(static_cast<std::size_t>(d), Real(0));
+  norms->resize(static_cast<std::size_t>(n));
   out->resize(static_cast<std::size_t>(n));
-  auto norm_of = [&](std::int64_t s) {
-    Real sq = 0;
-    for (std::int64_t c = 0; c < d; ++c) sq += source_element<Real>(k, h, s, c) * source_element<Real>(k, h, s, c);
-    return std::sqrt(sq);
-  };
   for (std::int64_t t = 0; t < n; ++t) {
-    if (src[static_cast<std::size_t>(t)] != t) continue;
-    const Real norm = norm_of(t);
+    if (src[static_cast<std::size_t>(t)] != t) continue;  // a non-finite row reads a finite one's norm
+    Real sq = 0;
+    for (std::int64_t c = 0; c < d; ++c) sq += source_element<Real>(k, h, t, c) * source_element<Real>(k, h, t, c);
+    const Real norm = std::sqrt(sq);
+    (*norms)[static_cast<std::size_t>(t)] = norm;
     if (norm > 0)
       for (std::int64_t c = 0; c < d; ++c)
         (*anchor)[static_cast<std::size_t>(c)] += static_cast<Real>(to_float(k(h, t, c))) / norm;
@@ -126,7 +126,7 @@ void key_cosine_from_mean(KVView<const T> k, std::int64_t h, const std::vector<s
   const Real anchor_norm = std::sqrt(anchor_sq);
   for (std::int64_t t = 0; t < n; ++t) {
     const std::int64_t s = src[static_cast<std::size_t>(t)];
-    const Real norm = norm_of(s);
+    const Real norm = s < 0 ? Real(0) : (*norms)[static_cast<std::size_t>(s)];  // -1: no finite row, zeros
     Real dot = 0;
     for (std::int64_t c = 0; c < d; ++c)
       dot += source_element<Real>(k, h, s, c) * (*anchor)[static_cast<std::size_t>(c)];
